@@ -1,0 +1,81 @@
+"""megatron-adaptor: run megatron-core 0.19.2's own training loop on NPU, GPU and CPU.
+
+``import adaptor`` (first line of a training script, or after megatron was
+imported — both orders work) does, once:
+
+1. checks that megatron-core is the supported version;
+2. picks the backend (``npu`` > ``cuda`` > ``cpu``; ``ADAPTOR_BACKEND`` overrides);
+3. pre-parses ``sys.argv`` for the features' own flags and asks every feature
+   whether it applies to this backend and command line;
+4. registers and applies the enabled features' patches, rebinding aliases;
+5. prints the backend and the applied patches (rank 0 only).
+
+``adaptor.teardown()`` removes every patch again.
+"""
+from __future__ import annotations
+
+import sys
+
+from adaptor.version import SUPPORTED_MEGATRON_CORE, check_megatron_version
+
+check_megatron_version()
+
+from adaptor.backend import Backend, BackendError, detect_backend  # noqa: E402
+from adaptor.errors import fail, is_rank0  # noqa: E402
+from adaptor.features import Feature, FeatureContext, FeatureRegistry  # noqa: E402
+from adaptor.patch_manager import PatchManager  # noqa: E402
+
+__all__ = ["setup", "teardown", "backend", "patch_manager", "registry", "context", "SUPPORTED_MEGATRON_CORE"]
+__version__ = "0.1.0"
+
+backend: Backend | None = None
+patch_manager = PatchManager()
+registry: FeatureRegistry | None = None
+context: FeatureContext | None = None
+
+
+def setup(argv=None, quiet: bool = False) -> FeatureContext:
+    """Detect the backend and apply the enabled features' patches (idempotent)."""
+    global backend, registry, context
+    if context is not None:
+        return context
+    from adaptor import arguments_hook
+    from patches import all_features
+
+    try:
+        backend = detect_backend()
+    except BackendError as exc:
+        fail(str(exc))
+    registry = FeatureRegistry(all_features())
+    argv = sys.argv[1:] if argv is None else list(argv)
+    context = FeatureContext(backend=backend, flags=registry.preparse(argv))
+    enabled = registry.enabled(context)
+    arguments_hook.register(patch_manager, registry, context)
+    for feature in enabled:
+        feature.register_patches(patch_manager, context)
+    patch_manager.apply()
+    if not quiet and is_rank0():
+        print(summary(enabled), flush=True)
+    return context
+
+
+def summary(enabled=None) -> str:
+    enabled = registry.enabled(context) if enabled is None else enabled
+    lines = [
+        f"[megatron-adaptor] backend={backend.name} ({backend.source}), "
+        f"distributed backend={backend.dist_backend}, megatron-core {SUPPORTED_MEGATRON_CORE}",
+        f"[megatron-adaptor] features: {', '.join(f.name for f in enabled) or 'none'}",
+        f"[megatron-adaptor] {len(patch_manager)} patches applied:",
+    ]
+    lines += [f"[megatron-adaptor]   {d}" for d in patch_manager.descriptions()]
+    return "\n".join(lines)
+
+
+def teardown() -> None:
+    """Remove every patch and forget the context, so setup() can run again."""
+    global backend, registry, context
+    patch_manager.clear()
+    backend = registry = context = None
+
+
+setup()

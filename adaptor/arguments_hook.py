@@ -1,0 +1,56 @@
+"""Join the features' flags, defaults and checks to Megatron's argument parsing.
+
+Upstream: ``megatron.training.arguments.parse_args`` builds Megatron's parser
+and ``validate_args`` checks the result with bare ``assert`` statements. We
+wrap both:
+
+* ``parse_args``: every feature's flags are added to Megatron's own parser
+  (after the script's ``extra_args_provider``), then each enabled feature
+  fills backend defaults for what the user did not pass explicitly.
+* ``validate_args``: enabled features check the arguments first, so common
+  mistakes get one sentence instead of an assertion deep inside Megatron;
+  any assertion Megatron's own validation still raises is reported as one
+  line too, with a non-zero exit.
+"""
+from __future__ import annotations
+
+import sys
+
+from adaptor.errors import fail
+from adaptor.features import ArgumentError, explicit_dests
+
+OWNER = "adaptor.arguments_hook"
+
+
+def register(pm, registry, ctx) -> None:
+    def parse_args(wrapped, instance, args, kwargs):
+        extra = kwargs.pop("extra_args_provider", args[0] if args else None)
+        rest = args[1:] if args else ()
+        seen = {}
+
+        def provider(parser):
+            if extra is not None:
+                parser = extra(parser)
+            seen["parser"] = registry.add_arguments(parser)
+            return seen["parser"]
+
+        parsed = wrapped(provider, *rest, **kwargs)
+        ctx.explicit = explicit_dests(seen["parser"], sys.argv[1:])
+        for feature in registry.enabled(ctx):
+            feature.set_defaults(parsed, ctx)
+        return parsed
+
+    def validate_args(wrapped, instance, args, kwargs):
+        parsed = args[0] if args else kwargs["args"]
+        try:
+            for feature in registry.enabled(ctx):
+                feature.validate(parsed, ctx)
+        except ArgumentError as exc:
+            fail(str(exc))
+        try:
+            return wrapped(*args, **kwargs)
+        except AssertionError as exc:
+            fail(f"invalid Megatron arguments: {exc or 'an assertion in validate_args failed'}")
+
+    pm.register_wrapper("megatron.training.arguments.parse_args", parse_args, OWNER)
+    pm.register_wrapper("megatron.training.arguments.validate_args", validate_args, OWNER)

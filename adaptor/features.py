@@ -1,0 +1,103 @@
+"""Features: the unit in which the adaptor changes Megatron.
+
+A feature is one class that owns one concern end to end:
+
+* ``add_arguments(group)`` puts its command-line flags into Megatron's own
+  parser (they show in ``--help`` beside Megatron's);
+* ``enabled(ctx)`` says, from the backend and the pre-parsed command line,
+  whether it applies to this run at all;
+* ``register_patches(pm, ctx)`` registers its patches (by dotted path) with
+  the patch manager — nothing is patched by merely defining a feature;
+* ``set_defaults(args, ctx)`` fills values the user did not give explicitly
+  (``ctx.explicit`` holds the dests the user did give: those always win);
+* ``validate(args, ctx)`` checks the parsed arguments and raises
+  :class:`ArgumentError` with one readable sentence.
+
+Features are enabled at ``import adaptor`` time from a pre-parse of
+``sys.argv`` that knows only the features' own flags; defaults and validation
+run inside Megatron's argument parsing, before Megatron validates.
+"""
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass, field
+from typing import Iterable, Sequence
+
+from adaptor.backend import Backend
+
+
+class ArgumentError(ValueError):
+    """A command-line problem reported to the user as one line."""
+
+
+@dataclass
+class FeatureContext:
+    backend: Backend
+    flags: argparse.Namespace  # features' own flags, pre-parsed from argv
+    explicit: set[str] = field(default_factory=set)  # dests given on the command line
+
+
+class Feature:
+    """Base class; subclasses override what they need."""
+
+    name: str = ""
+    #: Backends the feature applies on; a subset of ("npu", "cuda", "cpu").
+    backends: Sequence[str] = ("npu", "cuda", "cpu")
+
+    def add_arguments(self, group: argparse._ArgumentGroup) -> None:
+        """Register this feature's flags (dest names must not clash with Megatron's)."""
+
+    def enabled(self, ctx: FeatureContext) -> bool:
+        return ctx.backend.name in self.backends
+
+    def register_patches(self, pm, ctx: FeatureContext) -> None:
+        """Register patches with ``pm``; called only when enabled."""
+
+    def set_defaults(self, args: argparse.Namespace, ctx: FeatureContext) -> None:
+        """Fill backend-dependent defaults for values not given explicitly."""
+
+    def validate(self, args: argparse.Namespace, ctx: FeatureContext) -> None:
+        """Raise ArgumentError for a configuration this feature cannot run."""
+
+
+class FeatureRegistry:
+    def __init__(self, features: Iterable[Feature] = ()) -> None:
+        self._features: list[Feature] = []
+        for f in features:
+            self.add(f)
+
+    def add(self, feature: Feature) -> None:
+        if not feature.name:
+            raise ValueError(f"{type(feature).__name__} has no name")
+        if any(f.name == feature.name for f in self._features):
+            raise ValueError(f"feature {feature.name!r} registered twice")
+        self._features.append(feature)
+
+    def __iter__(self):
+        return iter(self._features)
+
+    def add_arguments(self, parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+        group = parser.add_argument_group(title="megatron-adaptor")
+        for f in self._features:
+            f.add_arguments(group)
+        return parser
+
+    def preparse(self, argv: Sequence[str]) -> argparse.Namespace:
+        """Parse only the features' flags out of ``argv``, ignoring everything else."""
+        parser = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
+        self.add_arguments(parser)
+        flags, _ = parser.parse_known_args(list(argv))
+        return flags
+
+    def enabled(self, ctx: FeatureContext) -> list[Feature]:
+        return [f for f in self._features if f.enabled(ctx)]
+
+
+def explicit_dests(parser: argparse.ArgumentParser, argv: Sequence[str]) -> set[str]:
+    """Dests of the options that appear on ``argv`` (``--x`` or ``--x=v``)."""
+    given = {a.split("=", 1)[0] for a in argv if a.startswith("-")}
+    return {
+        action.dest
+        for action in parser._actions
+        if any(opt in given for opt in action.option_strings)
+    }

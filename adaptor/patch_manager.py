@@ -1,0 +1,231 @@
+"""Explicit, reversible monkey patches addressed by dotted path.
+
+Why a manager instead of bare ``setattr``: a patch layer over a library that
+we do not own must be able to say exactly what it changed, undo it, and refuse
+two features silently fighting over one function. Three properties matter:
+
+* **Stale aliases.** ``from megatron.core.utils import f`` copies ``f`` into
+  the importing module. Patching only ``megatron.core.utils.f`` would leave
+  that copy pointing at the original, so every loaded module that holds the
+  original object under any name is rebound (and restored on removal).
+* **Ordering.** A target takes at most one replacement; any number of
+  wrappers stack on top of it in registration order (the first registered is
+  innermost). Wrappers use wrapt's ``(wrapped, instance, args, kwargs)``
+  signature, so methods, classmethods and staticmethods bind correctly.
+* **Conflicts are errors.** A second replacement of one target raises
+  :class:`PatchConflictError` naming both registrants.
+"""
+from __future__ import annotations
+
+import importlib
+import sys
+import types
+from dataclasses import dataclass, field
+from typing import Any, Callable, Optional
+
+import wrapt
+
+__all__ = ["PatchConflictError", "PatchTargetError", "PatchManager"]
+
+
+class PatchConflictError(RuntimeError):
+    """Two registrants asked to replace the same target."""
+
+
+class PatchTargetError(AttributeError):
+    """A dotted path does not name an existing object."""
+
+
+def resolve_parent(target: str) -> tuple[Any, str]:
+    """Import and walk ``target`` ("pkg.mod.Class.attr"); return (parent, attr)."""
+    parts = target.split(".")
+    if len(parts) < 2:
+        raise PatchTargetError(f"patch target {target!r} must be a dotted path 'module.attr'")
+    obj: Any = importlib.import_module(parts[0])
+    for i, part in enumerate(parts[1:-1], start=1):
+        if hasattr(obj, part):
+            obj = getattr(obj, part)
+            continue
+        if isinstance(obj, types.ModuleType):
+            name = ".".join(parts[: i + 1])
+            try:
+                obj = importlib.import_module(name)
+                continue
+            except ModuleNotFoundError as exc:
+                if exc.name != name:
+                    raise
+        raise PatchTargetError(f"patch target {target!r}: {'.'.join(parts[:i])!r} has no {part!r}")
+    attr = parts[-1]
+    if not hasattr(obj, attr) and isinstance(obj, types.ModuleType):
+        try:  # the attribute may be a submodule not yet imported
+            importlib.import_module(f"{obj.__name__}.{attr}")
+        except ModuleNotFoundError:
+            pass
+    return obj, attr
+
+
+@dataclass
+class _Patch:
+    target: str
+    replacement: Any = None
+    replacement_owner: Optional[str] = None
+    create: bool = False
+    wrappers: list[tuple[Callable, str]] = field(default_factory=list)
+    # State while applied.
+    applied: bool = False
+    parent: Any = None
+    attr: str = ""
+    had_own_attr: bool = False
+    original_raw: Any = None  # as stored in parent.__dict__ (keeps staticmethod/classmethod)
+    original_visible: Any = None  # as seen through getattr (what `from x import f` copied)
+    installed: Any = None
+    installed_visible: Any = None  # getattr view of `installed`, for rebinding aliases
+    aliases: list[tuple[types.ModuleType, str]] = field(default_factory=list)
+
+    @property
+    def owners(self) -> list[str]:
+        names = [self.replacement_owner] if self.replacement_owner else []
+        return names + [owner for _, owner in self.wrappers]
+
+    def describe(self) -> str:
+        kinds = []
+        if self.replacement_owner:
+            kinds.append(f"replaced by {self.replacement_owner}")
+        if self.wrappers:
+            kinds.append("wrapped by " + ", ".join(owner for _, owner in self.wrappers))
+        return f"{self.target} ({'; '.join(kinds)})"
+
+
+_MISSING = object()
+
+
+class PatchManager:
+    """Registry of patches; nothing changes until :meth:`apply`."""
+
+    def __init__(self) -> None:
+        self._patches: dict[str, _Patch] = {}
+
+    # ---------------------------------------------------------------- registration
+    def register_replacement(self, target: str, replacement: Any, owner: str, create: bool = False) -> None:
+        """Replace ``target`` with ``replacement`` (any object: function, class, constant).
+
+        ``create=True`` allows adding an attribute that does not exist upstream.
+        """
+        patch = self._patches.setdefault(target, _Patch(target))
+        if patch.replacement_owner is not None and patch.replacement_owner != owner:
+            raise PatchConflictError(
+                f"{target} is replaced twice: by {patch.replacement_owner} and by {owner}"
+            )
+        patch.replacement, patch.replacement_owner, patch.create = replacement, owner, create
+        self._mark_dirty(patch)
+
+    def register_wrapper(self, target: str, wrapper: Callable, owner: str) -> None:
+        """Wrap ``target``; ``wrapper(wrapped, instance, args, kwargs)`` as in wrapt."""
+        patch = self._patches.setdefault(target, _Patch(target))
+        if any(w is wrapper for w, _ in patch.wrappers):
+            return
+        patch.wrappers.append((wrapper, owner))
+        self._mark_dirty(patch)
+
+    def _mark_dirty(self, patch: _Patch) -> None:
+        if patch.applied:  # re-apply on the next apply() with the new stack
+            self._remove_one(patch)
+
+    # ---------------------------------------------------------------- apply/remove
+    def apply(self) -> list[str]:
+        """Apply every registered patch not yet applied; return the targets applied now."""
+        done = [p for p in self._patches.values() if not p.applied]
+        for patch in done:
+            self._apply_one(patch)
+        self._rebind_aliases(done)
+        return [p.target for p in done]
+
+    def remove(self) -> None:
+        """Undo every applied patch, aliases included, in reverse order."""
+        for patch in reversed(list(self._patches.values())):
+            if patch.applied:
+                self._remove_one(patch)
+
+    def clear(self) -> None:
+        self.remove()
+        self._patches.clear()
+
+    def _apply_one(self, patch: _Patch) -> None:
+        parent, attr = resolve_parent(patch.target)
+        own = attr in vars(parent) if isinstance(parent, type) else hasattr(parent, attr)
+        if isinstance(parent, type):
+            raw = vars(parent).get(attr, _MISSING) if own else getattr(parent, attr, _MISSING)
+        else:
+            raw = getattr(parent, attr, _MISSING)
+        if raw is _MISSING and not patch.create:
+            raise PatchTargetError(f"patch target {patch.target!r} does not exist (registered by {', '.join(patch.owners)})")
+        visible = getattr(parent, attr, None)
+        obj = patch.replacement if patch.replacement_owner else raw
+        if obj is _MISSING:
+            raise PatchTargetError(f"cannot wrap missing target {patch.target!r}")
+        for wrapper, _ in patch.wrappers:
+            obj = wrapt.FunctionWrapper(obj, wrapper)
+        setattr(parent, attr, obj)
+        patch.parent, patch.attr, patch.had_own_attr = parent, attr, own and raw is not _MISSING
+        patch.original_raw, patch.original_visible, patch.installed = raw, visible, obj
+        patch.applied = True
+
+    def _remove_one(self, patch: _Patch) -> None:
+        for module, name in patch.aliases:
+            if vars(module).get(name) is patch.installed_visible:
+                setattr(module, name, patch.original_visible)
+        patch.aliases.clear()
+        if patch.had_own_attr:
+            setattr(patch.parent, patch.attr, patch.original_raw)
+        else:
+            try:
+                delattr(patch.parent, patch.attr)
+            except AttributeError:
+                pass
+        patch.applied = False
+        patch.installed = None
+
+    def _rebind_aliases(self, patches: list[_Patch]) -> None:
+        """Point every loaded module's copy of an original at its patched object."""
+        by_id = {}
+        for p in patches:
+            if isinstance(p.parent, types.ModuleType) and p.original_visible is not None and callable(p.original_visible):
+                p.installed_visible = getattr(p.parent, p.attr)
+                by_id[id(p.original_visible)] = p
+        if not by_id:
+            return
+        for module in list(sys.modules.values()):
+            if not isinstance(module, types.ModuleType):
+                continue
+            try:
+                namespace = vars(module)
+            except TypeError:
+                continue
+            for name, value in list(namespace.items()):
+                p = by_id.get(id(value))
+                if p is None or value is not p.original_visible:
+                    continue
+                if module is p.parent and name == p.attr:
+                    continue
+                namespace[name] = p.installed_visible
+                p.aliases.append((module, name))
+
+    # ---------------------------------------------------------------- introspection
+    def is_applied(self, target: str) -> bool:
+        p = self._patches.get(target)
+        return bool(p and p.applied)
+
+    def original(self, target: str) -> Any:
+        """The object the target held before patching (as seen through getattr)."""
+        p = self._patches[target]
+        if not p.applied:
+            parent, attr = resolve_parent(target)
+            return getattr(parent, attr)
+        return p.original_visible
+
+    def descriptions(self) -> list[str]:
+        return [p.describe() for p in self._patches.values() if p.applied]
+
+    def __len__(self) -> int:
+        return sum(p.applied for p in self._patches.values())
+

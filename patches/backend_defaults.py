@@ -1,0 +1,59 @@
+"""Pick Megatron settings that fit the backend, unless the user chose them.
+
+Upstream defaults assume a CUDA host with Transformer Engine and apex:
+``--distributed-backend nccl``, ``--transformer-impl transformer_engine``,
+gradient-accumulation fusion (an apex CUDA kernel) and CUDA-only bias/softmax/
+RoPE fusions. This feature sets, per backend, only the values the user did
+not pass on the command line (an explicit flag always wins), and prints what
+it set, so the same Megatron command line runs on NPU, GPU and CPU.
+"""
+from __future__ import annotations
+
+import importlib.util
+
+from adaptor.errors import is_rank0
+from adaptor.features import Feature
+
+_CUDA_ONLY_FUSIONS = ("masked_softmax_fusion", "bias_gelu_fusion", "bias_swiglu_fusion",
+                      "bias_dropout_fusion", "apply_rope_fusion")
+
+_printed: set[str] = set()  # Megatron parses arguments twice (ft_integration); say it once
+
+
+def _importable(name: str) -> bool:
+    try:
+        return importlib.util.find_spec(name) is not None
+    except (ImportError, ValueError):
+        return False
+
+
+def backend_defaults(backend: str) -> dict:
+    """Megatron argument dests and the values this backend needs."""
+    defaults = {"distributed_backend": {"npu": "hccl", "cuda": "nccl", "cpu": "gloo"}[backend]}
+    if backend != "cuda" or not _importable("transformer_engine"):
+        defaults["transformer_impl"] = "local"
+    if backend != "cuda" or not _importable("fused_weight_gradient_mlp_cuda"):
+        defaults["gradient_accumulation_fusion"] = False
+    if backend != "cuda" or not _importable("apex"):
+        defaults["no_persist_layer_norm"] = True  # apex's persistent LayerNorm kernel
+    if backend in ("cpu", "npu"):
+        defaults.update({name: False for name in _CUDA_ONLY_FUSIONS})
+    if backend == "cpu":
+        defaults["use_cpu_initialization"] = True
+    return defaults
+
+
+class BackendDefaults(Feature):
+    name = "backend_defaults"
+
+    def set_defaults(self, args, ctx) -> None:
+        changed = []
+        for dest, value in backend_defaults(ctx.backend.name).items():
+            if dest in ctx.explicit or getattr(args, dest, None) == value:
+                continue
+            setattr(args, dest, value)
+            changed.append(f"{dest}={value}")
+        message = f"[megatron-adaptor] {ctx.backend.name} defaults: {', '.join(changed)}"
+        if changed and is_rank0() and message not in _printed:
+            _printed.add(message)
+            print(message, flush=True)

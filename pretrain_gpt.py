@@ -1,0 +1,167 @@
+"""Pretrain a GPT model (Qwen3, Llama, ...) with Megatron's own training loop.
+
+    torchrun --nproc_per_node N pretrain_gpt.py <Megatron-LM arguments>
+
+``import adaptor`` comes first: it picks the backend (NPU, CUDA or CPU) and
+patches megatron-core so the arguments below run unchanged on each of them.
+This file holds only what Megatron asks of a training script: a model
+provider, a forward step with its loss, and a dataset provider.
+"""
+import adaptor  # noqa: F401  (first: patches megatron for this machine)
+
+import warnings
+from functools import partial
+
+import torch
+
+from megatron.core import mpu
+from megatron.core.datasets.blended_megatron_dataset_builder import BlendedMegatronDatasetBuilder
+from megatron.core.datasets.gpt_dataset import GPTDataset, GPTDatasetConfig, MockGPTDataset
+from megatron.core.enums import ModelType
+from megatron.core.models.gpt import GPTModel
+from megatron.core.rerun_state_machine import get_rerun_state_machine
+from megatron.core.utils import get_attr_wrapped_model, get_batch_on_this_cp_rank, get_batch_on_this_tp_rank
+from megatron.training import get_args, get_timers, get_tokenizer, pretrain, print_rank_0
+from megatron.training.argument_utils import pretrain_cfg_container_from_args
+from megatron.training.arguments import core_transformer_config_from_args, parse_and_validate_args
+from megatron.training.utils import get_blend_and_blend_per_split, is_first_or_last_pipeline_stage
+
+from adaptor.layer_specs import gpt_layer_spec
+
+BATCH_KEYS = ("tokens", "labels", "loss_mask", "attention_mask", "position_ids")
+
+
+def model_provider(pre_process=True, post_process=True, vp_stage=None, config=None, pg_collection=None):
+    """Build megatron.core's GPTModel with the layer spec the adaptor picks for this backend."""
+    args = get_args()
+    print_rank_0("building GPT model ...")
+    config = config or core_transformer_config_from_args(args)
+    return GPTModel(
+        config=config,
+        transformer_layer_spec=gpt_layer_spec(args, config, vp_stage=vp_stage),
+        vocab_size=args.padded_vocab_size,
+        max_sequence_length=args.max_position_embeddings,
+        pre_process=pre_process,
+        post_process=post_process,
+        fp16_lm_cross_entropy=args.fp16_lm_cross_entropy,
+        parallel_output=True,
+        share_embeddings_and_output_weights=not args.untie_embeddings_and_output_weights,
+        position_embedding_type=args.position_embedding_type,
+        rotary_percent=args.rotary_percent,
+        rotary_base=args.rotary_base,
+        rope_scaling=args.use_rope_scaling,
+        vp_stage=vp_stage,
+        pg_collection=pg_collection,
+    )
+
+
+def get_batch(data_iterator, vp_stage=None):
+    """Next micro-batch: read on TP rank 0, broadcast over the TP group, split for CP."""
+    if not is_first_or_last_pipeline_stage(vp_stage):
+        return None, None, None, None, None
+    args = get_args()
+    tp_rank = mpu.get_tensor_model_parallel_rank()
+    batch = {}
+    if tp_rank == 0:
+        raw = next(data_iterator)
+        device = torch.cuda.current_device()
+        batch = {k: (raw[k].to(device, non_blocking=True) if raw.get(k) is not None else None) for k in BATCH_KEYS}
+    batch = get_batch_on_this_tp_rank(
+        batch,
+        has_cu_seqlens=False,
+        is_hybrid_cp=False,
+        create_attention_mask_in_dataloader=args.create_attention_mask_in_dataloader,
+        broadcast_src_rank=mpu.get_tensor_model_parallel_src_rank(),
+        broadcast_group=mpu.get_tensor_model_parallel_group(),
+        cp_size=args.context_parallel_size,
+        tp_rank=tp_rank,
+        micro_batch_size=args.micro_batch_size,
+        seq_length=args.seq_length,
+        mtp_on_this_rank=False,
+        pipeline_model_parallel_size=args.pipeline_model_parallel_size,
+        is_pipeline_first_stage=mpu.is_pipeline_first_stage(),
+        is_pipeline_last_stage=mpu.is_pipeline_last_stage(),
+    )
+    batch = get_batch_on_this_cp_rank(batch, is_hybrid_cp=False, cp_group=mpu.get_context_parallel_group())
+    return tuple(batch.get(k) for k in BATCH_KEYS)
+
+
+def loss_func(loss_mask: torch.Tensor, output_tensor: torch.Tensor):
+    """Sum of per-token losses under the mask; Megatron divides by the token count."""
+    args = get_args()
+    losses = output_tensor.view(-1).float()
+    loss_mask = loss_mask.view(-1).float()
+    loss = torch.sum(losses * loss_mask)
+    num_tokens = loss_mask.sum().clone().detach().to(torch.int)
+    if args.check_for_nan_in_loss_and_grad:
+        rerun = get_rerun_state_machine()
+        for reject, what in ((torch.isnan, "NaN"), (torch.isinf, "Inf")):
+            rerun.validate_result(
+                result=loss, rejection_func=reject, tolerance=0.0, fatal=True,
+                message=f"found {what} in local forward loss calculation",
+            )
+    return loss, num_tokens, {"lm loss": torch.cat([loss.clone().detach().view(1), num_tokens.view(1)])}
+
+
+def forward_step(data_iterator, model: GPTModel):
+    timers = get_timers()
+    timers("batch-generator", log_level=2).start()
+    vp_stage = get_attr_wrapped_model(model, "vp_stage")
+    tokens, labels, loss_mask, attention_mask, position_ids = get_batch(data_iterator, vp_stage)
+    timers("batch-generator").stop()
+    output = model(tokens, position_ids, attention_mask, labels=labels, loss_mask=loss_mask)
+    return output, partial(loss_func, loss_mask)
+
+
+def gpt_dataset_config(args) -> GPTDatasetConfig:
+    blend, blend_per_split = get_blend_and_blend_per_split(args)
+    return GPTDatasetConfig(
+        random_seed=args.seed,
+        sequence_length=args.seq_length,
+        blend=blend,
+        blend_per_split=blend_per_split,
+        split=args.split,
+        num_dataset_builder_threads=args.num_dataset_builder_threads,
+        path_to_cache=args.data_cache_path,
+        mmap_bin_files=args.mmap_bin_files,
+        tokenizer=get_tokenizer(),
+        reset_position_ids=args.reset_position_ids,
+        reset_attention_mask=args.reset_attention_mask,
+        eod_mask_loss=args.eod_mask_loss,
+        create_attention_mask=args.create_attention_mask_in_dataloader,
+        mid_level_dataset_surplus=args.mid_level_dataset_surplus,
+        allow_ambiguous_pad_tokens=args.allow_ambiguous_pad_tokens,
+    )
+
+
+def is_dataset_built_on_rank(vp_stage=None):
+    return is_first_or_last_pipeline_stage(vp_stage) and mpu.get_tensor_model_parallel_rank() == 0
+
+
+def train_valid_test_datasets_provider(train_val_test_num_samples, vp_stage=None):
+    """GPTDataset blends for --data-path, MockGPTDataset for --mock-data."""
+    args = get_args()
+    dataset_type = MockGPTDataset if args.mock_data else GPTDataset
+    print_rank_0(f"> building train, validation, and test datasets ({dataset_type.__name__}) ...")
+    train_ds, valid_ds, test_ds = BlendedMegatronDatasetBuilder(
+        dataset_type, train_val_test_num_samples,
+        partial(is_dataset_built_on_rank, vp_stage=vp_stage), gpt_dataset_config(args),
+    ).build()
+    print_rank_0("> finished creating GPT datasets ...")
+    return train_ds, valid_ds, test_ds
+
+
+train_valid_test_datasets_provider.is_distributed = True
+
+
+def main():
+    args = parse_and_validate_args(args_defaults={"tokenizer_type": "GPT2BPETokenizer"})
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*ModelConfig.*model provider.*")
+        cfg = pretrain_cfg_container_from_args(args)
+    pretrain(cfg, train_valid_test_datasets_provider, ModelType.encoder_or_decoder, forward_step,
+             model_provider=model_provider)
+
+
+if __name__ == "__main__":
+    main()
