@@ -12,6 +12,8 @@ def all_features():
     from patches.cpu_device import CpuDevice
     from patches.dataset_helpers import PrebuiltDatasetHelpers
     from patches.megatron_initialize import AllowNoCuda
+    from patches.npu_device import NpuDevice
+    from patches.tensor_type_names import CudaTypeNamesInOptimizers
 
     return [
         BackendDefaults(),
@@ -19,5 +21,7 @@ def all_features():
         AllowNoCuda(),
         PrebuiltDatasetHelpers(),
         CpuDevice(),
+        NpuDevice(),
         DeviceAgnosticClipGrads(),
+        CudaTypeNamesInOptimizers(),
     ]

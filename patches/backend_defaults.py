@@ -10,6 +10,7 @@ it set, so the same Megatron command line runs on NPU, GPU and CPU.
 from __future__ import annotations
 
 import importlib.util
+import os
 
 from adaptor.errors import is_rank0
 from adaptor.features import Feature
@@ -48,6 +49,10 @@ class BackendDefaults(Feature):
 
     def set_defaults(self, args, ctx) -> None:
         changed = []
+        # Megatron asserts this CUDA scheduling knob is 1 for TP/CP; it means nothing off CUDA.
+        if ctx.backend.name != "cuda" and "CUDA_DEVICE_MAX_CONNECTIONS" not in os.environ:
+            os.environ["CUDA_DEVICE_MAX_CONNECTIONS"] = "1"
+            changed.append("CUDA_DEVICE_MAX_CONNECTIONS=1")
         for dest, value in backend_defaults(ctx.backend.name).items():
             if dest in ctx.explicit or getattr(args, dest, None) == value:
                 continue

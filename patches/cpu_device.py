@@ -29,44 +29,9 @@ import time
 import torch
 
 from adaptor.features import Feature
+from patches.device_redirect import make_mapper, register_collective_backend, register_device_arguments
 
 OWNER = "patches.cpu_device"
-_CPU = torch.device("cpu")
-
-FACTORIES = (
-    "tensor", "as_tensor", "empty", "empty_like", "empty_strided", "zeros", "zeros_like",
-    "ones", "ones_like", "full", "full_like", "arange", "linspace", "logspace", "eye",
-    "rand", "rand_like", "randn", "randn_like", "randint", "randint_like", "randperm",
-)
-
-
-def to_cpu_device(device):
-    """Map a CUDA device spec to cpu; leave anything else alone."""
-    if device is None:
-        return None
-    if isinstance(device, int) and not isinstance(device, bool):
-        return _CPU
-    if isinstance(device, str):
-        return _CPU if device.startswith("cuda") else device
-    if isinstance(device, torch.device) and device.type == "cuda":
-        return _CPU
-    return device
-
-
-def _device_kwarg(wrapped, instance, args, kwargs):
-    if "device" in kwargs:
-        kwargs["device"] = to_cpu_device(kwargs["device"])
-    return wrapped(*args, **kwargs)
-
-
-def _to(wrapped, instance, args, kwargs):
-    """Tensor.to / Module.to: the device may be the first positional argument."""
-    if args and isinstance(args[0], (str, int, torch.device)) and not isinstance(args[0], bool):
-        args = (to_cpu_device(args[0]),) + tuple(args[1:])
-    if "device" in kwargs:
-        kwargs["device"] = to_cpu_device(kwargs["device"])
-    return wrapped(*args, **kwargs)
-
 
 def _tensor_cuda(self, device=None, non_blocking=False, memory_format=torch.preserve_format):
     if memory_format is torch.preserve_format:
@@ -227,10 +192,8 @@ class CpuDevice(Feature):
     def register_patches(self, pm, ctx) -> None:
         for name, fn in _cuda_namespace().items():
             pm.register_replacement(f"torch.cuda.{name}", fn, OWNER)
-        for name in FACTORIES:
-            pm.register_wrapper(f"torch.{name}", _device_kwarg, OWNER)
-        pm.register_wrapper("torch.Tensor.to", _to, OWNER)
-        pm.register_wrapper("torch.nn.Module.to", _to, OWNER)
+        register_device_arguments(pm, OWNER, make_mapper("cpu"))
+        register_collective_backend(pm, OWNER, ctx.backend.dist_backend)
         pm.register_replacement("torch.Tensor.cuda", _tensor_cuda, OWNER)
         pm.register_replacement("torch.nn.Module.cuda", _module_cuda, OWNER)
         # Megatron's RNG tracker reads/writes the CUDA generator directly; use the CPU one.

@@ -1,0 +1,28 @@
+"""megatron-adaptor: megatron-core 0.19.2 on Ascend NPU, NVIDIA GPU and CPU."""
+from setuptools import find_packages, setup
+
+setup(
+    name="megatron-adaptor",
+    version="0.1.0",
+    description="A MindSpeed-style patch layer that runs megatron-core's own training loop on NPU, GPU and CPU",
+    long_description=open("README.md", encoding="utf-8").read() if __import__("os").path.exists("README.md") else "",
+    long_description_content_type="text/markdown",
+    python_requires=">=3.12",
+    packages=find_packages(include=["adaptor", "adaptor.*", "patches", "patches.*"]),
+    py_modules=["pretrain_gpt"],
+    install_requires=[
+        # The patches target exactly this release; adaptor checks it at import.
+        "megatron-core==0.19.2",
+        "torch>=2.6",
+        "safetensors",
+        "numpy",
+        "tokenizers",
+        "wrapt",
+        "psutil",
+        "pyyaml",
+    ],
+    extras_require={
+        "npu": ["torch_npu"],
+        "test": ["pytest"],
+    },
+)
