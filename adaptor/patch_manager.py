@@ -129,6 +129,7 @@ class PatchManager:
 
     def _mark_dirty(self, patch: _Patch) -> None:
         if patch.applied:  # re-apply on the next apply() with the new stack
+            self._collect_late_aliases([patch])
             self._remove_one(patch)
 
     # ---------------------------------------------------------------- apply/remove
@@ -142,6 +143,7 @@ class PatchManager:
 
     def remove(self) -> None:
         """Undo every applied patch, aliases included, in reverse order."""
+        self._collect_late_aliases([p for p in self._patches.values() if p.applied])
         for patch in reversed(list(self._patches.values())):
             if patch.applied:
                 self._remove_one(patch)
@@ -154,7 +156,12 @@ class PatchManager:
         parent, attr = resolve_parent(patch.target)
         own = attr in vars(parent) if isinstance(parent, type) else hasattr(parent, attr)
         if isinstance(parent, type):
-            raw = vars(parent).get(attr, _MISSING) if own else getattr(parent, attr, _MISSING)
+            # An inherited attribute is taken raw from the class that defines it, so an
+            # inherited staticmethod/classmethod keeps its descriptor (getattr would give a
+            # plain function, or a method bound to `parent`) when installed on the subclass.
+            raw = next((vars(k)[attr] for k in parent.__mro__ if attr in vars(k)), _MISSING)
+            if raw is _MISSING:
+                raw = getattr(parent, attr, _MISSING)
         else:
             raw = getattr(parent, attr, _MISSING)
         if raw is _MISSING and not patch.create:
@@ -183,7 +190,7 @@ class PatchManager:
             except AttributeError:
                 pass
         patch.applied = False
-        patch.installed = None
+        patch.installed = patch.installed_visible = None
 
     def _rebind_aliases(self, patches: list[_Patch]) -> None:
         """Point every loaded module's copy of an original at its patched object."""
@@ -208,6 +215,32 @@ class PatchManager:
                 if module is p.parent and name == p.attr:
                     continue
                 namespace[name] = p.installed_visible
+                p.aliases.append((module, name))
+
+    def _collect_late_aliases(self, patches: list[_Patch]) -> None:
+        """Record copies of a wrapped target made after apply() (a later ``from x import f``),
+        so that removal restores them too.
+
+        Only wrapped targets: the installed wrapper is ours, so every module holding it holds
+        a copy of the target. A bare replacement is the caller's object, also held under its
+        own name by the module defining it, which must keep it.
+        """
+        by_id = {id(p.installed_visible): p for p in patches if p.installed_visible is not None and p.wrappers}
+        if not by_id:
+            return
+        for module in list(sys.modules.values()):
+            if not isinstance(module, types.ModuleType):
+                continue
+            try:
+                namespace = vars(module)
+            except TypeError:
+                continue
+            for name, value in list(namespace.items()):
+                p = by_id.get(id(value))
+                if p is None or value is not p.installed_visible:
+                    continue
+                if (module is p.parent and name == p.attr) or any(m is module and n == name for m, n in p.aliases):
+                    continue
                 p.aliases.append((module, name))
 
     # ---------------------------------------------------------------- introspection
