@@ -1,0 +1,80 @@
+#!/usr/bin/env bash
+# Pretrain a Qwen3-shaped GPT with Megatron's own loop on NPU, GPU or CPU.
+#
+#   bash examples/qwen3/pretrain.sh                 # tiny model, mock data, CPU-friendly (~1 min)
+#   MODEL_SIZE=0.6b NPROC=8 TP=1 bash examples/qwen3/pretrain.sh
+#   MODEL_SIZE=8b NPROC=8 TP=4 PP=2 DATA_PATH=/data/corpus_text_document \
+#       TOKENIZER_TYPE=HuggingFaceTokenizer TOKENIZER_MODEL=/models/Qwen3-8B bash examples/qwen3/pretrain.sh
+#
+# Environment overrides (defaults in brackets):
+#   MODEL_SIZE tiny|0.6b|8b|32b [tiny]   NPROC processes per node [1]   NNODES [1]  NODE_RANK [0]
+#   MASTER_ADDR [127.0.0.1]  MASTER_PORT [29500]   TP [1]  PP [1]
+#   DATA_PATH Megatron dataset prefix or blend ["0.7 a 0.3 b"]; unset: mock data
+#   TOKENIZER_TYPE [NullTokenizer with mock data]  TOKENIZER_MODEL  VOCAB_SIZE (mock data)
+#   SEQ_LEN  MBS micro batch  GBS global batch  TRAIN_ITERS  LR  MIN_LR  WARMUP
+#   PRECISION bf16|fp16|fp32 [bf16 for 0.6b+, fp32 for tiny]   SAVE  LOAD  SAVE_INTERVAL
+#   ADAPTOR_BACKEND npu|cuda|cpu to override detection.
+# Anything after the script's name is passed to pretrain_gpt.py verbatim and wins.
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
+MODEL_SIZE="${MODEL_SIZE:-tiny}"
+
+# Qwen3's published shapes: layers hidden ffn heads kv-heads head-dim tied-embeddings
+case "$MODEL_SIZE" in
+  tiny) SHAPE=(4 128 384 4 2 32 tied);     DEF_SEQ=128;  DEF_MBS=4; DEF_GBS=16; DEF_ITERS=60; DEF_LR=3e-3; DEF_VOCAB=4096;   DEF_PREC=fp32 ;;
+  0.6b) SHAPE=(28 1024 3072 16 8 128 tied);  DEF_SEQ=4096; DEF_MBS=1; DEF_GBS=64; DEF_ITERS=5000; DEF_LR=3e-4; DEF_VOCAB=151936; DEF_PREC=bf16 ;;
+  8b)   SHAPE=(36 4096 12288 32 8 128 untied); DEF_SEQ=4096; DEF_MBS=1; DEF_GBS=256; DEF_ITERS=5000; DEF_LR=3e-4; DEF_VOCAB=151936; DEF_PREC=bf16 ;;
+  32b)  SHAPE=(64 5120 25600 64 8 128 untied); DEF_SEQ=4096; DEF_MBS=1; DEF_GBS=512; DEF_ITERS=5000; DEF_LR=2e-4; DEF_VOCAB=151936; DEF_PREC=bf16 ;;
+  *) echo "examples/qwen3/pretrain.sh: error: MODEL_SIZE must be tiny, 0.6b, 8b or 32b (got '$MODEL_SIZE')" >&2; exit 2 ;;
+esac
+read -r LAYERS HIDDEN FFN HEADS KV_HEADS HEAD_DIM TIE <<<"${SHAPE[*]}"
+
+NPROC="${NPROC:-1}"; NNODES="${NNODES:-1}"; NODE_RANK="${NODE_RANK:-0}"
+MASTER_ADDR="${MASTER_ADDR:-127.0.0.1}"; MASTER_PORT="${MASTER_PORT:-29500}"
+TP="${TP:-1}"; PP="${PP:-1}"
+SEQ_LEN="${SEQ_LEN:-$DEF_SEQ}"; MBS="${MBS:-$DEF_MBS}"; GBS="${GBS:-$DEF_GBS}"
+TRAIN_ITERS="${TRAIN_ITERS:-$DEF_ITERS}"; LR="${LR:-$DEF_LR}"; MIN_LR="${MIN_LR:-$(python3 -c "print(${LR}/10)")}"
+WARMUP="${WARMUP:-$(( TRAIN_ITERS / 10 ))}"
+PRECISION="${PRECISION:-$DEF_PREC}"
+
+MODEL_ARGS=(
+  --num-layers "$LAYERS" --hidden-size "$HIDDEN" --ffn-hidden-size "$FFN"
+  --num-attention-heads "$HEADS" --group-query-attention --num-query-groups "$KV_HEADS"
+  --kv-channels "$HEAD_DIM" --qk-layernorm
+  --normalization RMSNorm --norm-epsilon 1e-6 --swiglu --disable-bias-linear
+  --position-embedding-type rope --rotary-base 1000000 --rotary-percent 1.0
+  --seq-length "$SEQ_LEN" --max-position-embeddings "$SEQ_LEN"
+  --attention-dropout 0.0 --hidden-dropout 0.0 --init-method-std 0.02
+)
+[ "$TIE" = untied ] && MODEL_ARGS+=(--untie-embeddings-and-output-weights)
+
+if [ -n "${DATA_PATH:-}" ]; then
+  # shellcheck disable=SC2206  # a blend "0.7 a 0.3 b" is several words on purpose
+  DATA_ARGS=(--data-path ${DATA_PATH} --split 98,2,0
+             --tokenizer-type "${TOKENIZER_TYPE:-HuggingFaceTokenizer}")
+  [ -n "${TOKENIZER_MODEL:-}" ] && DATA_ARGS+=(--tokenizer-model "$TOKENIZER_MODEL")
+else
+  DATA_ARGS=(--mock-data --tokenizer-type "${TOKENIZER_TYPE:-NullTokenizer}" --vocab-size "${VOCAB_SIZE:-$DEF_VOCAB}")
+fi
+
+TRAIN_ARGS=(
+  --tensor-model-parallel-size "$TP" --pipeline-model-parallel-size "$PP"
+  --micro-batch-size "$MBS" --global-batch-size "$GBS" --train-iters "$TRAIN_ITERS"
+  --lr "$LR" --min-lr "$MIN_LR" --lr-decay-style cosine --lr-warmup-iters "$WARMUP"
+  --weight-decay 0.1 --adam-beta1 0.9 --adam-beta2 0.95 --clip-grad 1.0
+  --seed 1234 --log-interval "${LOG_INTERVAL:-5}" --eval-interval "${EVAL_INTERVAL:-1000000}" --eval-iters 0
+  --log-throughput
+)
+case "$PRECISION" in bf16) TRAIN_ARGS+=(--bf16) ;; fp16) TRAIN_ARGS+=(--fp16) ;; fp32) ;;
+  *) echo "examples/qwen3/pretrain.sh: error: PRECISION must be bf16, fp16 or fp32" >&2; exit 2 ;; esac
+[ "$NPROC" -gt 1 ] || [ "$NNODES" -gt 1 ] && TRAIN_ARGS+=(--use-distributed-optimizer)
+[ -n "${SAVE:-}" ] && TRAIN_ARGS+=(--save "$SAVE" --save-interval "${SAVE_INTERVAL:-$TRAIN_ITERS}")
+[ -n "${LOAD:-}" ] && TRAIN_ARGS+=(--load "$LOAD")
+
+export CUDA_DEVICE_MAX_CONNECTIONS="${CUDA_DEVICE_MAX_CONNECTIONS:-1}"
+export OMP_NUM_THREADS="${OMP_NUM_THREADS:-$(( $(nproc) / NPROC > 0 ? $(nproc) / NPROC : 1 ))}"
+
+exec torchrun --nproc_per_node "$NPROC" --nnodes "$NNODES" --node_rank "$NODE_RANK" \
+  --master_addr "$MASTER_ADDR" --master_port "$MASTER_PORT" \
+  "$ROOT/pretrain_gpt.py" "${MODEL_ARGS[@]}" "${DATA_ARGS[@]}" "${TRAIN_ARGS[@]}" "$@"
