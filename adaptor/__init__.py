@@ -15,6 +15,7 @@ imported — both orders work) does, once:
 from __future__ import annotations
 
 import sys
+import warnings
 
 from adaptor.version import SUPPORTED_MEGATRON_CORE, check_megatron_version
 
@@ -50,6 +51,8 @@ def setup(argv=None, quiet: bool = False) -> FeatureContext:
     argv = sys.argv[1:] if argv is None else list(argv)
     context = FeatureContext(backend=backend, flags=registry.preparse(argv))
     enabled = registry.enabled(context)
+    if backend.name != "cuda":  # expected off CUDA; Megatron warns once per module otherwise
+        warnings.filterwarnings("ignore", message=r".*(transformer[ -]engine|apex)")  # case-insensitive
     arguments_hook.register(patch_manager, registry, context)
     for feature in enabled:
         feature.register_patches(patch_manager, context)
@@ -60,6 +63,7 @@ def setup(argv=None, quiet: bool = False) -> FeatureContext:
 
 
 def summary(enabled=None) -> str:
+    """Backend, enabled features, and every applied patch grouped by the module that owns it."""
     enabled = registry.enabled(context) if enabled is None else enabled
     lines = [
         f"[megatron-adaptor] backend={backend.name} ({backend.source}), "
@@ -67,7 +71,13 @@ def summary(enabled=None) -> str:
         f"[megatron-adaptor] features: {', '.join(f.name for f in enabled) or 'none'}",
         f"[megatron-adaptor] {len(patch_manager)} patches applied:",
     ]
-    lines += [f"[megatron-adaptor]   {d}" for d in patch_manager.descriptions()]
+    for owner, targets in patch_manager.targets_by_owner().items():
+        groups: dict[str, list[str]] = {}
+        for target in targets:
+            parent, _, attr = target.rpartition(".")
+            groups.setdefault(parent, []).append(attr)
+        text = "; ".join(f"{p}.{a[0]}" if len(a) == 1 else f"{p}.{{{','.join(a)}}}" for p, a in groups.items())
+        lines.append(f"[megatron-adaptor]   {owner}: {text}")
     return "\n".join(lines)
 
 

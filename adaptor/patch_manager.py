@@ -199,23 +199,9 @@ class PatchManager:
             if isinstance(p.parent, types.ModuleType) and p.original_visible is not None and callable(p.original_visible):
                 p.installed_visible = getattr(p.parent, p.attr)
                 by_id[id(p.original_visible)] = p
-        if not by_id:
-            return
-        for module in list(sys.modules.values()):
-            if not isinstance(module, types.ModuleType):
-                continue
-            try:
-                namespace = vars(module)
-            except TypeError:
-                continue
-            for name, value in list(namespace.items()):
-                p = by_id.get(id(value))
-                if p is None or value is not p.original_visible:
-                    continue
-                if module is p.parent and name == p.attr:
-                    continue
-                namespace[name] = p.installed_visible
-                p.aliases.append((module, name))
+        for module, namespace, name, p in _copies(by_id, lambda p: p.original_visible):
+            namespace[name] = p.installed_visible
+            p.aliases.append((module, name))
 
     def _collect_late_aliases(self, patches: list[_Patch]) -> None:
         """Record copies of a wrapped target made after apply() (a later ``from x import f``),
@@ -226,21 +212,8 @@ class PatchManager:
         own name by the module defining it, which must keep it.
         """
         by_id = {id(p.installed_visible): p for p in patches if p.installed_visible is not None and p.wrappers}
-        if not by_id:
-            return
-        for module in list(sys.modules.values()):
-            if not isinstance(module, types.ModuleType):
-                continue
-            try:
-                namespace = vars(module)
-            except TypeError:
-                continue
-            for name, value in list(namespace.items()):
-                p = by_id.get(id(value))
-                if p is None or value is not p.installed_visible:
-                    continue
-                if (module is p.parent and name == p.attr) or any(m is module and n == name for m, n in p.aliases):
-                    continue
+        for module, _, name, p in _copies(by_id, lambda p: p.installed_visible):
+            if not any(m is module and n == name for m, n in p.aliases):
                 p.aliases.append((module, name))
 
     # ---------------------------------------------------------------- introspection
@@ -256,9 +229,36 @@ class PatchManager:
             return getattr(parent, attr)
         return p.original_visible
 
+    def targets_by_owner(self) -> dict[str, list[str]]:
+        """Applied targets per registrant (a target with several owners appears under each)."""
+        out: dict[str, list[str]] = {}
+        for p in self._patches.values():
+            if p.applied:
+                for owner in dict.fromkeys(p.owners):
+                    out.setdefault(owner, []).append(p.target)
+        return out
+
     def descriptions(self) -> list[str]:
         return [p.describe() for p in self._patches.values() if p.applied]
 
     def __len__(self) -> int:
         return sum(p.applied for p in self._patches.values())
 
+
+def _copies(by_id: dict, held: Callable[[_Patch], Any]):
+    """Yield (module, namespace, name, patch) for every loaded module attribute that is
+    ``held(patch)``, except the patch target's own attribute."""
+    if not by_id:
+        return
+    for module in list(sys.modules.values()):
+        if not isinstance(module, types.ModuleType):
+            continue
+        try:
+            namespace = vars(module)
+        except TypeError:
+            continue
+        for name, value in list(namespace.items()):
+            p = by_id.get(id(value))
+            if p is None or value is not held(p) or (module is p.parent and name == p.attr):
+                continue
+            yield module, namespace, name, p
