@@ -85,7 +85,10 @@ def child_frames(output: str) -> list[str]:
     frames = []
     for path in _FRAME.findall(output):
         resolved = str(Path(path).resolve()) if not path.startswith("<") else path
-        if resolved.startswith(str(ROOT)) or resolved.startswith(MEGATRON_DIR):
+        # A virtualenv may live inside the repository (.ci/run makes .venv there):
+        # installed packages are not our code, megatron excepted.
+        ours = resolved.startswith(str(ROOT)) and "site-packages" not in Path(resolved).parts
+        if ours or resolved.startswith(MEGATRON_DIR):
             frames.append(path)
     return frames
 
