@@ -14,6 +14,7 @@ imported — both orders work) does, once:
 """
 from __future__ import annotations
 
+import os
 import sys
 import warnings
 
@@ -57,6 +58,7 @@ def setup(argv=None, quiet: bool = False) -> FeatureContext:
     for feature in enabled:
         feature.register_patches(patch_manager, context)
     patch_manager.apply()
+    quiet = quiet or os.environ.get("ADAPTOR_QUIET", "0") not in ("", "0")
     if not quiet and is_rank0():
         print(summary(enabled), flush=True)
     return context

@@ -11,6 +11,8 @@ def all_features():
     from patches.clip_grads import DeviceAgnosticClipGrads
     from patches.cpu_device import CpuDevice
     from patches.dataset_helpers import PrebuiltDatasetHelpers
+    from patches.empty_dataset_split import EmptyDatasetSplitGuard
+    from patches.hf_tokenizer import TokenizerJsonTokenizer
     from patches.megatron_initialize import AllowNoCuda
     from patches.npu_device import NpuDevice
     from patches.tensor_type_names import CudaTypeNamesInOptimizers
@@ -20,6 +22,8 @@ def all_features():
         ArgumentChecks(),
         AllowNoCuda(),
         PrebuiltDatasetHelpers(),
+        TokenizerJsonTokenizer(),
+        EmptyDatasetSplitGuard(),
         CpuDevice(),
         NpuDevice(),
         DeviceAgnosticClipGrads(),
