@@ -143,10 +143,16 @@ def train_valid_test_datasets_provider(train_val_test_num_samples, vp_stage=None
     args = get_args()
     dataset_type = MockGPTDataset if args.mock_data else GPTDataset
     print_rank_0(f"> building train, validation, and test datasets ({dataset_type.__name__}) ...")
-    train_ds, valid_ds, test_ds = BlendedMegatronDatasetBuilder(
+    datasets = BlendedMegatronDatasetBuilder(
         dataset_type, train_val_test_num_samples,
         partial(is_dataset_built_on_rank, vp_stage=vp_stage), gpt_dataset_config(args),
     ).build()
+    # A split whose --split share rounds to zero documents, and that owes no samples
+    # (--eval-iters 0), is absent rather than empty: Megatron's sampler rejects empty datasets.
+    train_ds, valid_ds, test_ds = (
+        None if ds is not None and len(ds) == 0 and not owed else ds
+        for ds, owed in zip(datasets, train_val_test_num_samples)
+    )
     print_rank_0("> finished creating GPT datasets ...")
     return train_ds, valid_ds, test_ds
 

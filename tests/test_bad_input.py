@@ -305,6 +305,25 @@ def test_quoted_blend_is_one_prefix(scratch, dataset):
     dataset_dir_untouched(dataset)
 
 
+def test_split_too_small_for_eval_stops_instead_of_hanging(scratch, dataset):
+    """64 documents under --split 969,30,1 leave the test split empty; with --eval-iters 1
+    the test split owes samples it cannot have. Upstream hung building the dataset."""
+    args = TINY + ["--data-path", str(dataset), "--split", "969,30,1", "--eval-iters", "1",
+                   "--eval-interval", "1", "--data-cache-path", str(scratch / "cache")]
+    proc = run_python(args, cwd=scratch)
+    assert_one_line_error(proc, [str(dataset), "test split has 0 documents", "--split (now 969,30,1)"],
+                          torchrun=False)
+    dataset_dir_untouched(dataset)
+
+
+def test_hf_tokenizer_model_missing(scratch, dataset):
+    args = TINY + ["--data-path", str(dataset), "--tokenizer-type", "HuggingFaceTokenizer",
+                   "--tokenizer-model", "/nonexistent/tokenizer_dir"] + save_args(scratch)
+    proc = run_python(args, cwd=scratch)
+    assert_one_line_error(proc, ["--tokenizer-model /nonexistent/tokenizer_dir", "no such file"], torchrun=False)
+    assert_nothing_written(scratch)
+
+
 # -- d) unknown backend -----------------------------------------------------------------------
 
 def test_unknown_backend(scratch):
@@ -328,9 +347,10 @@ def test_control_same_shapes_train(scratch, dataset):
     trains, so every failure above comes from the one value its case changes."""
     blend = ["0.5", str(dataset), "0.5", str(dataset)]
     # Megatron caches the blend's sample indices; keep them out of the shared dataset's folder.
-    # --split 100,0,0: the default 969,30,1 gives this 64-document dataset an empty test split,
-    # and GPTDataset._get_num_epochs then loops forever on 0 tokens per epoch.
-    cache = ["--data-cache-path", str(scratch / "cache"), "--split", "100,0,0"]
+    # The default --split 969,30,1 gives this 64-document dataset an empty test split, which
+    # upstream's GPTDataset._get_num_epochs looped on forever even with no test samples asked
+    # for; patches/empty_dataset_split.py lets an empty split that owes no samples through.
+    cache = ["--data-cache-path", str(scratch / "cache")]
     proc = run_torchrun(1, TINY + THREE_HEADS + ["--data-path", *blend] + cache, cwd=scratch)
     output = proc.stdout + proc.stderr
     assert proc.returncode == 0, "\n".join(output.splitlines()[-60:])
