@@ -1,0 +1,515 @@
+"""Tokenize raw text into Megatron indexed datasets (``{prefix}_{key}_document.bin/.idx``).
+
+    python tools/preprocess_data.py --input data/ --output-prefix out/corpus \\
+        --tokenizer-type HuggingFaceTokenizer --tokenizer-model examples/data/tokenizer \\
+        --append-eod --workers 2
+
+Megatron-LM's argument names. The tokenizer is built exactly as training
+builds it: ``import adaptor`` (its patches, quietly), Megatron's own tokenizer
+flags (``_add_tokenizer_args``) and ``build_tokenizer(args)``, so
+``--tokenizer-type HuggingFaceTokenizer --tokenizer-model <tokenizer.json or a
+directory holding one>`` goes through the ``tokenizers`` library, and any
+other Megatron tokenizer type works too. When the built tokenizer's library
+object offers ``encode_batch`` (patches/hf_tokenizer.py's TokenizerJson), whole
+batches are encoded at once; otherwise each document goes through
+``tokenizer.tokenize``.
+
+Input: files, globs or directories (see tools/text_readers.py for formats);
+output: tools/indexed_writer.py writes the exact format of megatron-core's
+``IndexedDatasetBuilder``, under temporary names that are renamed into place
+only when every output is complete. Reading and writing stream: at most a few
+chunks of ``--batch-size`` documents are in flight, whatever the input size.
+Every problem ends the run with one line ``preprocess_data.py: error: ...`` on
+stderr and a non-zero exit status, leaving any existing dataset at the prefix
+untouched.
+"""
+from __future__ import annotations
+
+import argparse
+import collections
+import itertools
+import os
+import signal
+import sys
+import time
+import warnings
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import numpy as np  # noqa: E402
+
+from indexed_writer import IndexedDatasetWriter, optimal_dtype, remove_stale_temps  # noqa: E402
+from text_readers import (  # noqa: E402
+    InputError, file_format, iter_chunks, parquet_available, parse_chunk, resolve_inputs,
+)
+
+PROG = "preprocess_data.py"
+DTYPE_LIMITS = {"uint16": 1 << 16, "int32": 1 << 31}
+MAX_QUOTED_BAD = 10  # skipped lines quoted on stderr; the rest are only counted
+
+
+class ToolError(Exception):
+    """Ends the run with ``preprocess_data.py: error: <message>``."""
+
+
+class Interrupted(BaseException):
+    """SIGTERM/SIGHUP: clean up like on any error, then exit 128+signal."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+# Arguments -----------------------------------------------------------------------------------
+
+def _positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
+def _non_negative(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be 0 or more, got {value}")
+    return value
+
+
+def add_tool_args(parser: argparse.ArgumentParser, required: bool = True) -> argparse.ArgumentParser:
+    group = parser.add_argument_group("input data")
+    group.add_argument("--input", nargs="+", metavar="PATH", required=required,
+                       help="file(s), glob(s) (quote them) or directory(ies). Formats by extension: "
+                            ".jsonl/.json/.ndjson (one JSON object per line), .parquet (needs pyarrow), "
+                            "anything else plain text; .gz/.bz2/.xz are decompressed. A directory "
+                            "contributes its data files, recursively, in sorted order.")
+    group.add_argument("--json-keys", nargs="+", default=["text"], metavar="KEY",
+                       help="keys (parquet: columns) to tokenize, one output dataset each. Plain text "
+                            "takes one key, which only names the output. Default: text")
+    group.add_argument("--text-document-per", choices=("line", "file"), default="line",
+                       help="plain text: one document per line (default) or per file")
+    group.add_argument("--skip-bad-lines", action="store_true",
+                       help="skip (and count) malformed JSON lines, lines missing a key and "
+                            "bytes that are not UTF-8, instead of stopping")
+    group = parser.add_argument_group("output data")
+    group.add_argument("--output-prefix", metavar="PREFIX", required=required,
+                       help="writes PREFIX_{key}_document.bin/.idx; the directory must exist")
+    group.add_argument("--dtype", choices=("auto", "uint16", "int32"), default="auto",
+                       help="token id type in the .bin. auto (default): Megatron's choice, uint16 "
+                            "for vocabularies under 65500 tokens, else int32")
+    group.add_argument("--append-eod", action="store_true",
+                       help="append the tokenizer's end-of-document token to every document")
+    group = parser.add_argument_group("runtime")
+    group.add_argument("--workers", type=_positive, default=1,
+                       help="tokenizing processes (default 1: tokenize in this process, where the "
+                            "tokenizers library may still use several threads)")
+    group.add_argument("--batch-size", type=_positive, default=1000,
+                       help="documents per chunk handed to a worker and encoded in one batch (default 1000)")
+    group.add_argument("--log-interval", type=_non_negative, default=10000,
+                       help="print progress every N documents (default 10000; 0: only the summary)")
+    return parser
+
+
+def _pre_parser() -> argparse.ArgumentParser:
+    """Our flags plus the tokenizer paths: enough to check cheap things before importing Megatron."""
+    parser = argparse.ArgumentParser(prog=PROG, add_help=False, allow_abbrev=False)
+    add_tool_args(parser, required=False)
+    for flag in ("--tokenizer-type", "--tokenizer-model", "--vocab-file", "--merge-file"):
+        parser.add_argument(flag)
+    return parser
+
+
+def full_parser():
+    """Our flags and Megatron's own tokenizer flags (imports adaptor and Megatron)."""
+    _import_megatron()
+    from megatron.training.arguments import _add_tokenizer_args
+
+    parser = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_tool_args(parser)
+    _add_tokenizer_args(parser)
+    return parser
+
+
+def _import_megatron() -> None:
+    """``import adaptor`` as training does, without its banner or Megatron's import-time noise."""
+    os.environ.setdefault("ADAPTOR_QUIET", "1")
+    # Tokenizing needs no accelerator; the tokenizer patches apply on every backend, and a CPU
+    # backend keeps device runtimes (and their threads) out of the process we fork workers from.
+    os.environ.setdefault("ADAPTOR_BACKEND", "cpu")
+    import logging
+
+    logging.getLogger("torch.utils.cpp_extension").setLevel(logging.ERROR)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # Apex/Transformer Engine missing: irrelevant here
+        import adaptor  # noqa: F401
+        import megatron.training.arguments  # noqa: F401
+
+
+def _output_prefix(prefix: str, key: str) -> str:
+    return f"{prefix}_{key}_document"
+
+
+def precheck(opts: argparse.Namespace) -> list:
+    """Checks that need no tokenizer; returns the input files."""
+    try:
+        files = resolve_inputs(opts.input)
+        formats = {path: file_format(path, opts.text_document_per) for path in files}
+    except InputError as exc:
+        raise ToolError(str(exc)) from exc
+    if len(set(opts.json_keys)) != len(opts.json_keys):
+        raise ToolError(f"--json-keys names a key twice: {' '.join(opts.json_keys)}")
+    text_files = [p for p, kind in formats.items() if kind.startswith("text")]
+    if text_files and len(opts.json_keys) > 1:
+        raise ToolError(f"{text_files[0]}: plain text has one document field, so --json-keys takes "
+                        f"one key (it names the output); got {len(opts.json_keys)}")
+    parquet_files = [p for p, kind in formats.items() if kind == "parquet"]
+    if parquet_files and not parquet_available():
+        raise ToolError(f"{parquet_files[0]}: reading parquet needs pyarrow (pip install pyarrow)")
+    directory = os.path.dirname(opts.output_prefix) or "."
+    if not os.path.basename(opts.output_prefix):
+        raise ToolError(f"--output-prefix {opts.output_prefix}: needs a file name part, not only a directory")
+    if not os.path.isdir(directory):
+        raise ToolError(f"--output-prefix {opts.output_prefix}: directory {directory} does not exist")
+    if not os.access(directory, os.W_OK | os.X_OK):
+        raise ToolError(f"--output-prefix {opts.output_prefix}: directory {directory} is not writable")
+    inputs = {os.path.realpath(p) for p in files}
+    for key in opts.json_keys:
+        for ext in (".bin", ".idx"):
+            out = _output_prefix(opts.output_prefix, key) + ext
+            if os.path.isdir(out):
+                raise ToolError(f"output {out} is a directory")
+            if os.path.realpath(out) in inputs:
+                raise ToolError(f"output {out} is also an input file")
+    for flag, path in (("--tokenizer-model", opts.tokenizer_model), ("--vocab-file", opts.vocab_file),
+                       ("--merge-file", opts.merge_file)):
+        if path and not os.path.exists(path) and not (flag == "--tokenizer-model" and _hub_name(path)):
+            raise ToolError(f"{flag} {path}: no such file or directory")
+    return files
+
+
+def _hub_name(path: str) -> bool:
+    """``org/name`` with transformers installed: a Hub id that transformers may resolve."""
+    import importlib.util
+
+    parts = path.split("/")
+    return (len(parts) == 2 and all(parts) and not path.startswith((".", "~"))
+            and importlib.util.find_spec("transformers") is not None)
+
+
+# Tokenizer -----------------------------------------------------------------------------------
+
+def build_megatron_tokenizer(args: argparse.Namespace):
+    from megatron.core.tokenizers.utils.build_tokenizer import build_tokenizer
+
+    if args.tokenizer_type is None:
+        raise ToolError("--tokenizer-type is required (e.g. HuggingFaceTokenizer with --tokenizer-model)")
+    args.rank = 0
+    args.tensor_model_parallel_size = 1
+    args.make_vocab_size_divisible_by = 128
+    args.pad_vocab_size = False  # the model pads its embedding; token ids do not change
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            return build_tokenizer(args)
+    except Exception as exc:
+        source = args.tokenizer_model or args.vocab_file or "its defaults"
+        detail = " ".join(str(exc).split()) or type(exc).__name__
+        raise ToolError(f"cannot build the {args.tokenizer_type} tokenizer from {source}: {detail}") from exc
+
+
+def batch_encoder(tok):
+    """``texts -> list of id lists``: the library's ``encode_batch`` when it has one, else ``tokenize``."""
+    from megatron.core.tokenizers.text.text_tokenizer import MegatronTokenizerText
+
+    library = getattr(tok, "_tokenizer", None)
+    plain_tokenize = getattr(type(tok), "tokenize", None) is MegatronTokenizerText.tokenize
+    if plain_tokenize and callable(getattr(library, "encode_batch", None)):
+        return library.encode_batch, True
+    return (lambda texts: [tok.tokenize(t) for t in texts]), False
+
+
+def end_of_document(tok):
+    try:
+        eod = tok.eod
+    except Exception:  # some libraries raise instead of returning None
+        eod = None
+    return None if eod is None else int(eod)
+
+
+def choose_dtype(requested: str, vocab_size: int):
+    if requested == "auto":
+        return np.dtype(optimal_dtype(vocab_size))
+    if vocab_size > DTYPE_LIMITS[requested]:
+        raise ToolError(f"--dtype {requested} holds token ids below {DTYPE_LIMITS[requested]}, but the "
+                        f"tokenizer's vocabulary has {vocab_size} tokens; use --dtype int32 or auto")
+    return np.dtype(requested)
+
+
+# Workers -------------------------------------------------------------------------------------
+
+class _State:
+    """What a worker needs; set before the pool forks (or rebuilt in a spawned worker)."""
+
+    encode = None
+    keys: list = []
+    skip_bad = False
+    eod = None
+    dtype = np.dtype(np.int32)
+
+
+def _encode_texts(texts):
+    """Encode a batch; if the batch fails, find the documents that fail alone."""
+    try:
+        return _State.encode(texts), {}
+    except Exception:
+        ids, failed = [], {}
+        for i, text in enumerate(texts):
+            try:
+                ids.extend(_State.encode([text]))
+            except Exception as exc:
+                ids.append([])
+                failed[i] = " ".join(str(exc).split()) or type(exc).__name__
+        return ids, failed
+
+
+def encode_chunk(chunk):
+    """Parse and tokenize one chunk: per key, the flat token array, lengths, and empty count."""
+    parsed = parse_chunk(chunk, _State.keys, _State.skip_bad)
+    result = {"records": parsed.n_records, "bytes": parsed.n_bytes, "bad": parsed.n_bad,
+              "bad_lines": parsed.bad, "error": parsed.error, "keys": {}}
+    if parsed.error:
+        return result
+    encoded, failed = {}, {}
+    for key in _State.keys:
+        encoded[key], key_failed = _encode_texts(parsed.texts[key])
+        for i, message in key_failed.items():
+            failed.setdefault(i, f"cannot tokenize key {key!r}: {message}")
+    if failed:  # a record that does not tokenize is a bad line, for every key
+        for i in sorted(failed):
+            message = f"{parsed.where[i]}: {failed[i]}"
+            if not _State.skip_bad:
+                result["error"] = message
+                return result
+            result["bad"] += 1
+            if len(result["bad_lines"]) < 5:
+                result["bad_lines"].append(message)
+        keep = [i for i in range(parsed.n_records) if i not in failed]
+        encoded = {key: [ids[i] for i in keep] for key, ids in encoded.items()}
+        result["records"] = len(keep)
+    limit = DTYPE_LIMITS.get(_State.dtype.name, 1 << 31)
+    for key, ids in encoded.items():
+        lengths = np.fromiter(map(len, ids), dtype=np.int64, count=len(ids))
+        flat = np.fromiter(itertools.chain.from_iterable(ids), dtype=np.int64, count=int(lengths.sum()))
+        if flat.size and (int(flat.min()) < 0 or int(flat.max()) >= limit):
+            bad_id = int(flat.max()) if int(flat.max()) >= limit else int(flat.min())
+            result["error"] = (f"{chunk.path}: the tokenizer produced token id {bad_id}, which "
+                               f"{_State.dtype.name} cannot hold; use --dtype int32")
+            return result
+        nonempty = lengths > 0
+        empty = int(lengths.size - nonempty.sum())
+        lengths = lengths[nonempty]
+        if _State.eod is not None and lengths.size:
+            flat = np.insert(flat, np.cumsum(lengths), _State.eod)
+            lengths = lengths + 1
+        result["keys"][key] = (flat.astype(_State.dtype), lengths, empty)
+    return result
+
+
+def _init_worker(spawn_args) -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent handles Ctrl-C and shuts us down
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    signal.signal(signal.SIGHUP, signal.SIG_DFL)
+    _die_with_parent()
+    if spawn_args is not None:  # no fork on this platform: build our own tokenizer
+        args, keys, skip_bad, eod, dtype = spawn_args
+        _import_megatron()
+        _State.encode = batch_encoder(build_megatron_tokenizer(args))[0]
+        _State.keys, _State.skip_bad, _State.eod, _State.dtype = keys, skip_bad, eod, np.dtype(dtype)
+
+
+def _die_with_parent() -> None:
+    """A worker must not outlive a parent killed with SIGKILL (it would wait on its queue forever)."""
+    parent = os.getppid()
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        if libc.prctl(1, signal.SIGKILL, 0, 0, 0) == 0:  # PR_SET_PDEATHSIG
+            if os.getppid() != parent:
+                os._exit(1)
+            return
+    except (OSError, AttributeError):
+        pass
+    import threading
+
+    def watch():
+        while os.getppid() == parent:
+            time.sleep(0.5)
+        os._exit(1)
+
+    threading.Thread(target=watch, daemon=True).start()
+
+
+def _results(chunks, workers: int, max_in_flight: int, spawn_args):
+    """Encoded chunks, in input order, with at most ``max_in_flight`` chunks queued."""
+    if workers == 1:
+        for chunk in chunks:
+            yield encode_chunk(chunk)
+        return
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+    from concurrent.futures.process import BrokenProcessPool
+
+    fork = "fork" in multiprocessing.get_all_start_methods()
+    context = multiprocessing.get_context("fork" if fork else "spawn")
+    pool = ProcessPoolExecutor(max_workers=workers, mp_context=context, initializer=_init_worker,
+                               initargs=(None if fork else spawn_args,))
+    pending: collections.deque = collections.deque()
+    try:
+        for chunk in chunks:
+            pending.append(pool.submit(encode_chunk, chunk))
+            if len(pending) >= max_in_flight:
+                yield pending.popleft().result()
+        while pending:
+            yield pending.popleft().result()
+    except BrokenProcessPool as exc:
+        raise ToolError(f"a worker process died ({exc}); out of memory? try fewer --workers") from exc
+    finally:
+        for future in pending:
+            future.cancel()
+        pool.shutdown(wait=True, cancel_futures=True)
+
+
+# The run -------------------------------------------------------------------------------------
+
+def _rate(count: float, seconds: float) -> float:
+    return count / seconds if seconds > 0 else 0.0
+
+
+def _human(n: float) -> str:
+    for unit, scale in (("G", 1e9), ("M", 1e6), ("k", 1e3)):
+        if n >= scale:
+            return f"{n / scale:.2f}{unit}"
+    return f"{n:.0f}"
+
+
+def _say(message: str) -> None:
+    try:
+        print(f"[{PROG}] {message}", flush=True)
+    except BrokenPipeError:
+        pass
+
+
+def run(args: argparse.Namespace, files: list) -> None:
+    keys = list(args.json_keys)
+    tok = build_megatron_tokenizer(args)
+    vocab_size = int(tok.vocab_size)
+    eod = None
+    if args.append_eod:
+        eod = end_of_document(tok)
+        if eod is None:
+            raise ToolError(f"--append-eod: the {args.tokenizer_type} tokenizer from "
+                            f"{args.tokenizer_model or args.vocab_file} has no end-of-document token")
+    dtype = choose_dtype(args.dtype, vocab_size)
+    encode, batched = batch_encoder(tok)
+    if args.workers > 1:
+        # Each worker encodes single-threaded (N processes, not N times the library's thread pool),
+        # and setting it explicitly keeps the tokenizers library quiet about forking.
+        os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    _State.encode, _State.keys, _State.skip_bad, _State.eod, _State.dtype = (
+        encode, keys, args.skip_bad_lines, eod, dtype)
+    prefixes = [_output_prefix(args.output_prefix, key) for key in keys]
+    for prefix in prefixes:
+        for path in remove_stale_temps(prefix):
+            _say(f"removed {path}, left by an interrupted run")
+    _say(f"{len(files)} input file(s); tokenizer {args.tokenizer_type} ({type(getattr(tok, "_tokenizer", tok)).__name__}"
+         f"{', batched' if batched else ''}), vocabulary {vocab_size}, dtype {dtype.name}, "
+         f"eod {'appended (id %d)' % eod if eod is not None else 'not appended'}, workers {args.workers}")
+
+    writers = {}
+    try:
+        for key, prefix in zip(keys, prefixes):
+            writers[key] = IndexedDatasetWriter(prefix, dtype)
+        chunks = iter_chunks(files, keys, args.text_document_per, args.batch_size)
+        spawn_args = (args, keys, args.skip_bad_lines, eod, dtype.name)
+        start = time.perf_counter()
+        docs = tokens = nbytes = bad = 0
+        empty = dict.fromkeys(keys, 0)
+        next_log = args.log_interval or None
+        quoted = 0
+        for result in _results(chunks, args.workers, 2 * args.workers + 2, spawn_args):
+            for message in result["bad_lines"]:
+                if quoted < MAX_QUOTED_BAD:
+                    print(f"[{PROG}] skipped {message}", file=sys.stderr, flush=True)
+                    quoted += 1
+            if result["error"]:
+                raise ToolError(result["error"] + (" (--skip-bad-lines skips such lines)"
+                                                   if not args.skip_bad_lines else ""))
+            docs += result["records"]
+            nbytes += result["bytes"]
+            bad += result["bad"]
+            for key, (flat, lengths, n_empty) in result["keys"].items():
+                writers[key].add_documents(flat, lengths)
+                tokens += int(flat.size)
+                empty[key] += n_empty
+            if next_log is not None and docs >= next_log:
+                seconds = time.perf_counter() - start
+                _say(f"{docs} documents, {_human(tokens)} tokens, {nbytes / 1e6:.1f} MB | "
+                     f"{_rate(docs, seconds):.0f} docs/s, {_human(_rate(tokens, seconds))} tokens/s, "
+                     f"{_rate(nbytes, seconds) / 1e6:.2f} MB/s")
+                next_log = (docs // args.log_interval + 1) * args.log_interval
+        for key, writer in writers.items():
+            if writer.n_documents == 0:
+                raise ToolError(
+                    f"no documents to write for key {key!r}: {docs} read, {empty[key]} empty, "
+                    f"{bad} bad lines skipped (input: {', '.join(args.input)})")
+        for writer in writers.values():
+            writer.finalize()
+        for writer in writers.values():
+            writer.publish()
+        seconds = time.perf_counter() - start
+    except BaseException:
+        for writer in writers.values():
+            writer.abort()
+        raise
+    skipped_empty = sum(empty.values())
+    empty_detail = "" if len(keys) == 1 else " (" + ", ".join(f"{k} {n}" for k, n in empty.items()) + ")"
+    outputs = ", ".join(f"{w.bin_path} / .idx ({w.n_documents} docs)" for w in writers.values())
+    _say(f"done: {docs} documents, {tokens} tokens, {skipped_empty} empty skipped{empty_detail}, "
+         f"{bad} bad lines skipped, {nbytes} bytes in {seconds:.2f} s | {_rate(docs, seconds):.0f} docs/s, "
+         f"{_rate(tokens, seconds):.0f} tokens/s, {_rate(nbytes, seconds) / 1e6:.2f} MB/s | wrote {outputs}")
+
+
+def _on_signal(signum, frame):
+    raise Interrupted(signum)
+
+
+def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    previous = {s: signal.signal(s, _on_signal) for s in (signal.SIGTERM, signal.SIGHUP)}
+    try:
+        files = None
+        if not {"-h", "--help"} & set(argv):
+            opts, _ = _pre_parser().parse_known_args(argv)
+            if opts.input and opts.output_prefix:
+                files = precheck(opts)  # before the slow imports: quick answers for common mistakes
+        args = full_parser().parse_args(argv)
+        run(args, files if files is not None else precheck(args))
+        return 0
+    except ToolError as exc:
+        print(f"{PROG}: error: {exc}", file=sys.stderr, flush=True)
+        return 1
+    except Interrupted as exc:
+        print(f"{PROG}: error: interrupted by {exc}; temporary files removed, existing outputs untouched", file=sys.stderr, flush=True)
+        return 128 + exc.signum
+    except KeyboardInterrupt:
+        print(f"{PROG}: error: interrupted; temporary files removed, existing outputs untouched", file=sys.stderr, flush=True)
+        return 130
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
