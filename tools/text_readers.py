@@ -150,7 +150,11 @@ def iter_chunks(files: List[str], keys: List[str], text_document_per: str = "lin
             if len(pending_files) >= batch_size or pending_bytes >= max_chunk_bytes:
                 yield Chunk("text-file", path, 1, pending_files)
                 pending_files, pending_bytes = [], 0
-        elif kind == "parquet":
+            continue
+        if pending_files:  # keep file order: earlier whole-file documents go first
+            yield Chunk("text-file", pending_files[-1][0], 1, pending_files)
+            pending_files, pending_bytes = [], 0
+        if kind == "parquet":
             yield from _parquet_chunks(path, keys, batch_size)
         else:
             yield from _line_chunks(path, kind, batch_size, max_chunk_bytes)
@@ -184,9 +188,11 @@ def _line_chunks(path: str, kind: str, batch_size: int, max_chunk_bytes: int) ->
 
 
 def parquet_available() -> bool:
-    import importlib.util
-
-    return importlib.util.find_spec("pyarrow") is not None
+    try:
+        import pyarrow.parquet  # noqa: F401
+    except ImportError:
+        return False
+    return True
 
 
 def _parquet_chunks(path: str, keys: List[str], batch_size: int) -> Iterator[Chunk]:
