@@ -512,6 +512,20 @@ def test_cheap_mistakes_fail_fast(runs, tmp_path):
     assert snapshot(tmp_path) == before
 
 
+def test_parquet_without_pyarrow_says_how_to_get_it(runs, tmp_path):
+    """Whether or not pyarrow is installed here, a process where it cannot be imported says what to do."""
+    (tmp_path / "rows.parquet").write_bytes(b"PAR1")
+    blocked = ("import runpy, sys; sys.modules['pyarrow'] = None; sys.argv = sys.argv[1:]; "
+               "runpy.run_path(sys.argv[0], run_name='__main__')")
+    proc = subprocess.run([sys.executable, "-c", blocked, str(TOOL), "--input", str(tmp_path / "rows.parquet"),
+                           "--output-prefix", str(tmp_path / "data"), "--tokenizer-type", "HuggingFaceTokenizer",
+                           "--tokenizer-model", str(runs["bpe"])],
+                          env=env(), capture_output=True, text=True, timeout=TIMEOUT)
+    assert_one_line_error({"rc": proc.returncode, "stdout": proc.stdout, "stderr": proc.stderr},
+                          "rows.parquet: reading parquet needs pyarrow (pip install pyarrow)")
+    assert sorted(os.listdir(tmp_path)) == ["rows.parquet"]
+
+
 def _stat(pid: int) -> list[str] | None:
     try:
         text = Path(f"/proc/{pid}/stat").read_text()
@@ -571,15 +585,18 @@ def test_killed_mid_run_leaves_no_complete_looking_pair(runs, tmp_path):
         assert temps and all(p.startswith(".") for p in temps)  # hidden, and clearly temporary
         os.kill(proc.pid, signal.SIGKILL)
         proc.wait(timeout=30)
+        # The workers die with their parent instead of waiting on their queue forever.
+        deadline = time.monotonic() + 10
+        while [w for w in workers if running(w)] and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not [w for w in workers if running(w)]
     finally:
         release.set()
-        if proc.poll() is None:
+        try:  # whatever is left of the session this test started (nothing, when it passes)
             os.killpg(proc.pid, signal.SIGKILL)
-    # The workers die with their parent instead of waiting on their queue forever.
-    deadline = time.monotonic() + 10
-    while [w for w in workers if running(w)] and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert not [w for w in workers if running(w)]
+        except ProcessLookupError:
+            pass
+        proc.wait(timeout=30)
     after = snapshot(out)
     assert {k: v for k, v in after.items() if not k.endswith(".tmp")} == before  # old pair intact
     assert not [k for k in after if k.endswith((".bin", ".idx")) and k not in before]

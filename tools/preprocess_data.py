@@ -497,8 +497,12 @@ def main(argv=None) -> int:
         args = full_parser().parse_args(argv)
         run(args, files if files is not None else precheck(args))
         return 0
-    except ToolError as exc:
+    except (ToolError, InputError) as exc:
         print(f"{PROG}: error: {exc}", file=sys.stderr, flush=True)
+        return 1
+    except OSError as exc:  # writing the outputs: disk full, permissions, ...
+        where = f"{exc.filename}: " if exc.filename else ""
+        print(f"{PROG}: error: {where}{exc.strerror or exc}", file=sys.stderr, flush=True)
         return 1
     except Interrupted as exc:
         print(f"{PROG}: error: interrupted by {exc}; temporary files removed, existing outputs untouched", file=sys.stderr, flush=True)
