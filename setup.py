@@ -23,6 +23,10 @@ setup(
     ],
     extras_require={
         "npu": ["torch_npu"],
-        "test": ["pytest"],
+        # tools/preprocess_data.py reads parquet through pyarrow.
+        "parquet": ["pyarrow"],
+        # transformers is the reference the tokenizer and model parity tests compare against;
+        # training itself never imports it.
+        "test": ["pytest", "transformers"],
     },
 )

@@ -23,9 +23,13 @@ TINY_QWEN3 = [
     "--attention-dropout", "0", "--hidden-dropout", "0",
     "--micro-batch-size", "2", "--global-batch-size", "8",
     "--lr", "1e-3", "--min-lr", "1e-4", "--lr-decay-style", "cosine", "--clip-grad", "1.0",
-    "--mock-data", "--tokenizer-type", "NullTokenizer", "--vocab-size", "512",
     "--seed", "1234", "--log-interval", "1", "--eval-iters", "0", "--eval-interval", "100000",
 ]
+TINY_QWEN3_MODEL = list(TINY_QWEN3)  # without data: for runs on real datasets
+TINY_QWEN3 += ["--mock-data", "--tokenizer-type", "NullTokenizer", "--vocab-size", "512"]
+# The corpus and tokenizer the repository carries (examples/data/README.md).
+SAMPLE_CORPUS = ROOT / "examples" / "data" / "sample_corpus.jsonl"
+SAMPLE_TOKENIZER = ROOT / "examples" / "data" / "tokenizer"
 
 _LOSS = re.compile(r"iteration\s+(\d+)/\s*\d+ .*?lm loss: ([0-9.Ee+-]+)")
 

@@ -12,7 +12,7 @@ from megatron_runs import ROOT, TINY_QWEN3, _LOSS, free_port, run_pretrain, tail
 def test_example_script_trains_tiny_qwen3_and_loss_falls(tmp_path):
     """`bash examples/qwen3/pretrain.sh` with no model arguments, as in README's quick start."""
     env = dict(os.environ, ADAPTOR_BACKEND="cpu", TRAIN_ITERS="20", LOG_INTERVAL="1",
-               MASTER_PORT=str(free_port()), SAVE=str(tmp_path / "ckpt"),
+               MASTER_PORT=str(free_port()), SAVE=str(tmp_path / "ckpt"), DATA_CACHE=str(tmp_path / "data"),
                PATH=os.path.dirname(sys.executable) + os.pathsep + os.environ["PATH"])
     proc = subprocess.run(["bash", "examples/qwen3/pretrain.sh"], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=900)
@@ -21,10 +21,13 @@ def test_example_script_trains_tiny_qwen3_and_loss_falls(tmp_path):
     losses = [float(v) for _, v in _LOSS.findall(out)]
     assert len(losses) == 20, tail(out)
     assert all(math.isfinite(x) for x in losses)
-    # Mock data repeats a learnable pattern: 20 steps at lr 3e-3 take the loss well down.
+    # The embedded corpus, not random tokens: 20 steps at lr 3e-3 take the loss well down.
+    assert "(GPTDataset)" in out and "MockGPTDataset" not in out, tail(out)
     assert sum(losses[-3:]) / 3 < losses[0] - 1.0, losses
     assert (tmp_path / "ckpt" / "latest_checkpointed_iteration.txt").read_text().strip() == "20"
     assert "backend=cpu" in out
+    # Tokenized once into DATA_CACHE; a second run would reuse this pair.
+    assert len(list((tmp_path / "data").glob("sample_corpus-*_text_document.idx"))) == 1
 
 
 def test_bf16_trains_on_cpu_and_tracks_fp32():

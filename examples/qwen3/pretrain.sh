@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Pretrain a Qwen3-shaped GPT with Megatron's own loop on NPU, GPU or CPU.
 #
-#   bash examples/qwen3/pretrain.sh                 # tiny model, mock data, CPU-friendly (~1 min)
+#   bash examples/qwen3/pretrain.sh                 # tiny model on the embedded corpus, CPU-friendly (~1 min)
 #   MODEL_SIZE=0.6b NPROC=8 TP=1 bash examples/qwen3/pretrain.sh
 #   MODEL_SIZE=8b NPROC=8 TP=4 PP=2 DATA_PATH=/data/corpus_text_document \
 #       TOKENIZER_TYPE=HuggingFaceTokenizer TOKENIZER_MODEL=/models/Qwen3-8B bash examples/qwen3/pretrain.sh
@@ -9,8 +9,11 @@
 # Environment overrides (defaults in brackets):
 #   MODEL_SIZE tiny|0.6b|8b|32b [tiny]   NPROC processes per node [1]   NNODES [1]  NODE_RANK [0]
 #   MASTER_ADDR [127.0.0.1]  MASTER_PORT [29500]   TP [1]  PP [1]
-#   DATA_PATH Megatron dataset prefix or blend ["0.7 a 0.3 b"]; unset: mock data
-#   TOKENIZER_TYPE [NullTokenizer with mock data]  TOKENIZER_MODEL  VOCAB_SIZE (mock data)
+#   DATA_PATH Megatron dataset prefix or blend ["0.7 a 0.3 b"]; unset: the embedded corpus
+#     examples/data/sample_corpus.jsonl, tokenized once by tools/preprocess_data.py into DATA_CACHE
+#     [<repo>/.cache/data] and reused while the corpus and tokenizer are unchanged
+#   TOKENIZER_TYPE [HuggingFaceTokenizer]  TOKENIZER_MODEL [examples/data/tokenizer without DATA_PATH]
+#   MOCK_DATA=1 random tokens instead (NullTokenizer, VOCAB_SIZE [4096 tiny, 151936 otherwise])
 #   SEQ_LEN  MBS micro batch  GBS global batch  TRAIN_ITERS  LR  MIN_LR  WARMUP
 #   PRECISION bf16|fp16|fp32 [bf16 for 0.6b+, fp32 for tiny]   SAVE  LOAD  SAVE_INTERVAL
 #   ADAPTOR_BACKEND npu|cuda|cpu to override detection.
@@ -48,6 +51,23 @@ MODEL_ARGS=(
   --attention-dropout 0.0 --hidden-dropout 0.0 --init-method-std 0.02
 )
 [ "$TIE" = untied ] && MODEL_ARGS+=(--untie-embeddings-and-output-weights)
+
+PYTHON="${PYTHON:-python}"
+if [ -z "${DATA_PATH:-}" ] && [ "${MOCK_DATA:-0}" != 1 ]; then
+  # The embedded corpus: preprocess once, keyed by the content of the corpus and tokenizer.
+  CORPUS="$ROOT/examples/data/sample_corpus.jsonl"
+  TOKENIZER_MODEL="${TOKENIZER_MODEL:-$ROOT/examples/data/tokenizer}"
+  KEY=$(cat "$CORPUS" "$TOKENIZER_MODEL"/tokenizer*.json "$ROOT/tools/preprocess_data.py" | sha256sum | cut -c1-12)
+  DATA_CACHE="${DATA_CACHE:-$ROOT/.cache/data}"
+  PREFIX="$DATA_CACHE/sample_corpus-$KEY"
+  if [ ! -f "${PREFIX}_text_document.idx" ]; then
+    mkdir -p "$DATA_CACHE"
+    "$PYTHON" "$ROOT/tools/preprocess_data.py" --input "$CORPUS" --output-prefix "$PREFIX" \
+      --json-keys text --tokenizer-type HuggingFaceTokenizer --tokenizer-model "$TOKENIZER_MODEL" \
+      --append-eod --workers 1
+  fi
+  DATA_PATH="${PREFIX}_text_document"
+fi
 
 if [ -n "${DATA_PATH:-}" ]; then
   # shellcheck disable=SC2206  # a blend "0.7 a 0.3 b" is several words on purpose
