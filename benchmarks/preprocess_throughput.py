@@ -56,7 +56,8 @@ VOWELS = ["a", "e", "i", "o", "u", "ai", "ea", "ee", "ie", "oa", "oo", "ou", "y"
 CODAS = ["", "", "n", "r", "s", "t", "l", "m", "d", "nd", "nt", "st", "ng", "ck", "rt", "rn", "ll", "sh",
          "th", "x", "mp", "ft"]
 SUFFIXES = ["", "", "", "s", "ed", "ing", "ly", "er", "ion", "ment", "ness", "able", "ous", "ful"]
-ACCENTED = ["café", "naïve", "résumé", "Zoë", "Ångström", "façade", "Müller", "São", "jalapeño", "Øresund"]
+ACCENTED = ["café", "naïve", "résumé", "Zoë", "Ångström", "façade", "Müller", "São", "jalapeño",
+            "Øresund"]
 
 
 def make_lexicon(rng: random.Random, size: int) -> list[str]:
@@ -238,7 +239,8 @@ def run_tool(corpus: Path, tokenizer: Path, out_dir: Path, workers: int) -> dict
     docs, tokens, nbytes, seconds, docs_s, tokens_s, mb_s = match.groups()
     return {"workers": workers, "documents": int(docs), "tokens": int(tokens), "bytes": int(nbytes),
             "seconds": float(seconds), "docs_s": float(docs_s), "tokens_s": float(tokens_s),
-            "mb_s": float(mb_s), "wall": wall, "peak_mb": peak[0] / 1e6 if peak else float("nan"), "other_cpu": other, "cpu": own,
+            "mb_s": float(mb_s), "wall": wall, "peak_mb": peak[0] / 1e6 if peak else float("nan"),
+            "other_cpu": other, "cpu": own,
             "bin_bytes": (out_dir / f"w{workers}_text_document.bin").stat().st_size}
 
 
@@ -317,8 +319,9 @@ def main() -> None:
           "| tool CPU s | other CPU s | peak PSS MB |")
     print("|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
-        print(f"| {r['workers']} | {r['docs_s']:.0f} | {r['tokens_s'] / 1e6:.2f}M | {r['mb_s']:.2f} | {r['range']} | "
-              f"{r['seconds']:.1f} | {_f(r['wall'])} | {_f(r['cpu'])} | {_f(r['other_cpu'])} | {_f(r['peak_mb'], 0)} |")
+        print(f"| {r['workers']} | {r['docs_s']:.0f} | {r['tokens_s'] / 1e6:.2f}M | {r['mb_s']:.2f} | "
+              f"{r['range']} | {r['seconds']:.1f} | {_f(r['wall'])} | {_f(r['cpu'])} | "
+              f"{_f(r['other_cpu'])} | {_f(r['peak_mb'], 0)} |")
 
 
 if __name__ == "__main__":

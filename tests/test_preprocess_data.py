@@ -317,6 +317,13 @@ def runs(tmp_path_factory):
         jobs.append(("parquet", ["--input", base / "rows.parquet", "--json-keys", "text", "title",
                                  "--batch-size", 64, "--output-prefix", base / "parquet" / "out",
                                  "--workers", 2, *common, bpe]))
+    # Any Megatron tokenizer: NullTokenizer has no encode_batch (per-document tokenize, in forked
+    # workers too) and raises on an empty string, which must be skipped as an empty document.
+    (base / "numbers.txt").write_text("1 2 3\n\n40 5\n")
+    (base / "null").mkdir()
+    jobs.append(("null", ["--input", base / "numbers.txt", "--output-prefix", base / "null" / "out",
+                          "--tokenizer-type", "NullTokenizer", "--vocab-size", 100, "--append-eod",
+                          "--workers", 2]))
     jobs.append(("help", ["--help"]))
 
     # Bad input through the command line; each output directory holds an old pair.
@@ -397,7 +404,8 @@ def test_output_is_byte_identical_to_indexed_dataset_builder(runs, tmp_path):
             builder.add_document(torch.tensor(doc), [len(doc)])
         builder.finalize(f"{ref}.idx")
         for ext in (".bin", ".idx"):
-            assert (runs["base"] / "w2" / f"out_{key}_document{ext}").read_bytes() == Path(f"{ref}{ext}").read_bytes()
+            ours = runs["base"] / "w2" / f"out_{key}_document{ext}"
+            assert ours.read_bytes() == Path(f"{ref}{ext}").read_bytes(), (key, ext)
 
     rng = np.random.default_rng(0)
     for dtype, high in ((np.uint16, 65535), (np.int32, 2**31 - 1)):
@@ -461,6 +469,15 @@ def test_parquet_round_trip(runs):
     for key in ("text", "title"):
         docs, _ = read_dataset(runs["base"] / "parquet" / f"out_{key}_document")
         assert docs == runs["expect"]["parquet"][key]
+
+
+def test_other_megatron_tokenizer_without_encode_batch(runs):
+    result = runs["helper"]("null")
+    assert_ok(result)
+    assert "(NullTokenizer)" in result["stdout"] and "batched" not in result["stdout"]
+    assert "3 documents" in summary(result) and "1 empty skipped" in summary(result)
+    docs, dtype = read_dataset(runs["base"] / "null" / "out_text_document")
+    assert docs == [[1, 2, 3, 99], [40, 5, 99]] and dtype == np.uint16  # eod: vocab_size - 1
 
 
 def test_help_lists_ours_and_megatrons_flags(runs):

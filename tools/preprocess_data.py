@@ -38,7 +38,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import numpy as np  # noqa: E402
 
-from indexed_writer import IndexedDatasetWriter, optimal_dtype, remove_stale_temps  # noqa: E402
+from indexed_writer import IndexedDatasetWriter, remove_stale_temps  # noqa: E402
 from text_readers import (  # noqa: E402
     InputError, file_format, iter_chunks, parquet_available, parse_chunk, resolve_inputs,
 )
@@ -239,7 +239,9 @@ def end_of_document(tok):
 
 def choose_dtype(requested: str, vocab_size: int):
     if requested == "auto":
-        return np.dtype(optimal_dtype(vocab_size))
+        from megatron.core.datasets.indexed_dataset import DType
+
+        return np.dtype(DType.optimal_dtype(vocab_size))  # Megatron's own rule (uint16 below 65500)
     if vocab_size > DTYPE_LIMITS[requested]:
         raise ToolError(f"--dtype {requested} holds token ids below {DTYPE_LIMITS[requested]}, but the "
                         f"tokenizer's vocabulary has {vocab_size} tokens; use --dtype int32 or auto")
@@ -259,7 +261,18 @@ class _State:
 
 
 def _encode_texts(texts):
-    """Encode a batch; if the batch fails, find the documents that fail alone."""
+    """Encode a batch; if the batch fails, find the documents that fail alone.
+
+    An empty string is an empty document without asking the tokenizer (some,
+    like NullTokenizer, raise on it; one that adds a BOS would make it non-empty).
+    """
+    if "" in texts:
+        present = [i for i, text in enumerate(texts) if text]
+        ids, failed = _encode_texts([texts[i] for i in present]) if present else ([], {})
+        full = [[] for _ in texts]
+        for i, one in zip(present, ids):
+            full[i] = one
+        return full, {present[i]: message for i, message in failed.items()}
     try:
         return _State.encode(texts), {}
     except Exception:
@@ -423,7 +436,8 @@ def run(args: argparse.Namespace, files: list) -> None:
     for prefix in prefixes:
         for path in remove_stale_temps(prefix):
             _say(f"removed {path}, left by an interrupted run")
-    _say(f"{len(files)} input file(s); tokenizer {args.tokenizer_type} ({type(getattr(tok, "_tokenizer", tok)).__name__}"
+    library = type(getattr(tok, "_tokenizer", tok)).__name__
+    _say(f"{len(files)} input file(s); tokenizer {args.tokenizer_type} ({library}"
          f"{', batched' if batched else ''}), vocabulary {vocab_size}, dtype {dtype.name}, "
          f"eod {'appended (id %d)' % eod if eod is not None else 'not appended'}, workers {args.workers}")
 
@@ -505,10 +519,12 @@ def main(argv=None) -> int:
         print(f"{PROG}: error: {where}{exc.strerror or exc}", file=sys.stderr, flush=True)
         return 1
     except Interrupted as exc:
-        print(f"{PROG}: error: interrupted by {exc}; temporary files removed, existing outputs untouched", file=sys.stderr, flush=True)
+        print(f"{PROG}: error: interrupted by {exc}; temporary files removed, existing outputs untouched",
+              file=sys.stderr, flush=True)
         return 128 + exc.signum
     except KeyboardInterrupt:
-        print(f"{PROG}: error: interrupted; temporary files removed, existing outputs untouched", file=sys.stderr, flush=True)
+        print(f"{PROG}: error: interrupted; temporary files removed, existing outputs untouched",
+              file=sys.stderr, flush=True)
         return 130
     finally:
         for s, handler in previous.items():
