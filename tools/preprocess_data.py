@@ -40,7 +40,7 @@ import numpy as np  # noqa: E402
 
 from indexed_writer import IndexedDatasetWriter, remove_stale_temps  # noqa: E402
 from text_readers import (  # noqa: E402
-    InputError, file_format, iter_chunks, parquet_available, parse_chunk, resolve_inputs,
+    MAX_REPORTED_BAD, InputError, file_format, iter_chunks, parquet_available, parse_chunk, resolve_inputs,
 )
 
 PROG = "preprocess_data.py"
@@ -305,7 +305,7 @@ def encode_chunk(chunk):
                 result["error"] = message
                 return result
             result["bad"] += 1
-            if len(result["bad_lines"]) < 5:
+            if len(result["bad_lines"]) < MAX_REPORTED_BAD:
                 result["bad_lines"].append(message)
         keep = [i for i in range(parsed.n_records) if i not in failed]
         encoded = {key: [ids[i] for i in keep] for key, ids in encoded.items()}
@@ -441,7 +441,7 @@ def run(args: argparse.Namespace, files: list) -> None:
          f"{', batched' if batched else ''}), vocabulary {vocab_size}, dtype {dtype.name}, "
          f"eod {'appended (id %d)' % eod if eod is not None else 'not appended'}, workers {args.workers}")
 
-    writers = {}
+    writers, results = {}, None
     try:
         for key, prefix in zip(keys, prefixes):
             writers[key] = IndexedDatasetWriter(prefix, dtype)
@@ -452,7 +452,8 @@ def run(args: argparse.Namespace, files: list) -> None:
         empty = dict.fromkeys(keys, 0)
         next_log = args.log_interval or None
         quoted = 0
-        for result in _results(chunks, args.workers, 2 * args.workers + 2, spawn_args):
+        results = _results(chunks, args.workers, 2 * args.workers + 2, spawn_args)
+        for result in results:
             for message in result["bad_lines"]:
                 if quoted < MAX_QUOTED_BAD:
                     print(f"[{PROG}] skipped {message}", file=sys.stderr, flush=True)
@@ -487,6 +488,9 @@ def run(args: argparse.Namespace, files: list) -> None:
         for writer in writers.values():
             writer.abort()
         raise
+    finally:
+        if results is not None:
+            results.close()  # shuts the worker pool down now, not when the frame is collected
     skipped_empty = sum(empty.values())
     empty_detail = "" if len(keys) == 1 else " (" + ", ".join(f"{k} {n}" for k, n in empty.items()) + ")"
     outputs = ", ".join(f"{w.bin_path} / .idx ({w.n_documents} docs)" for w in writers.values())
