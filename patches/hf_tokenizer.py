@@ -118,8 +118,9 @@ class TokenizerJson:
         return self.tokenizer.encode(text, add_special_tokens=self.include_special_tokens).ids
 
     def encode_batch(self, texts: List[str]) -> List[List[int]]:
-        encodings = self.tokenizer.encode_batch(texts, add_special_tokens=self.include_special_tokens)
-        return [e.ids for e in encodings]
+        # encode_batch_fast (tokenizers >= 0.20) skips character offsets: same ids, ~20% faster.
+        encode = getattr(self.tokenizer, "encode_batch_fast", self.tokenizer.encode_batch)
+        return [e.ids for e in encode(texts, add_special_tokens=self.include_special_tokens)]
 
     def text_to_tokens(self, text: str) -> List[str]:
         return self.tokenizer.encode(text, add_special_tokens=False).tokens

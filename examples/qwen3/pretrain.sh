@@ -57,7 +57,7 @@ if [ -z "${DATA_PATH:-}" ] && [ "${MOCK_DATA:-0}" != 1 ]; then
   # The embedded corpus: preprocess once, keyed by the content of the corpus and tokenizer.
   CORPUS="$ROOT/examples/data/sample_corpus.jsonl"
   TOKENIZER_MODEL="${TOKENIZER_MODEL:-$ROOT/examples/data/tokenizer}"
-  KEY=$(cat "$CORPUS" "$TOKENIZER_MODEL"/tokenizer*.json "$ROOT/tools/preprocess_data.py" | sha256sum | cut -c1-12)
+  KEY=$(cat "$CORPUS" "$TOKENIZER_MODEL"/tokenizer*.json "$ROOT"/tools/{preprocess_data,indexed_writer,text_readers}.py | sha256sum | cut -c1-12)
   DATA_CACHE="${DATA_CACHE:-$ROOT/.cache/data}"
   PREFIX="$DATA_CACHE/sample_corpus-$KEY"
   if [ ! -f "${PREFIX}_text_document.idx" ]; then
