@@ -43,6 +43,9 @@ class Feature:
     name: str = ""
     #: Backends the feature applies on; a subset of ("npu", "cuda", "cpu").
     backends: Sequence[str] = ("npu", "cuda", "cpu")
+    #: Megatron's own on/off flags this feature reacts to (e.g. "--use-flash-attn"). Megatron's
+    #: parser owns them; the pre-parse reads them too so ``enabled(ctx)`` can see them in ctx.flags.
+    upstream_flags: Sequence[str] = ()
 
     def add_arguments(self, group: argparse._ArgumentGroup) -> None:
         """Register this feature's flags (dest names must not clash with Megatron's)."""
@@ -86,6 +89,8 @@ class FeatureRegistry:
         """Parse only the features' flags out of ``argv``, ignoring everything else."""
         parser = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
         self.add_arguments(parser)
+        for flag in sorted({flag for f in self._features for flag in f.upstream_flags}):
+            parser.add_argument(flag, action="store_true")
         flags, _ = parser.parse_known_args(list(argv))
         return flags
 

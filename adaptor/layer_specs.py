@@ -1,37 +1,93 @@
-"""Layer specs for GPTModel, chosen per backend in one place.
+"""Layer specs for GPTModel, chosen per backend and feature in one place.
 
-megatron-core describes a layer as data (``ModuleSpec``); we only decide
-which upstream builder produces it:
+megatron-core describes a layer as data (``ModuleSpec``); we decide which
+upstream builder produces it, then swap modules in that data:
 
 * ``--transformer-impl transformer_engine`` (CUDA with Transformer Engine
   installed): megatron-core's TE spec, unchanged.
 * otherwise (NPU, CPU, or CUDA without TE): megatron-core's local spec, built
   from plain torch modules. The backend defaults pick ``local`` by themselves
   when TE cannot run, so users pass the same flags everywhere.
+* then :data:`MODULE_SWAPS`: each row replaces one upstream module class with
+  ours wherever it occurs in the spec (attention, MLA, MoE and MTP layers
+  alike), when its flag is on. The rows are the whole list of module choices.
 """
 from __future__ import annotations
+
+import dataclasses
+import functools
+import importlib
+from typing import Any, Callable, Mapping
 
 from megatron.core.models.gpt.gpt_layer_specs import (
     get_gpt_decoder_block_spec,
     get_gpt_layer_local_spec,
     get_gpt_layer_with_transformer_engine_spec,
 )
+from megatron.core.transformer.spec_utils import ModuleSpec
 from megatron.core.transformer.transformer_config import TransformerConfig
+
+# (argument that turns the row on, upstream class "module:Name", our class "module:Name")
+MODULE_SWAPS = [
+    ("use_fused_rmsnorm", "megatron.core.transformer.torch_norm:WrappedTorchNorm", "adaptor.ops.rmsnorm:FusedRMSNorm"),
+    ("use_flash_attn", "megatron.core.transformer.dot_product_attention:DotProductAttention",
+     "adaptor.ops.attention:FlashAttention"),
+]
+
+
+def _load(path: str):
+    module, _, name = path.partition(":")
+    return getattr(importlib.import_module(module), name)
+
+
+def module_swaps(args) -> dict:
+    """Upstream class -> our class, for the rows whose flag is on."""
+    return {_load(old): _load(new) for flag, old, new in MODULE_SWAPS if getattr(args, flag, False)}
+
+
+def swap_modules(spec: Any, swaps: Mapping[type, type]) -> Any:
+    """A copy of ``spec`` with every class in ``swaps`` replaced, however deeply nested.
+
+    Walks ModuleSpecs, submodule dataclasses, ``functools.partial`` builders
+    and lists; leaves everything else as it is. The input is not modified.
+    """
+    if not swaps:
+        return spec
+    if isinstance(spec, type):
+        return swaps.get(spec, spec)
+    if isinstance(spec, ModuleSpec):
+        return dataclasses.replace(
+            spec, module=swap_modules(spec.module, swaps), submodules=swap_modules(spec.submodules, swaps)
+        )
+    if isinstance(spec, functools.partial):
+        return functools.partial(
+            swap_modules(spec.func, swaps),
+            *[swap_modules(a, swaps) for a in spec.args],
+            **{k: swap_modules(v, swaps) for k, v in spec.keywords.items()},
+        )
+    if dataclasses.is_dataclass(spec) and not isinstance(spec, type):
+        changes = {f.name: swap_modules(getattr(spec, f.name), swaps) for f in dataclasses.fields(spec) if f.init}
+        return dataclasses.replace(spec, **changes)
+    if isinstance(spec, (list, tuple)):
+        return type(spec)(swap_modules(s, swaps) for s in spec)
+    return spec
 
 
 def gpt_layer_spec(args, config: TransformerConfig, vp_stage=None):
     """Spec for one decoder layer, or a block spec when MoE layers vary per layer."""
     use_te = args.transformer_impl == "transformer_engine"
     if args.num_experts:
-        return get_gpt_decoder_block_spec(
+        spec = get_gpt_decoder_block_spec(
             config, use_transformer_engine=use_te, normalization=args.normalization, vp_stage=vp_stage
         )
-    if use_te:
-        return get_gpt_layer_with_transformer_engine_spec(
+    elif use_te:
+        spec = get_gpt_layer_with_transformer_engine_spec(
             args.num_experts, args.moe_grouped_gemm, args.qk_layernorm,
             args.multi_latent_attention,
         )
-    return get_gpt_layer_local_spec(
-        args.num_experts, args.moe_grouped_gemm, args.qk_layernorm,
-        args.multi_latent_attention, normalization=args.normalization,
-    )
+    else:
+        spec = get_gpt_layer_local_spec(
+            args.num_experts, args.moe_grouped_gemm, args.qk_layernorm,
+            args.multi_latent_attention, normalization=args.normalization,
+        )
+    return spec if use_te else swap_modules(spec, module_swaps(args))

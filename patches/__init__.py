@@ -11,6 +11,13 @@ def all_features():
     from patches.clip_grads import DeviceAgnosticClipGrads
     from patches.cpu_device import CpuDevice
     from patches.dataset_helpers import PrebuiltDatasetHelpers
+    from patches.flash_attention import FlashAttention
+    from patches.fused_cross_entropy import FusedCrossEntropy
+    from patches.fused_rmsnorm import FusedRmsNorm
+    from patches.fused_rope import FusedRope
+    from patches.fused_swiglu import FusedSwiglu
+    from patches.moe_grouped_gemm import MoeGroupedGemm
+    from patches.moe_permute import MoePermuteFusion
     from patches.empty_dataset_split import EmptyDatasetSplitGuard
     from patches.hf_tokenizer import TokenizerJsonTokenizer
     from patches.megatron_initialize import AllowNoCuda
@@ -28,4 +35,12 @@ def all_features():
         NpuDevice(),
         DeviceAgnosticClipGrads(),
         CudaTypeNamesInOptimizers(),
+        # Fused operators (issue 4): flags, layer-spec swaps and function patches.
+        FusedRmsNorm(),
+        FusedSwiglu(),
+        FusedRope(),
+        FlashAttention(),
+        FusedCrossEntropy(),
+        MoeGroupedGemm(),
+        MoePermuteFusion(),
     ]

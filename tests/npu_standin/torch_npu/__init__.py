@@ -89,3 +89,9 @@ def _module_npu(self, device=None):
 
 torch.Tensor.npu = _tensor_npu
 torch.nn.Module.npu = _module_npu
+
+# Fused operators (torch_npu.npu_*), one stand-in file per group; each checks its arguments.
+from torch_npu._standin_elementwise import *  # noqa: E402,F401,F403
+from torch_npu._standin_attention import *  # noqa: E402,F401,F403
+from torch_npu._standin_loss import *  # noqa: E402,F401,F403
+from torch_npu._standin_moe import *  # noqa: E402,F401,F403

@@ -1,0 +1,4 @@
+"""STAND-IN torch_npu fused operators (attention): check each call's arguments, return CPU reference results."""
+from __future__ import annotations
+
+__all__: list[str] = []
