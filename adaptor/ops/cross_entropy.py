@@ -1,0 +1,140 @@
+"""Vocabulary-parallel cross entropy, chunked over tokens.
+
+Same result as megatron-core's ``tensor_parallel.vocab_parallel_cross_entropy``
+(no label smoothing: Megatron's fused path has none), without its full-size
+fp32 buffers. Megatron upcasts the whole micro-batch's logits shard to fp32,
+keeps that softmax for backward and turns it into an fp32 gradient that
+autograd then casts to the logits' dtype: with a 151936 vocabulary and 4096
+tokens that is 2.5 GB fp32 per buffer. Here:
+
+* forward, per chunk of tokens: upcast into one reused fp32 work buffer, local
+  max -> all-reduce MAX over the TP group, target logit (owning rank) and sum
+  of exp -> one all-reduce SUM; the loss and the per-token log-sum-exp come out;
+* saved for backward: the logits as given (their own dtype, no copy), the
+  fp32 log-sum-exp per token, the target mask and local target ids;
+* backward, per chunk: softmax = exp(x - lse) recomputed in the work buffer,
+  minus one at the target, times the incoming gradient, written in the logits'
+  dtype into one gradient buffer.
+
+The gradient buffer is the logits' own storage when they are contiguous (as
+Megatron's fp32 path, which overwrites the logits in its forward): the logits
+are consumed by the loss, so backward needs no second logits-sized buffer.
+``ADAPTOR_CE_GRAD_IN_PLACE=0`` allocates a separate buffer instead.
+
+Chunk size: ``ADAPTOR_CE_CHUNK_TOKENS`` tokens, or by default as many tokens as
+fit a 128 MiB fp32 chunk of the local vocabulary (220 tokens for 151936).
+
+The same torch code runs on NPU, CUDA and CPU tensors. torch_npu's
+``npu_cross_entropy_loss`` needs the whole vocabulary on one device (its
+log-sum-exp cannot be all-reduced across TP ranks) and returns a full
+``log_prob``, so it is not used.
+"""
+from __future__ import annotations
+
+import os
+
+import torch
+import torch.distributed as dist
+from megatron.core.tensor_parallel.utils import VocabUtility
+from megatron.core.utils import get_pg_rank, get_pg_size
+
+CHUNK_ENV = "ADAPTOR_CE_CHUNK_TOKENS"
+IN_PLACE_ENV = "ADAPTOR_CE_GRAD_IN_PLACE"
+DEFAULT_CHUNK_BYTES = 128 * 2**20
+
+
+def chunk_tokens(vocab_local: int) -> int:
+    """Tokens per chunk: ``ADAPTOR_CE_CHUNK_TOKENS`` or a 128 MiB fp32 chunk."""
+    value = os.environ.get(CHUNK_ENV, "").strip()
+    if value:
+        try:
+            tokens = int(value)
+        except ValueError:
+            tokens = 0
+        if tokens <= 0:
+            raise ValueError(f"{CHUNK_ENV}={value!r} must be a positive number of tokens")
+        return tokens
+    return max(1, DEFAULT_CHUNK_BYTES // (4 * vocab_local))
+
+
+def _grad_in_place() -> bool:
+    return os.environ.get(IN_PLACE_ENV, "1").strip() != "0"
+
+
+class ChunkedVocabParallelCrossEntropy(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, logits, target, tp_group, chunk):
+        if tp_group is None:
+            from megatron.core.parallel_state import get_tensor_model_parallel_group
+
+            tp_group = get_tensor_model_parallel_group()
+        world = get_pg_size(tp_group)
+        vocab = logits.size(-1)
+        start, end = VocabUtility.vocab_range_from_per_partition_vocab_size(
+            vocab, get_pg_rank(tp_group), world
+        )
+        x2d = logits.reshape(-1, vocab)
+        t1d = target.reshape(-1)
+        n = x2d.size(0)
+        target_mask = (t1d < start) | (t1d >= end)
+        local_target = (t1d - start).masked_fill(target_mask, 0)
+        loss = torch.empty(n, dtype=torch.float32, device=logits.device)
+        lse = torch.empty(n, dtype=torch.float32, device=logits.device)
+        work = torch.empty(min(chunk, n), vocab, dtype=torch.float32, device=logits.device)
+        for i in range(0, n, chunk):
+            j = min(i + chunk, n)
+            x = work[: j - i]
+            x.copy_(x2d[i:j])
+            logits_max = x.amax(dim=-1)
+            if world > 1:
+                dist.all_reduce(logits_max, op=dist.ReduceOp.MAX, group=tp_group)
+            x.sub_(logits_max.unsqueeze(-1))
+            stats = torch.empty(2, j - i, dtype=torch.float32, device=logits.device)
+            stats[0].copy_(x.gather(1, local_target[i:j].unsqueeze(-1)).squeeze(-1))
+            stats[0].masked_fill_(target_mask[i:j], 0.0)
+            torch.sum(x.exp_(), dim=-1, out=stats[1])
+            if world > 1:  # target logit and sum of exp in one call
+                dist.all_reduce(stats, op=dist.ReduceOp.SUM, group=tp_group)
+            log_sum = stats[1].log()
+            torch.sub(log_sum, stats[0], out=loss[i:j])
+            torch.add(log_sum, logits_max, out=lse[i:j])
+        del work
+        ctx.chunk = chunk
+        ctx.save_for_backward(logits, lse, target_mask, local_target)
+        return loss.view(target.shape)
+
+    @staticmethod
+    def backward(ctx, grad_output):
+        logits, lse, target_mask, local_target = ctx.saved_tensors
+        chunk = ctx.chunk
+        vocab = logits.size(-1)
+        x2d = logits.reshape(-1, vocab)
+        n = x2d.size(0)
+        if _grad_in_place() and logits.is_contiguous():
+            grad = logits  # consumed by the loss; see the module docstring
+        else:
+            grad = torch.empty_like(logits, memory_format=torch.contiguous_format)
+        g2d = grad.view(-1, vocab)
+        g_out = grad_output.reshape(-1).float()
+        hit = (~target_mask).float()
+        work = torch.empty(min(chunk, n), vocab, dtype=torch.float32, device=logits.device)
+        rows = torch.arange(min(chunk, n), device=logits.device)
+        for i in range(0, n, chunk):
+            j = min(i + chunk, n)
+            x = work[: j - i]
+            x.copy_(x2d[i:j])
+            x.sub_(lse[i:j].unsqueeze(-1)).exp_()
+            x[rows[: j - i], local_target[i:j]] -= hit[i:j]
+            x.mul_(g_out[i:j].unsqueeze(-1))
+            g2d[i:j].copy_(x)
+        return grad, None, None, None
+
+
+def fused_vocab_parallel_cross_entropy(vocab_parallel_logits, target, tp_group=None):
+    """Drop-in for ``megatron.core.fusions.fused_cross_entropy.fused_vocab_parallel_cross_entropy``.
+
+    ``vocab_parallel_logits``: [s, b, vocab/TP] (any float dtype); ``target``:
+    [s, b] global token ids. Returns the fp32 per-token loss [s, b].
+    """
+    chunk = chunk_tokens(vocab_parallel_logits.size(-1))
+    return ChunkedVocabParallelCrossEntropy.apply(vocab_parallel_logits, target, tp_group, chunk)
