@@ -1,0 +1,218 @@
+"""Core attention (``--use-flash-attn``) for the local spec: a drop-in for DotProductAttention.
+
+DotProductAttention materializes the [b, heads, sq, sk] scores (and repeats K/V for GQA);
+FlashAttention calls one fused kernel instead:
+
+* NPU: ``torch_npu.npu_fusion_attention`` — layout SBH for Megatron's [s, b, heads, dim]
+  tensors (a view, and the output is already [s, b, heads*dim]), BSND when the input is
+  batch-major, TND for packed sequences; causal through ``sparse_mode=2`` with the 2048x2048
+  compressed upper-triangular mask, other masks as ``atten_mask`` (True = masked out, as in
+  Megatron); dropout through ``keep_prob``; GQA by passing K/V with fewer heads.
+* CUDA and CPU: ``torch.nn.functional.scaled_dot_product_attention`` (torch picks its flash /
+  memory-efficient kernel), ``is_causal`` instead of a mask where possible, ``enable_gqa``.
+
+Semantics follow DotProductAttention: an ``attention_mask`` given is used as is (one that is
+exactly causal is recognised and run as causal), none with a causal layer means causal; scale
+``softmax_scale`` or 1/sqrt(k head dim) (``apply_query_key_layer_scaling`` divides and multiplies
+by the same layer number there, so the scale is unchanged); dropout only in training, under
+Megatron's TP RNG tracker. One difference: a query row with every key masked gives 0 here
+(DotProductAttention's -10000 fill gives the mean of V); such rows are padding and carry no loss.
+MLA passes ``k_channels``/``v_channels`` (value head dim may differ from query/key's).
+"""
+from __future__ import annotations
+
+import math
+import weakref
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from megatron.core import tensor_parallel
+from megatron.core.packed_seq_params import PackedSeqParams
+from megatron.core.process_groups_config import ProcessGroupCollection
+from megatron.core.transformer.enums import AttnMaskType
+from megatron.core.transformer.module import MegatronModule
+from megatron.core.transformer.transformer_config import TransformerConfig
+from megatron.core.utils import divide
+
+NPU_CAUSAL_MASK_SIZE = 2048  # npu_fusion_attention's compressed causal mask for sparse_mode 2/3/4
+NPU_SPARSE_DEFAULT, NPU_SPARSE_CAUSAL = 0, 2
+NPU_SPARSE_VARLEN_CAUSAL = 3  # TND: causal within each packed sequence
+_MAX_TOKENS = 2147483647
+
+
+def _backend_name() -> str:
+    import adaptor
+
+    return adaptor.backend.name if adaptor.backend is not None else "cpu"
+
+
+_npu_masks: dict = {}
+
+
+def npu_causal_mask(device) -> Tensor:
+    """The 2048x2048 bool upper triangle (True = masked) that sparse_mode 2 expects, one per device."""
+    key = str(device)
+    if key not in _npu_masks:
+        n = NPU_CAUSAL_MASK_SIZE
+        _npu_masks[key] = torch.triu(torch.ones(n, n, dtype=torch.bool, device=device), diagonal=1)
+    return _npu_masks[key]
+
+
+_causal_check: list = [None, None, None]  # weakref to the last mask checked, its _version, result
+
+
+def is_causal_mask(mask: Tensor) -> bool:
+    """Whether a Megatron mask (True = masked) is exactly the causal one, for every batch and head.
+
+    Every layer gets the same mask tensor, so the answer is cached for the last one seen.
+    """
+    ref, version, result = _causal_check
+    if ref is not None and ref() is mask and version == mask._version:
+        return result
+    sq, sk = mask.shape[-2], mask.shape[-1]
+    result = bool(
+        mask.dtype == torch.bool and sq == sk
+        and torch.equal(mask, torch.ones(sq, sk, dtype=torch.bool, device=mask.device).triu(1).expand_as(mask))
+    )
+    _causal_check[:] = [weakref.ref(mask), mask._version, result]
+    return result
+
+
+class FlashAttention(MegatronModule):
+    """Fused core attention with DotProductAttention's constructor and forward signatures."""
+
+    def __init__(
+        self,
+        config: TransformerConfig,
+        layer_number: int,
+        attn_mask_type: AttnMaskType,
+        attention_type: str,
+        attention_dropout: Optional[float] = None,
+        softmax_scale: Optional[float] = None,
+        cp_comm_type: Optional[str] = None,
+        pg_collection: Optional[ProcessGroupCollection] = None,
+        k_channels: Optional[int] = None,
+        v_channels: Optional[int] = None,
+    ):
+        super().__init__(config=config)
+        if config.context_parallel_size != 1:
+            raise ValueError("--use-flash-attn without Transformer Engine supports no context parallelism")
+        if config.softmax_type != "vanilla":
+            raise ValueError(f"--use-flash-attn supports --softmax-type vanilla only, not {config.softmax_type}")
+        if config.window_size is not None:
+            raise ValueError("--use-flash-attn does not support --window-size (sliding-window attention)")
+        self.layer_number = max(1, layer_number)
+        self.attn_mask_type = attn_mask_type
+        self.attention_type = attention_type
+        if pg_collection is None:
+            pg_collection = ProcessGroupCollection.use_mpu_process_groups(required_pgs=["tp"])
+        self.pg_collection = pg_collection
+        self.tp_group = pg_collection.tp
+        world_size = pg_collection.tp.size()
+
+        k_channels = k_channels or config.kv_channels
+        v_channels = v_channels or config.kv_channels
+        self.hidden_size_per_attention_head = k_channels
+        self.hidden_size_per_attention_head_v = v_channels  # MLA resizes this for padded THD values
+        self.num_attention_heads_per_partition = divide(config.num_attention_heads, world_size)
+        self.num_query_groups_per_partition = divide(config.num_query_groups, world_size)
+        self.softmax_scale = 1.0 / math.sqrt(k_channels) if softmax_scale is None else softmax_scale
+        self.dropout_p = config.attention_dropout if attention_dropout is None else attention_dropout
+        self.backend = _backend_name()
+
+    # ----------------------------------------------------------------- forward
+    def forward(
+        self,
+        query: Tensor,
+        key: Tensor,
+        value: Tensor,
+        attention_mask: Optional[Tensor],
+        attn_mask_type: Optional[AttnMaskType] = None,
+        attention_bias: Optional[Tensor] = None,
+        packed_seq_params: Optional[PackedSeqParams] = None,
+    ) -> Tensor:
+        """[s, b, heads, d] query/key/value -> [s, b, heads * d_v] (THD: [t, n, d] -> [t, n * d_v])."""
+        if attention_bias is not None:
+            raise NotImplementedError("FlashAttention takes no attention_bias (neither does DotProductAttention)")
+        dropout = self.dropout_p if self.training else 0.0
+        causal = self.attn_mask_type == AttnMaskType.causal
+        if attention_mask is not None and causal and is_causal_mask(attention_mask):
+            attention_mask = None  # the same mask, run as the kernel's causal mode
+        if causal and attention_mask is None and query.size(0) == 1:
+            causal = False  # one query (decode): DotProductAttention applies no mask either
+        packed = packed_seq_params is not None and packed_seq_params.qkv_format == "thd"
+        fn = self._npu if self.backend == "npu" else self._sdpa
+        if dropout > 0.0 and not self.config.sequence_parallel:
+            with tensor_parallel.get_cuda_rng_tracker().fork():
+                return fn(query, key, value, attention_mask, causal, dropout, packed_seq_params if packed else None)
+        return fn(query, key, value, attention_mask, causal, dropout, packed_seq_params if packed else None)
+
+    # ---------------------------------------------------------- CUDA and CPU
+    def _sdpa(self, q, k, v, mask, causal, dropout, packed):
+        if packed is not None:
+            return self._sdpa_packed(q, k, v, causal, dropout, packed)
+        s, b = q.size(0), q.size(1)
+        out = self._sdpa_bhsd(q.permute(1, 2, 0, 3), k.permute(1, 2, 0, 3), v.permute(1, 2, 0, 3),
+                              None if mask is None else ~mask, causal and mask is None, dropout)
+        return out.permute(2, 0, 1, 3).reshape(s, b, -1)  # [b, n, s, dv] -> [s, b, n * dv]
+
+    def _sdpa_bhsd(self, q, k, v, attend, is_causal, dropout):
+        gqa = q.size(1) != k.size(1)
+        return F.scaled_dot_product_attention(
+            q, k, v, attn_mask=attend, dropout_p=dropout, is_causal=is_causal,
+            scale=self.softmax_scale, enable_gqa=gqa,
+        )
+
+    def _sdpa_packed(self, q, k, v, causal, dropout, packed):
+        """THD: [t, n, d]; each packed sequence attends only within itself."""
+        cu_q = (packed.cu_seqlens_q_padded if packed.cu_seqlens_q_padded is not None else packed.cu_seqlens_q)
+        cu_kv = (packed.cu_seqlens_kv_padded if packed.cu_seqlens_kv_padded is not None else packed.cu_seqlens_kv)
+        outs = []
+        for q0, q1, k0, k1 in zip(cu_q[:-1].tolist(), cu_q[1:].tolist(), cu_kv[:-1].tolist(), cu_kv[1:].tolist()):
+            o = self._sdpa_bhsd(q[q0:q1].transpose(0, 1)[None], k[k0:k1].transpose(0, 1)[None],
+                                v[k0:k1].transpose(0, 1)[None], None, causal and q1 - q0 > 1, dropout)
+            outs.append(o[0].transpose(0, 1))
+        return torch.cat(outs).reshape(q.size(0), -1)
+
+    # ------------------------------------------------------------------- NPU
+    def _npu(self, q, k, v, mask, causal, dropout, packed):
+        import torch_npu
+
+        n = q.size(-2)
+        dq, dv = q.size(-1), v.size(-1)
+        if dv != dq:  # the kernel wants one head dim for K and V: pad V, trim the output
+            v = F.pad(v, (0, dq - dv)) if dv < dq else v
+            if dv > dq:
+                raise NotImplementedError("value head dim larger than query/key head dim on NPU")
+        kwargs = dict(scale=self.softmax_scale, keep_prob=1.0 - dropout)
+        if packed is not None:
+            cu_q = packed.cu_seqlens_q_padded if packed.cu_seqlens_q_padded is not None else packed.cu_seqlens_q
+            cu_kv = packed.cu_seqlens_kv_padded if packed.cu_seqlens_kv_padded is not None else packed.cu_seqlens_kv
+            if causal:
+                kwargs.update(atten_mask=npu_causal_mask(q.device), sparse_mode=NPU_SPARSE_VARLEN_CAUSAL)
+            out = torch_npu.npu_fusion_attention(
+                q, k, v, n, "TND", actual_seq_qlen=cu_q[1:].tolist(), actual_seq_kvlen=cu_kv[1:].tolist(),
+                **kwargs,
+            )[0]
+            return out[..., :dv].reshape(q.size(0), -1)
+        if mask is not None:
+            kwargs.update(atten_mask=mask, sparse_mode=NPU_SPARSE_DEFAULT)
+        elif causal:
+            kwargs.update(atten_mask=npu_causal_mask(q.device), sparse_mode=NPU_SPARSE_CAUSAL,
+                          pre_tockens=_MAX_TOKENS, next_tockens=0)
+        s, b = q.size(0), q.size(1)
+        if q.transpose(0, 1).is_contiguous() and not q.is_contiguous():  # batch-major storage
+            out = torch_npu.npu_fusion_attention(
+                q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1), n, "BSND", **kwargs)[0]
+            out = out.transpose(0, 1)  # [b, s, n, d] -> [s, b, n, d]
+        else:
+            out = torch_npu.npu_fusion_attention(
+                q.reshape(s, b, -1), k.reshape(k.size(0), b, -1), v.reshape(v.size(0), b, -1), n, "SBH",
+                **kwargs)[0]
+            out = out.view(s, b, n, dq)
+        if dv != dq:
+            out = out[..., :dv]
+        return out.reshape(s, b, -1)
