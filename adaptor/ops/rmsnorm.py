@@ -1,0 +1,74 @@
+"""RMSNorm in one pass: ``torch_npu.npu_rms_norm`` on NPU, one autograd Function elsewhere.
+
+:class:`FusedRMSNorm` takes the place of megatron-core's ``WrappedTorchNorm``
+(same constructor). For ``--normalization RMSNorm`` it builds a module with
+torch.nn.RMSNorm's parameter name and initialisation (``weight``, ones), so
+checkpoints load either way; for any other normalization it builds exactly
+what ``WrappedTorchNorm`` builds.
+"""
+from __future__ import annotations
+
+import torch
+
+import adaptor
+
+
+class _RMSNormFunction(torch.autograd.Function):
+    """y = x * rstd * w, statistics in fp32; saves x, w and rstd (one float per row)."""
+
+    @staticmethod
+    def forward(ctx, x, weight, eps):
+        xf = x.float()
+        rstd = torch.rsqrt(xf.square().mean(-1, keepdim=True).add_(eps))
+        y = (xf * rstd).to(x.dtype) * weight
+        ctx.save_for_backward(x, weight, rstd)
+        return y
+
+    @staticmethod
+    def backward(ctx, grad):
+        x, weight, rstd = ctx.saved_tensors
+        xhat = x.float() * rstd
+        gf = grad.float()
+        gw = gf * weight.float()
+        dx = rstd * (gw - xhat * (gw * xhat).mean(-1, keepdim=True))
+        dweight = (gf * xhat).reshape(-1, x.shape[-1]).sum(0).to(weight.dtype)
+        return dx.to(x.dtype), dweight, None
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """RMSNorm over the last dimension with the kernel for the backend in use."""
+    if adaptor.backend.name == "npu":
+        import torch_npu
+
+        return torch_npu.npu_rms_norm(x, weight, epsilon=eps)[0]
+    return _RMSNormFunction.apply(x, weight, eps)
+
+
+class FusedRMSNorm(torch.nn.Module):
+    """Drop-in for ``WrappedTorchNorm`` (config, hidden_size, eps, ...)."""
+
+    def __new__(cls, config, hidden_size: int, eps: float = 1e-5, persist_layer_norm: bool = False,
+                zero_centered_gamma: bool = False, normalization: str = "LayerNorm"):
+        if config.normalization != "RMSNorm":
+            from megatron.core.transformer.torch_norm import WrappedTorchNorm
+
+            return WrappedTorchNorm(config, hidden_size, eps, persist_layer_norm, zero_centered_gamma, normalization)
+        return super().__new__(cls)
+
+    def __init__(self, config, hidden_size: int, eps: float = 1e-5, persist_layer_norm: bool = False,
+                 zero_centered_gamma: bool = False, normalization: str = "LayerNorm"):
+        super().__init__()
+        # Same limits as WrappedTorchNorm, except sequence parallelism (weight marked below).
+        assert not config.layernorm_zero_centered_gamma, "zero_centered_gamma not supported by FusedRMSNorm"
+        assert not config.memory_efficient_layer_norm, "memory_efficient_layer_norm not supported by FusedRMSNorm"
+        self.normalized_shape = (hidden_size,)
+        self.eps = eps
+        self.weight = torch.nn.Parameter(torch.ones(hidden_size))  # as torch.nn.RMSNorm
+        # Megatron all-reduces the grads of parameters marked so across tensor-parallel ranks.
+        setattr(self.weight, "sequence_parallel", config.sequence_parallel)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return rms_norm(x, self.weight, self.eps)
+
+    def extra_repr(self) -> str:
+        return f"{self.normalized_shape}, eps={self.eps}"
