@@ -1,0 +1,58 @@
+"""Every fused-operator flag at once: the tiny Qwen3 trains to the same loss curve as without them.
+
+Both runs start from the same initial weights (same seed; the fused modules
+keep the parameter names and initialisation of the modules they replace) and
+read the same batches, in fp32. What may differ is only the order of
+floating-point operations inside each fused kernel (SDPA instead of
+baddbmm + softmax, RMSNorm/SwiGLU/RoPE in one pass, cross-entropy by chunks),
+round-off of about 1e-7 relative per operation that Adam carries forward.
+
+Tolerance: rtol 2e-4 on every iteration's loss. Measured differences are far
+below it (see the assertion message when it fails); a real defect is far
+above it: a 1% change of the learning rate alone moves iteration 10's loss
+by more than 1e-3 relative on this model (checked by
+``test_tolerance_catches_a_small_change``).
+"""
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from megatron_runs import TINY_QWEN3, run_pretrain, tail
+
+FUSED = ["--use-fused-rmsnorm", "--use-fused-swiglu", "--use-fused-rotary-pos-emb", "--use-flash-attn",
+         "--cross-entropy-loss-fusion"]
+ITERS = ["--train-iters", "10"]
+RTOL = 2e-4
+
+
+@pytest.fixture(scope="module")
+def unfused():
+    run = run_pretrain(TINY_QWEN3 + ITERS)
+    assert run.returncode == 0, tail(run.output)
+    assert sorted(run.losses) == list(range(1, 11)), tail(run.output)
+    return run.curve()
+
+
+def relative_gaps(a, b):
+    return [abs(x - y) / abs(y) for x, y in zip(a, b)]
+
+
+def test_all_fused_flags_reproduce_the_unfused_curve(unfused):
+    run = run_pretrain(TINY_QWEN3 + ITERS + FUSED)
+    assert run.returncode == 0, tail(run.output)
+    fused = run.curve()
+    assert len(fused) == 10 and all(math.isfinite(x) for x in fused), tail(run.output)
+    for owner in ("patches.fused_swiglu", "patches.fused_rope", "patches.fused_cross_entropy"):
+        assert f"[megatron-adaptor]   {owner}:" in run.output, f"{owner} not applied\n{tail(run.output)}"
+    assert "fused_rmsnorm" in run.output and "flash_attention" in run.output
+    gaps = relative_gaps(fused, unfused)
+    assert max(gaps) < RTOL, f"max relative gap {max(gaps):.2e}\nfused   {fused}\nunfused {unfused}"
+
+
+def test_tolerance_catches_a_small_change(unfused):
+    lr = TINY_QWEN3[TINY_QWEN3.index("--lr") + 1]
+    run = run_pretrain(TINY_QWEN3 + ITERS + FUSED + ["--lr", repr(float(lr) * 1.01)])
+    assert run.returncode == 0, tail(run.output)
+    assert max(relative_gaps(run.curve(), unfused)) > 5 * RTOL, run.curve()
