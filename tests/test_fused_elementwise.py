@@ -333,3 +333,32 @@ def test_npu_path_calls_torch_npu_kernels_with_documented_arguments(npu_child):
     for name, diff in facts["diffs"].items():
         assert diff <= 1e-5, (name, diff)
     assert len(facts["rejected"]) == 4, facts["rejected"]  # the stand-in refuses malformed calls
+
+
+# ----------------------------------------------------------------------------- whole model
+# fp32 on CPU, same seed, same batches: the fused ops compute the same formulas in another
+# order (~1e-7 relative per op). Over 5 steps Adam carries that to ~1e-6 at most; the printed
+# losses have 7 significant digits, so they agree to the last digit or one unit of it. rtol 2e-5
+# still leaves margin, and is ~50x below what a wrong op gives (a lr 1% off moves step 5's
+# loss by > 1e-3 relative on this model, see test_fused_whole_model.py).
+RTOL = 2e-5
+
+
+def test_pretrain_loss_curve_unchanged_by_fused_elementwise_flags():
+    iters = ["--train-iters", "5"]
+    plain = run_pretrain(TINY_QWEN3 + iters)
+    fused = run_pretrain(TINY_QWEN3 + iters + FLAGS)
+    for run in (plain, fused):
+        assert run.returncode == 0, tail(run.output)
+        assert sorted(run.losses) == [1, 2, 3, 4, 5], tail(run.output)
+    gaps = [abs(f - p) / p for f, p in zip(fused.curve(), plain.curve())]
+    assert max(gaps) <= RTOL, (gaps, plain.curve(), fused.curve())
+    out = fused.output
+    assert "fused_rmsnorm, fused_swiglu, fused_rotary_pos_emb" in out
+    assert "patches.fused_swiglu: megatron.core.fusions.fused_bias_swiglu.{bias_swiglu_impl,weighted_bias_swiglu_impl}" in out
+    assert ("patches.fused_rope: megatron.core.models.common.embeddings.rope_utils."
+            "{fused_apply_rotary_pos_emb,fused_apply_rotary_pos_emb_thd}") in out
+    # The fused kernels really ran (each says so on first use); the plain run used none.
+    for op in ("RMSNorm", "SwiGLU", "RoPE"):
+        assert f"[megatron-adaptor] fused {op}: autograd function in use" in out
+        assert f"fused {op}" not in plain.output

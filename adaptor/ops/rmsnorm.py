@@ -8,9 +8,26 @@ what ``WrappedTorchNorm`` builds.
 """
 from __future__ import annotations
 
+import os
+
 import torch
 
 import adaptor
+
+_KERNEL = {"npu": "torch_npu.npu_rms_norm", "cuda": "autograd function", "cpu": "autograd function"}
+
+_announced = False
+
+
+def _announce(what: str) -> None:
+    """Say once (rank 0) which kernel the run uses, so a log shows the fused path really ran."""
+    global _announced
+    if not _announced:
+        _announced = True
+        from adaptor.errors import is_rank0
+
+        if is_rank0() and os.environ.get("ADAPTOR_QUIET", "0") in ("", "0"):
+            print(f"[megatron-adaptor] {what}: {_KERNEL[adaptor.backend.name]} in use", flush=True)
 
 
 class _RMSNormFunction(torch.autograd.Function):
@@ -68,6 +85,7 @@ class FusedRMSNorm(torch.nn.Module):
         setattr(self.weight, "sequence_parallel", config.sequence_parallel)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        _announce("fused RMSNorm")
         return rms_norm(x, self.weight, self.eps)
 
     def extra_repr(self) -> str:
