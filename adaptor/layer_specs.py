@@ -32,6 +32,8 @@ MODULE_SWAPS = [
     ("use_fused_rmsnorm", "megatron.core.transformer.torch_norm:WrappedTorchNorm", "adaptor.ops.rmsnorm:FusedRMSNorm"),
     ("use_flash_attn", "megatron.core.transformer.dot_product_attention:DotProductAttention",
      "adaptor.ops.attention:FlashAttention"),
+    ("moe_grouped_gemm", "megatron.core.transformer.moe.experts:SequentialMLP",
+     "adaptor.ops.grouped_matmul:GroupedExperts"),
 ]
 
 

@@ -1,0 +1,98 @@
+"""MoE token permute / unpermute for ``--moe-permute-fusion`` without Transformer Engine.
+
+Same results as megatron's unfused ``moe_utils.permute`` / ``unpermute``
+(tokens grouped by expert, tokens in order within an expert), computed with:
+
+* one O(E*T) cumsum + scatter for the expert-major order instead of an
+  argsort over ``E*T`` entries, and no ``probs.T.contiguous()`` copy;
+* unpermute gathers the merging probs from the saved order (no
+  ``masked_select``, so no host sync).
+
+The "row id map" passed from permute to unpermute is ours, as TE's is its
+own: ``flat[i] = expert * num_tokens + token`` for permuted row ``i``.
+
+NPU: ``torch_npu.npu_moe_token_permute(tokens, indices[T, k], num_out_tokens,
+padded_mode=False)`` and ``npu_moe_token_unpermute(permuted, sorted_indices,
+probs[T, k], padded_mode=False, restore_shape)``, with ``indices`` each
+token's experts in ascending order (so the kernels' order is megatron's),
+used when every token has the same number ``k`` of experts
+(``num_out_tokens == T * k``, i.e. no capacity dropping).
+"""
+from __future__ import annotations
+
+import torch
+
+import adaptor
+
+
+def expert_major_order(routing_map: torch.Tensor, num_out_tokens: int) -> torch.Tensor:
+    """Equals ``routing_map.T.reshape(-1).argsort(descending=True, stable=True)[:num_out_tokens]``."""
+    mask = routing_map.bool().T.reshape(-1)
+    n = mask.numel()
+    cs = torch.cumsum(mask, 0)
+    ar = torch.arange(n, device=mask.device)
+    # Selected entries first in order, then the others in order.
+    dest = torch.where(mask, cs - 1, cs[-1] + ar - cs)
+    order = torch.empty_like(ar).scatter_(0, dest, ar)
+    return order[:num_out_tokens]
+
+
+def _npu_k(num_tokens: int, num_out: int):
+    if adaptor.backend.name != "npu" or num_tokens == 0 or num_out % num_tokens:
+        return None
+    return num_out // num_tokens
+
+
+def _npu_layout(flat: torch.Tensor, num_tokens: int, k: int):
+    """(order, indices): the kernels' sorted_indices and each token's experts, ascending."""
+    order = torch.argsort(flat % num_tokens, stable=True)
+    indices = (flat // num_tokens)[order].view(num_tokens, k)
+    return order, indices
+
+
+def permute(tokens, routing_map, probs=None, num_out_tokens=None):
+    """-> (permuted_tokens, permuted_probs or None, row_id_map)."""
+    num_tokens, num_experts = routing_map.shape
+    num_out = int(num_out_tokens) if num_out_tokens is not None else num_tokens
+    flat = expert_major_order(routing_map, num_out)
+    token = flat % num_tokens
+    permuted_probs = None
+    if probs is not None:
+        permuted_probs = probs.reshape(-1).index_select(0, token * num_experts + flat // num_tokens)
+    k = _npu_k(num_tokens, num_out)
+    if k is not None:
+        import torch_npu
+
+        _, indices = _npu_layout(flat, num_tokens, k)
+        permuted, _ = torch_npu.npu_moe_token_permute(
+            tokens, indices, num_out_tokens=num_out, padded_mode=False
+        )
+        return permuted, permuted_probs, flat
+    return tokens.index_select(0, token), permuted_probs, flat
+
+
+def unpermute(permuted_tokens, row_id_map, restore_shape, probs=None):
+    """Sum each token's expert outputs back into place, weighted by ``probs`` [T, E] when given."""
+    num_tokens, hidden = restore_shape
+    flat = row_id_map
+    input_dtype = permuted_tokens.dtype
+    k = _npu_k(num_tokens, flat.numel())
+    if k is not None:
+        import torch_npu
+
+        order, indices = _npu_layout(flat, num_tokens, k)
+        probs_k = probs.gather(1, indices) if probs is not None else None
+        return torch_npu.npu_moe_token_unpermute(
+            permuted_tokens, order, probs=probs_k, padded_mode=False, restore_shape=restore_shape
+        )
+    token = flat % num_tokens
+    if probs is not None:
+        permuted_probs = probs.reshape(-1).index_select(0, token * probs.shape[1] + flat // num_tokens)
+        # As upstream: the product is in the promoted dtype, summed there, then cast back.
+        permuted_tokens = permuted_tokens * permuted_probs.unsqueeze(-1)
+    out = torch.zeros(restore_shape, dtype=permuted_tokens.dtype, device=permuted_tokens.device)
+    if torch.are_deterministic_algorithms_enabled():
+        out.index_add_(0, token, permuted_tokens)
+    else:
+        out.scatter_add_(0, token.unsqueeze(1).expand(-1, hidden), permuted_tokens)
+    return out.to(dtype=input_dtype)
