@@ -7,11 +7,12 @@ floating-point operations inside each fused kernel (SDPA instead of
 baddbmm + softmax, RMSNorm/SwiGLU/RoPE in one pass, cross-entropy by chunks),
 round-off of about 1e-7 relative per operation that Adam carries forward.
 
-Tolerance: rtol 2e-4 on every iteration's loss. Measured differences are far
-below it (see the assertion message when it fails); a real defect is far
-above it: a 1% change of the learning rate alone moves iteration 10's loss
-by more than 1e-3 relative on this model (checked by
-``test_tolerance_catches_a_small_change``).
+Tolerance: rtol 2e-5 on every iteration's loss (the bound the parallel
+loss-curve tests use). Measured: the largest gap over 10 iterations was
+1.7e-7, one unit in the last printed digit. A real defect is far above it: a
+1% change of the learning rate alone moves the curve by 3.5e-4 relative by
+iteration 6 (``test_tolerance_catches_a_small_change`` checks it exceeds 5x
+the bound).
 """
 from __future__ import annotations
 
@@ -24,7 +25,7 @@ from megatron_runs import TINY_QWEN3, run_pretrain, tail
 FUSED = ["--use-fused-rmsnorm", "--use-fused-swiglu", "--use-fused-rotary-pos-emb", "--use-flash-attn",
          "--cross-entropy-loss-fusion"]
 ITERS = ["--train-iters", "10"]
-RTOL = 2e-4
+RTOL = 2e-5
 
 
 @pytest.fixture(scope="module")
