@@ -18,6 +18,7 @@ flags reproduces the loss curve of the run without them.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import subprocess
@@ -200,25 +201,26 @@ def test_rope_matches_unfused_thd_through_megatron_dispatch(single_rank_group, p
 
 
 # ----------------------------------------------------------------------------- arguments
-def megatron_args(*argv):
+@functools.lru_cache(maxsize=1)
+def megatron_parser():
     from megatron.training import arguments as margs
 
     parser = margs.add_megatron_arguments(argparse.ArgumentParser())
     for feature in (FusedRmsNorm(), FusedSwiglu(), FusedRope()):
         feature.add_arguments(parser)
-    return parser.parse_args(list(argv)), {a.split("=")[0] for a in argv}
+    return parser
 
 
 def run_checks(feature, argv):
+    """Megatron's parser, the cpu backend defaults, then the feature's defaults and checks."""
     from adaptor.features import explicit_dests
 
-    args, _ = megatron_args(*argv)
-    from megatron.training import arguments as margs
-
-    parser = margs.add_megatron_arguments(argparse.ArgumentParser())
+    parser = megatron_parser()
+    args = parser.parse_args(list(argv))
     ctx = FeatureContext(backend=adaptor.backend, flags=args, explicit=explicit_dests(parser, argv))
-    args.bias_swiglu_fusion = args.bias_swiglu_fusion and "bias_swiglu_fusion" in ctx.explicit  # as the cpu defaults
-    args.apply_rope_fusion = args.apply_rope_fusion and "apply_rope_fusion" in ctx.explicit
+    for dest in ("bias_swiglu_fusion", "apply_rope_fusion"):  # what backend_defaults sets off CUDA
+        if dest not in ctx.explicit:
+            setattr(args, dest, False)
     feature.set_defaults(args, ctx)
     feature.validate(args, ctx)
     return args
@@ -345,9 +347,11 @@ RTOL = 2e-5
 
 
 def test_pretrain_loss_curve_unchanged_by_fused_elementwise_flags():
+    from concurrent.futures import ThreadPoolExecutor
+
     iters = ["--train-iters", "5"]
-    plain = run_pretrain(TINY_QWEN3 + iters)
-    fused = run_pretrain(TINY_QWEN3 + iters + FLAGS)
+    with ThreadPoolExecutor(2) as pool:  # two single-process runs side by side
+        plain, fused = pool.map(run_pretrain, [TINY_QWEN3 + iters, TINY_QWEN3 + iters + FLAGS])
     for run in (plain, fused):
         assert run.returncode == 0, tail(run.output)
         assert sorted(run.losses) == [1, 2, 3, 4, 5], tail(run.output)
