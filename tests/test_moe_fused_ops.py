@@ -223,13 +223,46 @@ print("FACTS" + json.dumps(facts))
 """
 
 
-def test_npu_path_against_standin():
+def test_pretrain_moe_with_both_flags_matches_without():
+    from megatron_runs import TINY_QWEN3, run_pretrain, tail
+
+    from concurrent.futures import ThreadPoolExecutor
+
+    moe = ["--num-layers", "2", "--num-experts", "4", "--moe-router-topk", "2", "--moe-ffn-hidden-size", "96",
+           "--moe-aux-loss-coeff", "0.01", "--moe-token-dispatcher-type", "alltoall", "--train-iters", "5"]
+    with ThreadPoolExecutor(2) as pool:  # one process each, on the two cores
+        runs = pool.map(lambda extra: run_pretrain(TINY_QWEN3 + moe + extra, 1),
+                        [[], ["--moe-grouped-gemm", "--moe-permute-fusion"]])
+        base, fused = list(runs)
+    assert base.returncode == 0 and len(base.losses) == 5, tail(base.output)
+    assert fused.returncode == 0 and len(fused.losses) == 5, tail(fused.output)
+    # fp32 on CPU: both paths do the same per-expert matmuls and the same
+    # scatter-add order, so the curves agree to the printed 6 digits; 1e-5
+    # leaves room only for matmul blocking differences, not for a wrong route.
+    torch.testing.assert_close(fused.curve(), base.curve(), rtol=1e-5, atol=0)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def npu_child():
+    """Started first, checked last (the final test): it runs while the other tests do."""
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(STANDIN), str(ROOT)]), OMP_NUM_THREADS="1")
     env.pop("ADAPTOR_BACKEND", None)
     code = f"PORT = {_free_port()}\n" + NPU_CHILD
-    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
-    line = [ln for ln in proc.stdout.splitlines() if ln.startswith("FACTS")]
-    assert proc.returncode == 0 and line, proc.stdout[-3000:] + proc.stderr[-3000:]
+    proc = subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    yield proc
+    if proc.poll() is None:
+        proc.kill()
+        proc.communicate()
+
+
+def test_npu_path_against_standin(npu_child):
+    try:
+        stdout, stderr = npu_child.communicate(timeout=180)
+    finally:
+        npu_child.kill()
+    line = [ln for ln in stdout.splitlines() if ln.startswith("FACTS")]
+    assert npu_child.returncode == 0 and line, stdout[-3000:] + stderr[-3000:]
     facts = json.loads(line[0][5:])
     assert facts["experts_maxdiff"] < 1e-5
     gmm = facts["gmm"]
@@ -250,18 +283,3 @@ def test_npu_path_against_standin():
     perm, unperm = facts["perm_calls"]
     assert perm[1] == [[11, 8], [11, 2]] and perm[2] == {"num_out_tokens": 22, "padded_mode": False}
     assert unperm[1] == [[22, 8], [22]] and unperm[2]["probs"] == [11, 2] and unperm[2]["padded_mode"] is False
-
-
-def test_pretrain_moe_with_both_flags_matches_without():
-    from megatron_runs import TINY_QWEN3, run_pretrain, tail
-
-    moe = ["--num-experts", "4", "--moe-router-topk", "2", "--moe-ffn-hidden-size", "96",
-           "--moe-aux-loss-coeff", "0.01", "--moe-token-dispatcher-type", "alltoall", "--train-iters", "5"]
-    base = run_pretrain(TINY_QWEN3 + moe, 1)
-    fused = run_pretrain(TINY_QWEN3 + moe + ["--moe-grouped-gemm", "--moe-permute-fusion"], 1)
-    assert base.returncode == 0 and len(base.losses) == 5, tail(base.output)
-    assert fused.returncode == 0 and len(fused.losses) == 5, tail(fused.output)
-    # fp32 on CPU: both paths do the same per-expert matmuls and the same
-    # scatter-add order, so the curves agree to the printed 6 digits; 1e-5
-    # leaves room only for matmul blocking differences, not for a wrong route.
-    torch.testing.assert_close(fused.curve(), base.curve(), rtol=1e-5, atol=0)
