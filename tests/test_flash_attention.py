@@ -250,27 +250,12 @@ def _child(npu: bool, saved: Path):
 
 
 @pytest.fixture(scope="module")
-def jobs(tmp_path_factory):
-    """Every subprocess of this file, three at a time (they are mostly start-up and one core each)."""
+def children(tmp_path_factory):
+    """The CPU and the NPU-stand-in child, side by side."""
     tmp = tmp_path_factory.mktemp("flash_attention")
-    tp2 = ["--tensor-model-parallel-size", "2"]
-    with ThreadPoolExecutor(3) as pool:
-        futures = {
-            "cpu": pool.submit(_child, False, tmp / "cpu.pt"),
-            "npu": pool.submit(_child, True, tmp / "npu.pt"),
-            "ref": pool.submit(_train, []),
-            "flash": pool.submit(_train, ["--use-flash-attn"]),
-            "ref_tp2": pool.submit(_train, tp2, 2),
-            "flash_tp2": pool.submit(_train, ["--use-flash-attn", *tp2], 2),
-        }
-        yield futures
-        for f in futures.values():
-            f.cancel()
-
-
-@pytest.fixture(scope="module")
-def children(jobs):
-    return {"cpu": jobs["cpu"].result(), "npu": jobs["npu"].result()}
+    with ThreadPoolExecutor(2) as pool:
+        cpu, npu = pool.submit(_child, False, tmp / "cpu.pt"), pool.submit(_child, True, tmp / "npu.pt")
+        return {"cpu": cpu.result(), "npu": npu.result()}
 
 
 def error(children, backend, name):
@@ -406,10 +391,13 @@ def _train(extra, nproc=1):
 
 
 @pytest.fixture(scope="module")
-def runs(jobs):
-    """Without and with --use-flash-attn, on 1 process and on TP=2 (2 processes)."""
-    return {"1": (jobs["ref"].result(), jobs["flash"].result()),
-            "tp2": (jobs["ref_tp2"].result(), jobs["flash_tp2"].result())}
+def runs():
+    """Without and with --use-flash-attn, on 1 process and on TP=2 (2 processes); two at a time."""
+    tp2 = ["--tensor-model-parallel-size", "2"]
+    with ThreadPoolExecutor(2) as pool:
+        ref, flash = pool.submit(_train, []), pool.submit(_train, ["--use-flash-attn"])
+        ref_tp2, flash_tp2 = pool.submit(_train, tp2, 2), pool.submit(_train, ["--use-flash-attn", *tp2], 2)
+        return {"1": (ref.result(), flash.result()), "tp2": (ref_tp2.result(), flash_tp2.result())}
 
 
 def _assert_close(curve, reference):

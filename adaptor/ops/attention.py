@@ -61,24 +61,29 @@ def npu_causal_mask(device) -> Tensor:
     return _npu_masks[key]
 
 
-_causal_check: list = [None, None, None]  # weakref to the last mask checked, its _version, result
+_mask_cache: list = [None, None, None, None]  # weakref to the last mask seen, its _version, causal?, ~mask
 
 
-def is_causal_mask(mask: Tensor) -> bool:
-    """Whether a Megatron mask (True = masked) is exactly the causal one, for every batch and head.
+def _mask_facts(mask: Tensor) -> tuple[bool, Optional[Tensor]]:
+    """(whether a Megatron mask — True = masked — is exactly causal, its inverse for SDPA).
 
-    Every layer gets the same mask tensor, so the answer is cached for the last one seen.
+    Every layer gets the same mask tensor, so both are computed once per micro-batch.
     """
-    ref, version, result = _causal_check
+    ref, version, causal, attend = _mask_cache
     if ref is not None and ref() is mask and version == mask._version:
-        return result
+        return causal, attend
     sq, sk = mask.shape[-2], mask.shape[-1]
-    result = bool(
+    causal = bool(
         mask.dtype == torch.bool and sq == sk
         and torch.equal(mask, torch.ones(sq, sk, dtype=torch.bool, device=mask.device).triu(1).expand_as(mask))
     )
-    _causal_check[:] = [weakref.ref(mask), mask._version, result]
-    return result
+    attend = None if causal else ~mask
+    _mask_cache[:] = [weakref.ref(mask), mask._version, causal, attend]
+    return causal, attend
+
+
+def is_causal_mask(mask: Tensor) -> bool:
+    return _mask_facts(mask)[0]
 
 
 class FlashAttention(MegatronModule):
@@ -144,6 +149,8 @@ class FlashAttention(MegatronModule):
         if causal and attention_mask is None and query.size(0) == 1:
             causal = False  # one query (decode): DotProductAttention applies no mask either
         packed = packed_seq_params is not None and packed_seq_params.qkv_format == "thd"
+        if causal and attention_mask is None and not packed and query.size(0) != key.size(0):
+            raise ValueError("causal mask is only for self attention (as in DotProductAttention)")
         fn = self._npu if self.backend == "npu" else self._sdpa
         if dropout > 0.0 and not self.config.sequence_parallel:
             with tensor_parallel.get_cuda_rng_tracker().fork():
@@ -155,8 +162,9 @@ class FlashAttention(MegatronModule):
         if packed is not None:
             return self._sdpa_packed(q, k, v, causal, dropout, packed)
         s, b = q.size(0), q.size(1)
+        attend = None if mask is None else _mask_facts(mask)[1]
         out = self._sdpa_bhsd(q.permute(1, 2, 0, 3), k.permute(1, 2, 0, 3), v.permute(1, 2, 0, 3),
-                              None if mask is None else ~mask, causal and mask is None, dropout)
+                              attend, causal and mask is None, dropout)
         return out.permute(2, 0, 1, 3).reshape(s, b, -1)  # [b, n, s, dv] -> [s, b, n * dv]
 
     def _sdpa_bhsd(self, q, k, v, attend, is_causal, dropout):
