@@ -31,25 +31,26 @@ def _announce(what: str) -> None:
 
 
 class _RMSNormFunction(torch.autograd.Function):
-    """y = x * rstd * w, statistics in fp32; saves x, w and rstd (one float per row)."""
+    """y = x * rstd * w, statistics in fp32 (no fp32 copy of x); saves x, w and rstd (one float per row)."""
 
     @staticmethod
     def forward(ctx, x, weight, eps):
-        xf = x.float()
-        rstd = torch.rsqrt(xf.square().mean(-1, keepdim=True).add_(eps))
-        y = (xf * rstd).to(x.dtype) * weight
+        h = x.shape[-1]
+        norm = torch.linalg.vector_norm(x, 2, dim=-1, keepdim=True, dtype=torch.float32)
+        rstd = torch.rsqrt(norm.square_().div_(h).add_(eps))
+        y = torch.mul(x, rstd).mul_(weight)  # fp32 for low-precision x: one rounding below
         ctx.save_for_backward(x, weight, rstd)
-        return y
+        return y.to(torch.promote_types(x.dtype, weight.dtype))
 
     @staticmethod
     def backward(ctx, grad):
+        # dx = rstd * gw - x * rstd^3 * mean(gw * x), gw = grad * w;  dw = sum_rows(grad * x * rstd)
         x, weight, rstd = ctx.saved_tensors
-        xhat = x.float() * rstd
-        gf = grad.float()
-        gw = gf * weight.float()
-        dx = rstd * (gw - xhat * (gw * xhat).mean(-1, keepdim=True))
-        dweight = (gf * xhat).reshape(-1, x.shape[-1]).sum(0).to(weight.dtype)
-        return dx.to(x.dtype), dweight, None
+        gw = torch.mul(grad, weight.float())
+        coef = (gw * x).sum(-1, keepdim=True).mul_(rstd.pow(3)).div_(x.shape[-1])
+        dx = gw.mul_(rstd).addcmul_(x, coef, value=-1)
+        dweight = (torch.mul(grad, rstd) * x).reshape(-1, x.shape[-1]).sum(0)
+        return dx.to(x.dtype), dweight.to(weight.dtype), None
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
