@@ -144,9 +144,13 @@ def test_expert_major_order_equals_argsort():
         assert torch.equal(moe_permute.expert_major_order(routing_map, n), ref[:n])
 
 
-@pytest.mark.parametrize("topk", [1, 2, 3])
-def test_permute_unpermute_equal_unfused(topk):
+@pytest.mark.parametrize("topk,dropped", [(1, False), (2, False), (3, False), (2, True)])
+def test_permute_unpermute_equal_unfused(topk, dropped):
     routing_map, probs = _routing(topk=topk)
+    if dropped:  # capacity dropping: tokens with fewer experts (the scatter-add path)
+        routing_map[[0, 5, 6], 0] = False
+        routing_map[9] = False
+        probs = probs * routing_map
     num_out = int(routing_map.sum())
     hidden = 16
     tokens = torch.randn(routing_map.shape[0], hidden, generator=torch.Generator().manual_seed(3))

@@ -6,7 +6,10 @@ Same results as megatron's unfused ``moe_utils.permute`` / ``unpermute``
 * one O(E*T) cumsum + scatter for the expert-major order instead of an
   argsort over ``E*T`` entries, and no ``probs.T.contiguous()`` copy;
 * unpermute gathers the merging probs from the saved order (no
-  ``masked_select``, so no host sync).
+  ``masked_select``, so no host sync);
+* on CPU, when every token has the same number ``k`` of experts, both
+  directions are gathers (rows of a token summed in expert order, as
+  upstream's scatter-add sums them) instead of scatter-adds.
 
 The "row id map" passed from permute to unpermute is ours, as TE's is its
 own: ``flat[i] = expert * num_tokens + token`` for permuted row ``i``.
@@ -50,6 +53,52 @@ def _npu_layout(flat: torch.Tensor, num_tokens: int, k: int):
     return order, indices
 
 
+def _uniform_k_cpu(token: torch.Tensor, num_tokens: int):
+    """k when each token has exactly k rows (checked on CPU only, where it costs no sync)."""
+    if token.device.type != "cpu" or num_tokens == 0 or token.numel() % num_tokens:
+        return None
+    k = token.numel() // num_tokens
+    return k if bool((torch.bincount(token, minlength=num_tokens) == k).all()) else None
+
+
+def _sum_rows(x: torch.Tensor, order: torch.Tensor, num_tokens: int, k: int) -> torch.Tensor:
+    """out[t] = x[order[t*k]] + ... + x[order[t*k+k-1]], added in that order."""
+    cols = order.view(num_tokens, k).t().contiguous()
+    out = x.index_select(0, cols[0])
+    for j in range(1, k):
+        out += x.index_select(0, cols[j])
+    return out
+
+
+class _GatherRows(torch.autograd.Function):
+    """x[token]; backward sums each token's rows by gathering, not scatter-adding."""
+
+    @staticmethod
+    def forward(ctx, x, token, order, k):
+        ctx.save_for_backward(order)
+        ctx.k = k
+        return x.index_select(0, token)
+
+    @staticmethod
+    def backward(ctx, dy):
+        (order,) = ctx.saved_tensors
+        return _sum_rows(dy.contiguous(), order, order.numel() // ctx.k, ctx.k), None, None, None
+
+
+class _SumRows(torch.autograd.Function):
+    """Each token's rows summed; backward is a gather."""
+
+    @staticmethod
+    def forward(ctx, x, token, order, k):
+        ctx.save_for_backward(token)
+        return _sum_rows(x, order, order.numel() // k, k)
+
+    @staticmethod
+    def backward(ctx, dy):
+        (token,) = ctx.saved_tensors
+        return dy.index_select(0, token), None, None, None
+
+
 def permute(tokens, routing_map, probs=None, num_out_tokens=None):
     """-> (permuted_tokens, permuted_probs or None, row_id_map)."""
     num_tokens, num_experts = routing_map.shape
@@ -68,6 +117,10 @@ def permute(tokens, routing_map, probs=None, num_out_tokens=None):
             tokens, indices, num_out_tokens=num_out, padded_mode=False
         )
         return permuted, permuted_probs, flat
+    k = _uniform_k_cpu(token, num_tokens)
+    if k is not None:
+        order = torch.argsort(token, stable=True)
+        return _GatherRows.apply(tokens, token, order, k), permuted_probs, flat
     return tokens.index_select(0, token), permuted_probs, flat
 
 
@@ -90,6 +143,10 @@ def unpermute(permuted_tokens, row_id_map, restore_shape, probs=None):
         permuted_probs = probs.reshape(-1).index_select(0, token * probs.shape[1] + flat // num_tokens)
         # As upstream: the product is in the promoted dtype, summed there, then cast back.
         permuted_tokens = permuted_tokens * permuted_probs.unsqueeze(-1)
+    k = _uniform_k_cpu(token, num_tokens)
+    if k is not None:
+        order = torch.argsort(token, stable=True)
+        return _SumRows.apply(permuted_tokens, token, order, k).to(dtype=input_dtype)
     out = torch.zeros(restore_shape, dtype=permuted_tokens.dtype, device=permuted_tokens.device)
     if torch.are_deterministic_algorithms_enabled():
         out.index_add_(0, token, permuted_tokens)
