@@ -1,9 +1,10 @@
 """MoE operators, fused against unfused: forward+backward time on this machine's CPU.
 
     python benchmarks/moe_ops.py [--tokens 4096] [--experts 8] [--topk 2] [--hidden 512]
-                                 [--ffn 256] [--dtype fp32|bf16] [--repeat 10] [--threads N]
+                                 [--ffn 256] [--dtype fp32|bf16] [--repeat 10] [--threads N] [--act-fusion]
 
-Rows (median over --repeat after 2 warm-up calls, one process, megatron-core's modules):
+Rows (median over --repeat after 2 warm-up calls, fused and unfused calls interleaved;
+one process, megatron-core's modules):
 
 * experts: megatron's SequentialMLP against our GroupedExperts (``--moe-grouped-gemm``),
   SwiGLU, same weights, on ``tokens * topk`` permuted rows split unevenly over the experts;
@@ -34,15 +35,17 @@ import adaptor  # noqa: E402,F401
 from megatron_runs import free_port  # noqa: E402
 
 
-def timed(fn, repeat):
+def timed_pair(f0, f1, repeat):
+    """Median ms of each, calls interleaved so that load from other processes hits both alike."""
     for _ in range(2):
-        fn()
-    times = []
+        f0(), f1()
+    times = ([], [])
     for _ in range(repeat):
-        t = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t)
-    return statistics.median(times) * 1000.0
+        for fn, ts in ((f0, times[0]), (f1, times[1])):
+            t = time.perf_counter()
+            fn()
+            ts.append(time.perf_counter() - t)
+    return tuple(statistics.median(ts) * 1000.0 for ts in times)
 
 
 def uneven_counts(total, n, gen):
@@ -67,7 +70,7 @@ def experts_rows(a, dtype, gen):
     pg = ProcessGroupCollection.use_mpu_process_groups()
     cfg = TransformerConfig(num_layers=1, hidden_size=a.hidden, num_attention_heads=8, num_moe_experts=a.experts,
                             moe_ffn_hidden_size=a.ffn, ffn_hidden_size=a.ffn, gated_linear_unit=True,
-                            activation_func=F.silu, add_bias_linear=False, bias_activation_fusion=False,
+                            activation_func=F.silu, add_bias_linear=False, bias_activation_fusion=a.act_fusion,
                             use_cpu_initialization=True, params_dtype=dtype)
     sub = MLPSubmodules(linear_fc1=ColumnParallelLinear, linear_fc2=RowParallelLinear)
     seq = SequentialMLP(a.experts, cfg, sub, pg_collection=pg)
@@ -85,7 +88,8 @@ def experts_rows(a, dtype, gen):
             y.backward(dy)
         return run
 
-    out = [("experts fwd+bwd", "SequentialMLP", timed(step(seq), a.repeat), "GroupedExperts", timed(step(grp), a.repeat))]
+    t0, t1 = timed_pair(step(seq), step(grp), a.repeat)
+    out = [("experts fwd+bwd", "SequentialMLP", t0, "GroupedExperts", t1)]
 
     w = [e.linear_fc1.weight.detach().clone().requires_grad_() for e in seq.local_experts]
     dz = torch.randn(rows, w[0].shape[0], generator=gen).to(dtype)
@@ -102,8 +106,8 @@ def experts_rows(a, dtype, gen):
         y = torch.cat([yp[e, :c] for e, c in enumerate(cl)])
         y.backward(dz)
 
-    out.append(("fc1 grouped matmul fwd+bwd", "bmm on padded groups", timed(padded_bmm, a.repeat),
-                "loop of mm (ours)", timed(loop, a.repeat)))
+    t0, t1 = timed_pair(padded_bmm, loop, a.repeat)
+    out.append(("fc1 grouped matmul fwd+bwd", "bmm on padded groups", t0, "loop of mm (ours)", t1))
     return out
 
 
@@ -128,8 +132,8 @@ def permute_rows(a, dtype, gen):
         out, _, idx = moe_permute.permute(tokens, routing_map, None, num_out)
         moe_permute.unpermute(out, idx, tokens.shape, probs=probs).sum().backward()
 
-    return [("permute+unpermute fwd+bwd", "moe_utils (unfused)", timed(unfused, a.repeat),
-             "adaptor.ops.moe_permute", timed(fused, a.repeat))]
+    t0, t1 = timed_pair(unfused, fused, a.repeat)
+    return [("permute+unpermute fwd+bwd", "moe_utils (unfused)", t0, "adaptor.ops.moe_permute", t1)]
 
 
 def main():
@@ -142,6 +146,8 @@ def main():
     p.add_argument("--dtype", choices=("fp32", "bf16"), default="fp32")
     p.add_argument("--repeat", type=int, default=10)
     p.add_argument("--threads", type=int, default=None)
+    p.add_argument("--act-fusion", action="store_true",
+                   help="megatron's jit-fused weighted SwiGLU in the experts (as --swiglu runs use)")
     a = p.parse_args()
     if a.threads:
         torch.set_num_threads(a.threads)
@@ -150,7 +156,7 @@ def main():
     rows = experts_rows(a, dtype, gen) + permute_rows(a, dtype, gen)
     print(f"# {date.today()} {platform.processor() or platform.machine()}, torch {torch.__version__}, "
           f"{torch.get_num_threads()} threads, {a.dtype}; tokens {a.tokens}, experts {a.experts}, top-{a.topk}, "
-          f"hidden {a.hidden}, moe ffn {a.ffn}")
+          f"hidden {a.hidden}, moe ffn {a.ffn}, act fusion {a.act_fusion}")
     print("| op | unfused | ms | fused | ms | speed-up |")
     print("|---|---|---:|---|---:|---:|")
     for op, n0, t0, n1, t1 in rows:
