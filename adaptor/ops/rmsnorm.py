@@ -31,14 +31,18 @@ def _announce(what: str) -> None:
 
 
 class _RMSNormFunction(torch.autograd.Function):
-    """y = x * rstd * w, statistics in fp32 (no fp32 copy of x); saves x, w and rstd (one float per row)."""
+    """y = x * rstd * w in fp32, rounded once; saves x, w and rstd (one float per row).
+
+    Low-precision inputs are converted to fp32 once per pass: on CPU, mixed-dtype kernels
+    (bf16 * fp32) are slower than a conversion followed by fp32 kernels.
+    """
 
     @staticmethod
     def forward(ctx, x, weight, eps):
-        h = x.shape[-1]
-        norm = torch.linalg.vector_norm(x, 2, dim=-1, keepdim=True, dtype=torch.float32)
-        rstd = torch.rsqrt(norm.square_().div_(h).add_(eps))
-        y = torch.mul(x, rstd).mul_(weight)  # fp32 for low-precision x: one rounding below
+        xf = x.float()
+        norm = torch.linalg.vector_norm(xf, 2, dim=-1, keepdim=True)
+        rstd = torch.rsqrt(norm.square_().div_(x.shape[-1]).add_(eps))
+        y = torch.mul(xf, rstd).mul_(weight.float())
         ctx.save_for_backward(x, weight, rstd)
         return y.to(torch.promote_types(x.dtype, weight.dtype))
 
@@ -46,10 +50,11 @@ class _RMSNormFunction(torch.autograd.Function):
     def backward(ctx, grad):
         # dx = rstd * gw - x * rstd^3 * mean(gw * x), gw = grad * w;  dw = sum_rows(grad * x * rstd)
         x, weight, rstd = ctx.saved_tensors
-        gw = torch.mul(grad, weight.float())
-        coef = (gw * x).sum(-1, keepdim=True).mul_(rstd.pow(3)).div_(x.shape[-1])
-        dx = gw.mul_(rstd).addcmul_(x, coef, value=-1)
-        dweight = (torch.mul(grad, rstd) * x).reshape(-1, x.shape[-1]).sum(0)
+        xf, gf = x.float(), grad.float()
+        gw = gf * weight.float()
+        coef = (gw * xf).sum(-1, keepdim=True).mul_(rstd.pow(3)).div_(x.shape[-1])
+        dx = gw.mul_(rstd).addcmul_(xf, coef, value=-1)
+        dweight = (gf * rstd).mul_(xf).reshape(-1, x.shape[-1]).sum(0)
         return dx.to(x.dtype), dweight.to(weight.dtype), None
 
 
