@@ -130,6 +130,7 @@ for dtype, prec in ((torch.float32, "fp32"), (torch.bfloat16, "bf16")):
             ("causal", AttnMaskType.causal, None),
             ("causal_given", AttnMaskType.causal, causal.expand(B, 1, S, S).contiguous()),
             ("padding", AttnMaskType.padding, pad),
+            ("padding_causal", AttnMaskType.padding, causal[None, None]),  # a causal mask on a padding layer
             ("documents", AttnMaskType.causal, docs[None, None]),
         ):
             q, k, v = qkv(heads, groups, 32, 32, dtype)
@@ -268,7 +269,7 @@ def error(children, backend, name):
 
 
 BACKENDS = ["cpu", "npu"]
-MASKS = ["causal", "causal_given", "padding", "documents"]
+MASKS = ["causal", "causal_given", "padding", "padding_causal", "documents"]
 HEADS = ["h4g4", "h4g2", "h4g1"]
 
 

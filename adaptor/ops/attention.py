@@ -162,9 +162,12 @@ class FlashAttention(MegatronModule):
         if packed is not None:
             return self._sdpa_packed(q, k, v, causal, dropout, packed)
         s, b = q.size(0), q.size(1)
-        attend = None if mask is None else _mask_facts(mask)[1]
+        attend = None
+        if mask is not None:
+            mask_is_causal, attend = _mask_facts(mask)
+            causal = mask_is_causal  # a mask given decides, whatever the layer's mask type
         out = self._sdpa_bhsd(q.permute(1, 2, 0, 3), k.permute(1, 2, 0, 3), v.permute(1, 2, 0, 3),
-                              attend, causal and mask is None, dropout)
+                              attend, causal, dropout)
         return out.permute(2, 0, 1, 3).reshape(s, b, -1)  # [b, n, s, dv] -> [s, b, n * dv]
 
     def _sdpa_bhsd(self, q, k, v, attend, is_causal, dropout):
