@@ -84,10 +84,11 @@ class ChunkedVocabParallelCrossEntropy(torch.autograd.Function):
         for i in range(0, n, chunk):
             j = min(i + chunk, n)
             x = work[: j - i]
-            logits_max = x2d[i:j].amax(dim=-1).float()  # exact in any float dtype
+            x.copy_(x2d[i:j])  # upcast into the work buffer (no temporary)
+            logits_max = x.amax(dim=-1)
             if world > 1:
                 dist.all_reduce(logits_max, op=dist.ReduceOp.MAX, group=tp_group)
-            torch.sub(x2d[i:j], logits_max.unsqueeze(-1), out=x)  # upcast and shift in one pass
+            x.sub_(logits_max.unsqueeze(-1))
             stats = torch.empty(2, j - i, dtype=torch.float32, device=logits.device)
             stats[0].copy_(x.gather(1, local_target[i:j].unsqueeze(-1)).squeeze(-1))
             stats[0].masked_fill_(target_mask[i:j], 0.0)
@@ -121,9 +122,11 @@ class ChunkedVocabParallelCrossEntropy(torch.autograd.Function):
         for i in range(0, n, chunk):
             j = min(i + chunk, n)
             x = work[: j - i]
-            torch.sub(x2d[i:j], lse[i:j].unsqueeze(-1), out=x).exp_()  # softmax
+            x.copy_(x2d[i:j])
+            x.sub_(lse[i:j].unsqueeze(-1)).exp_()  # softmax
             x[rows[: j - i], local_target[i:j]] -= hit[i:j]
-            torch.mul(x, g_out[i:j].unsqueeze(-1), out=g2d[i:j])  # in the logits' dtype
+            x.mul_(g_out[i:j].unsqueeze(-1))
+            g2d[i:j].copy_(x)  # into the logits' dtype
         return grad, None, None, None
 
 
