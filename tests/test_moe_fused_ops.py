@@ -18,7 +18,6 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-import torch.nn.functional as F
 
 ROOT = Path(__file__).resolve().parents[1]
 STANDIN = Path(__file__).resolve().parent / "npu_standin"
@@ -125,6 +124,24 @@ def test_grouped_gemm_swap_row():
     spec = swap_modules(get_moe_module_spec(use_te=False, num_experts=4, moe_grouped_gemm=True),
                         module_swaps(SimpleNamespace(moe_grouped_gemm=True)))
     assert spec.keywords["submodules"].experts.func is GroupedExperts
+
+
+def test_validate_refuses_what_the_paths_cannot_run():
+    from adaptor.backend import Backend
+    from adaptor.features import ArgumentError, FeatureContext
+    from patches.moe_grouped_gemm import MoeGroupedGemm
+    from patches.moe_permute import MoePermuteFusion
+
+    npu = FeatureContext(Backend("npu", "hccl", "test"), SimpleNamespace())
+    cpu = FeatureContext(Backend("cpu", "gloo", "test"), SimpleNamespace())
+    args = SimpleNamespace(moe_permute_fusion=True, moe_expert_capacity_factor=1.0)
+    with pytest.raises(ArgumentError, match="capacity-factor"):
+        MoePermuteFusion().validate(args, npu)
+    MoePermuteFusion().validate(args, cpu)  # the torch path handles dropped tokens
+    args = SimpleNamespace(moe_grouped_gemm=True, transformer_impl="local", fp8="hybrid", fp4=None)
+    with pytest.raises(ArgumentError, match="fp8"):
+        MoeGroupedGemm().validate(args, cpu)
+    MoeGroupedGemm().validate(SimpleNamespace(moe_grouped_gemm=True, transformer_impl="local", fp8=None, fp4=None), cpu)
 
 
 def _routing(num_tokens=37, num_experts=6, topk=2, seed=0):
