@@ -30,6 +30,7 @@ from megatron.core.models.common.embeddings.rope_utils import _apply_rotary_pos_
 
 SHAPES = {  # name: (seq, batch, hidden, heads, head_dim, ffn)
     "tiny-qwen3": (64, 2, 64, 4, 32, 192),
+    "example-tiny": (128, 4, 128, 4, 32, 384),  # examples/qwen3/pretrain.sh MODEL_SIZE=tiny
     "qwen3-0.6b": (4096, 1, 1024, 16, 128, 3072),
 }
 
