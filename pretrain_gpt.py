@@ -20,13 +20,15 @@ from megatron.core.datasets.gpt_dataset import GPTDataset, GPTDatasetConfig, Moc
 from megatron.core.enums import ModelType
 from megatron.core.models.gpt import GPTModel
 from megatron.core.rerun_state_machine import get_rerun_state_machine
+from megatron.core.transformer.multi_token_prediction import mtp_on_this_rank
+from megatron.core.transformer.pipeline_parallel_layer_layout import PipelineParallelLayerLayout
 from megatron.core.utils import get_attr_wrapped_model, get_batch_on_this_cp_rank, get_batch_on_this_tp_rank
 from megatron.training import get_args, get_timers, get_tokenizer, pretrain, print_rank_0
 from megatron.training.argument_utils import pretrain_cfg_container_from_args
 from megatron.training.arguments import core_transformer_config_from_args, parse_and_validate_args
 from megatron.training.utils import get_blend_and_blend_per_split, is_first_or_last_pipeline_stage
 
-from adaptor.layer_specs import gpt_layer_spec
+from adaptor.layer_specs import gpt_layer_spec, gpt_mtp_block_spec
 
 BATCH_KEYS = ("tokens", "labels", "loss_mask", "attention_mask", "position_ids")
 
@@ -36,9 +38,10 @@ def model_provider(pre_process=True, post_process=True, vp_stage=None, config=No
     args = get_args()
     print_rank_0("building GPT model ...")
     config = config or core_transformer_config_from_args(args)
+    layer_spec = gpt_layer_spec(args, config, vp_stage=vp_stage)
     return GPTModel(
         config=config,
-        transformer_layer_spec=gpt_layer_spec(args, config, vp_stage=vp_stage),
+        transformer_layer_spec=layer_spec,
         vocab_size=args.padded_vocab_size,
         max_sequence_length=args.max_position_embeddings,
         pre_process=pre_process,
@@ -50,16 +53,30 @@ def model_provider(pre_process=True, post_process=True, vp_stage=None, config=No
         rotary_percent=args.rotary_percent,
         rotary_base=args.rotary_base,
         rope_scaling=args.use_rope_scaling,
+        mtp_block_spec=gpt_mtp_block_spec(args, config, layer_spec, vp_stage=vp_stage),
         vp_stage=vp_stage,
         pg_collection=pg_collection,
     )
 
 
-def get_batch(data_iterator, vp_stage=None):
-    """Next micro-batch: read on TP rank 0, broadcast over the TP group, split for CP."""
-    if not is_first_or_last_pipeline_stage(vp_stage):
-        return None, None, None, None, None
+def mtp_on_this_stage(vp_stage=None) -> bool:
+    """Whether this pipeline stage holds MTP layers (the last stage, or where --pipeline-model-parallel-layout puts them)."""
     args = get_args()
+    layout = args.pipeline_model_parallel_layout
+    if isinstance(layout, (str, list)):
+        layout = PipelineParallelLayerLayout(layout, args.pipeline_model_parallel_size)
+    return mtp_on_this_rank(layout, args.mtp_num_layers, ignore_virtual=False, vp_stage=vp_stage)
+
+
+def get_batch(data_iterator, vp_stage=None):
+    """Next micro-batch: read on TP rank 0, broadcast over the TP group, split for CP.
+
+    A stage holding MTP layers needs tokens and positions too, wherever it sits in the pipeline.
+    """
+    args = get_args()
+    mtp_here = mtp_on_this_stage(vp_stage)
+    if not (is_first_or_last_pipeline_stage(vp_stage) or mtp_here):
+        return None, None, None, None, None
     tp_rank = mpu.get_tensor_model_parallel_rank()
     batch = {}
     if tp_rank == 0:
@@ -77,7 +94,7 @@ def get_batch(data_iterator, vp_stage=None):
         tp_rank=tp_rank,
         micro_batch_size=args.micro_batch_size,
         seq_length=args.seq_length,
-        mtp_on_this_rank=False,
+        mtp_on_this_rank=mtp_here,
         pipeline_model_parallel_size=args.pipeline_model_parallel_size,
         is_pipeline_first_stage=mpu.is_pipeline_first_stage(),
         is_pipeline_last_stage=mpu.is_pipeline_last_stage(),
@@ -135,7 +152,8 @@ def gpt_dataset_config(args) -> GPTDatasetConfig:
 
 
 def is_dataset_built_on_rank(vp_stage=None):
-    return is_first_or_last_pipeline_stage(vp_stage) and mpu.get_tensor_model_parallel_rank() == 0
+    return ((is_first_or_last_pipeline_stage(vp_stage) or mtp_on_this_stage(vp_stage))
+            and mpu.get_tensor_model_parallel_rank() == 0)
 
 
 def train_valid_test_datasets_provider(train_val_test_num_samples, vp_stage=None):

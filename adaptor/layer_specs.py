@@ -10,7 +10,8 @@ upstream builder produces it, then swap modules in that data:
   when TE cannot run, so users pass the same flags everywhere.
 * then :data:`MODULE_SWAPS`: each row replaces one upstream module class with
   ours wherever it occurs in the spec (attention, MLA, MoE and MTP layers
-  alike), when its flag is on. The rows are the whole list of module choices.
+  alike), when its flag is on. The rows are the whole list of module choices;
+  where two rows replace the same class, the later row wins.
 """
 from __future__ import annotations
 
@@ -21,15 +22,21 @@ from typing import Any, Callable, Mapping
 
 from megatron.core.models.gpt.gpt_layer_specs import (
     get_gpt_decoder_block_spec,
+    get_gpt_decoder_layer_specs,
     get_gpt_layer_local_spec,
     get_gpt_layer_with_transformer_engine_spec,
+    get_gpt_mtp_block_spec,
 )
 from megatron.core.transformer.spec_utils import ModuleSpec
 from megatron.core.transformer.transformer_config import TransformerConfig
 
 # (argument that turns the row on, upstream class "module:Name", our class "module:Name")
+# A later row wins over an earlier one for the same upstream class (MLA + --use-flash-attn: FlashAttention).
 MODULE_SWAPS = [
     ("use_fused_rmsnorm", "megatron.core.transformer.torch_norm:WrappedTorchNorm", "adaptor.ops.rmsnorm:FusedRMSNorm"),
+    # MLA's core attention gets k_channels/v_channels, which DotProductAttention does not take.
+    ("multi_latent_attention", "megatron.core.transformer.dot_product_attention:DotProductAttention",
+     "adaptor.ops.mla_attention:MLADotProductAttention"),
     ("use_flash_attn", "megatron.core.transformer.dot_product_attention:DotProductAttention",
      "adaptor.ops.attention:FlashAttention"),
     ("moe_grouped_gemm", "megatron.core.transformer.moe.experts:SequentialMLP",
@@ -43,7 +50,7 @@ def _load(path: str):
 
 
 def module_swaps(args) -> dict:
-    """Upstream class -> our class, for the rows whose flag is on."""
+    """Upstream class -> our class, for the rows whose flag is on (later rows win)."""
     return {_load(old): _load(new) for flag, old, new in MODULE_SWAPS if getattr(args, flag, False)}
 
 
@@ -93,3 +100,21 @@ def gpt_layer_spec(args, config: TransformerConfig, vp_stage=None):
             args.multi_latent_attention, normalization=args.normalization,
         )
     return spec if use_te else swap_modules(spec, module_swaps(args))
+
+
+def gpt_mtp_block_spec(args, config: TransformerConfig, layer_spec, vp_stage=None):
+    """Spec of the multi-token-prediction block (``--mtp-num-layers``), or None on stages without it.
+
+    As Megatron-LM's pretrain_gpt: each MTP layer wraps a copy of the last decoder layer
+    (the MoE layer for DeepSeek-V3). We take the model's last layer rather than this stage's
+    last, which is the same layer whenever the stage holds any, and defined when it holds none.
+    """
+    if not args.mtp_num_layers:
+        return None
+    use_te = args.transformer_impl == "transformer_engine"
+    if args.num_experts:
+        layer_spec = get_gpt_decoder_layer_specs(
+            config, use_transformer_engine=use_te, normalization=args.normalization
+        )[-1]
+    spec = get_gpt_mtp_block_spec(config, layer_spec, use_transformer_engine=use_te, vp_stage=vp_stage)
+    return spec if use_te or spec is None else swap_modules(spec, module_swaps(args))

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 
 def all_features():
+    from patches.all_to_all_split_sizes import AllToAllSplitSizes
     from patches.argument_checks import ArgumentChecks
     from patches.backend_defaults import BackendDefaults
     from patches.clip_grads import DeviceAgnosticClipGrads
@@ -16,12 +17,15 @@ def all_features():
     from patches.fused_rmsnorm import FusedRmsNorm
     from patches.fused_rope import FusedRope
     from patches.fused_swiglu import FusedSwiglu
+    from patches.gloo_uneven_collectives import GlooUnevenCollectives
     from patches.moe_grouped_gemm import MoeGroupedGemm
     from patches.moe_permute import MoePermuteFusion
     from patches.empty_dataset_split import EmptyDatasetSplitGuard
     from patches.hf_tokenizer import TokenizerJsonTokenizer
     from patches.megatron_initialize import AllowNoCuda
+    from patches.mla_yarn_arguments import MlaYarnArguments
     from patches.npu_device import NpuDevice
+    from patches.sequence_parallel_torch_norm import SequenceParallelTorchNorm
     from patches.tensor_type_names import CudaTypeNamesInOptimizers
 
     return [
@@ -43,4 +47,8 @@ def all_features():
         FusedCrossEntropy(),
         MoeGroupedGemm(),
         MoePermuteFusion(),
+        AllToAllSplitSizes(),
+        SequenceParallelTorchNorm(),
+        MlaYarnArguments(),
+        GlooUnevenCollectives(),
     ]

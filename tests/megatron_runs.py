@@ -27,11 +27,39 @@ TINY_QWEN3 = [
 ]
 TINY_QWEN3_MODEL = list(TINY_QWEN3)  # without data: for runs on real datasets
 TINY_QWEN3 += ["--mock-data", "--tokenizer-type", "NullTokenizer", "--vocab-size", "512"]
+# A DeepSeek-V3-shaped model at the same scale: MLA (q/kv LoRA ranks, qk 16+8 rope dims, v 16,
+# q/kv layernorms, YaRN RoPE), one dense layer then MoE layers (4 experts, top-2 of 2 groups
+# limited to 1, sigmoid scores with expert bias, scaling 2.5, a shared expert, seq aux loss),
+# alltoall dispatch, one MTP layer, untied embeddings. 4 layers so that PP=2 splits evenly.
+TINY_DEEPSEEK_V3 = [
+    "--num-layers", "4", "--hidden-size", "64", "--ffn-hidden-size", "128",
+    "--num-attention-heads", "4",
+    "--multi-latent-attention", "--q-lora-rank", "32", "--kv-lora-rank", "24",
+    "--qk-head-dim", "16", "--qk-pos-emb-head-dim", "8", "--v-head-dim", "16", "--qk-layernorm",
+    "--rope-type", "yarn", "--rotary-base", "10000", "--rotary-scaling-factor", "4",
+    "--yarn-original-max-position-embeddings", "16", "--mscale", "1.0", "--mscale-all-dim", "1.0",
+    "--normalization", "RMSNorm", "--swiglu", "--disable-bias-linear", "--position-embedding-type", "rope",
+    "--untie-embeddings-and-output-weights",
+    "--num-experts", "4", "--moe-layer-freq", "[0,1,1,1]", "--moe-ffn-hidden-size", "32",
+    "--moe-shared-expert-intermediate-size", "32", "--moe-router-topk", "2",
+    "--moe-router-score-function", "sigmoid", "--moe-router-enable-expert-bias",
+    "--moe-router-num-groups", "2", "--moe-router-group-topk", "1", "--moe-router-topk-scaling-factor", "2.5",
+    "--moe-router-load-balancing-type", "seq_aux_loss", "--moe-aux-loss-coeff", "1e-3",
+    "--moe-router-dtype", "fp32", "--moe-token-dispatcher-type", "alltoall",
+    "--mtp-num-layers", "1", "--mtp-loss-scaling-factor", "0.1",
+    "--seq-length", "64", "--max-position-embeddings", "64",
+    "--attention-dropout", "0", "--hidden-dropout", "0",
+    "--micro-batch-size", "2", "--global-batch-size", "8",
+    "--lr", "1e-3", "--min-lr", "1e-4", "--lr-decay-style", "cosine", "--clip-grad", "1.0",
+    "--seed", "1234", "--log-interval", "1", "--eval-iters", "0", "--eval-interval", "100000",
+    "--mock-data", "--tokenizer-type", "NullTokenizer", "--vocab-size", "512",
+]
 # The corpus and tokenizer the repository carries (examples/data/README.md).
 SAMPLE_CORPUS = ROOT / "examples" / "data" / "sample_corpus.jsonl"
 SAMPLE_TOKENIZER = ROOT / "examples" / "data" / "tokenizer"
 
 _LOSS = re.compile(r"iteration\s+(\d+)/\s*\d+ .*?lm loss: ([0-9.Ee+-]+)")
+_MTP_LOSS = re.compile(r"iteration\s+(\d+)/\s*\d+ .*?mtp_1 loss: ([0-9.Ee+-]+)")
 
 
 @dataclass
@@ -39,6 +67,7 @@ class Run:
     returncode: int
     output: str
     losses: dict[int, float]
+    mtp_losses: dict[int, float]
 
     def curve(self) -> list[float]:
         return [self.losses[i] for i in sorted(self.losses)]
@@ -58,7 +87,8 @@ def run_pretrain(args: list[str], nproc: int = 1, env: dict | None = None, timeo
     proc = subprocess.run(cmd, cwd=ROOT, env=full_env, capture_output=True, text=True, timeout=timeout)
     output = proc.stdout + proc.stderr
     losses = {int(i): float(v) for i, v in _LOSS.findall(output)}
-    return Run(proc.returncode, output, losses)
+    mtp_losses = {int(i): float(v) for i, v in _MTP_LOSS.findall(output)}
+    return Run(proc.returncode, output, losses, mtp_losses)
 
 
 def tail(text: str, n: int = 60) -> str:

@@ -1,0 +1,235 @@
+"""DeepSeek-V3-style models (MLA + MoE + MTP) train through pretrain_gpt.py without Transformer Engine.
+
+The model is ``TINY_DEEPSEEK_V3`` (tests/megatron_runs.py). As in test_parallel_loss_curves.py,
+every run starts from one checkpoint written by a single process and trains 10 iterations in
+fp32 on the same mock data; the TP2 (with sequence parallelism, which Megatron requires for MoE
+with TP), PP2 and EP2 layouts, the allgather dispatcher and the grouped experts must reproduce
+the single-process curves of both the lm loss and the MTP loss.
+
+Tolerance: the layouts add the same numbers in other orders, so curves agree to fp32 rounding.
+Measured maximum relative gaps over 10 iterations (lm / MTP loss): TP2+SP 6.6e-6 / 5.4e-6 (the
+most reordering: attention, shared and routed experts split over TP, sequence-parallel
+reduce-scatters), PP2 1.7e-7 / 1.6e-7, EP2 1.7e-7 / 1.7e-7, allgather and grouped experts 0.
+RTOL = 3e-5 is 4.5x above the largest and 250x below the 7.7e-3 gap of a run whose learning
+rate differs by 10% (``test_tolerance_detects_a_wrong_run``).
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from megatron_runs import TINY_DEEPSEEK_V3, run_pretrain, tail
+
+ROOT = Path(__file__).resolve().parents[1]
+ITERS = 10
+RTOL = 3e-5
+
+
+@pytest.fixture(scope="module")
+def common_start(tmp_path_factory):
+    """Initial weights: one iteration at lr=0 changes nothing and lets Megatron save them."""
+    ckpt = tmp_path_factory.mktemp("deepseek_v3_start")
+    args = TINY_DEEPSEEK_V3 + ["--train-iters", "1", "--lr", "0", "--min-lr", "0",
+                               "--save", str(ckpt), "--save-interval", "1"]
+    run = run_pretrain(args)
+    assert run.returncode == 0, tail(run.output)
+    return ckpt
+
+
+def train_from(ckpt, nproc=1, extra=()):
+    args = TINY_DEEPSEEK_V3 + ["--train-iters", str(ITERS), "--load", str(ckpt),
+                               "--finetune", "--no-load-optim", "--no-load-rng", *extra]
+    run = run_pretrain(args, nproc=nproc)
+    assert run.returncode == 0, tail(run.output)
+    assert sorted(run.losses) == list(range(1, ITERS + 1)), tail(run.output)
+    assert sorted(run.mtp_losses) == list(range(1, ITERS + 1)), tail(run.output)
+    return run
+
+
+@pytest.fixture(scope="module")
+def reference(common_start):
+    return train_from(common_start)
+
+
+def curves(run):
+    return run.curve(), [run.mtp_losses[i] for i in sorted(run.mtp_losses)]
+
+
+def test_trains_single_process_with_mtp_loss_beside_lm_loss(reference):
+    lm, mtp = curves(reference)
+    assert all(math.isfinite(x) for x in lm + mtp)
+    assert lm[-1] < lm[0] - 0.2, f"lm loss did not fall: {lm}"
+    assert mtp[-1] < mtp[0] - 0.05, f"MTP loss did not fall: {mtp}"
+    lines = [line for line in reference.output.splitlines() if f"iteration       {ITERS}/" in line]
+    assert lines and "lm loss:" in lines[0] and "mtp_1 loss:" in lines[0], tail(reference.output)
+    assert lines[0].index("lm loss:") < lines[0].index("mtp_1 loss:")
+    assert "seq_load_balancing_loss:" in lines[0]  # --moe-router-load-balancing-type seq_aux_loss
+
+
+def assert_same_curves(run, reference):
+    for name, ours, ref in zip(("lm", "mtp"), curves(run), curves(reference)):
+        worst = max(abs(a - b) / abs(b) for a, b in zip(ours, ref))
+        assert worst <= RTOL, f"{name} loss: max relative difference {worst:.2e} > {RTOL}\n{ours}\n{ref}"
+
+
+LAYOUTS = {
+    "tp2": (2, ["--tensor-model-parallel-size", "2", "--sequence-parallel"]),
+    "pp2": (2, ["--pipeline-model-parallel-size", "2"]),
+    "ep2": (2, ["--expert-model-parallel-size", "2"]),
+    "allgather_dispatcher": (1, ["--moe-token-dispatcher-type", "allgather"]),
+    "grouped_experts": (1, ["--moe-grouped-gemm"]),
+}
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_layout_reproduces_single_process_curve(layout, common_start, reference):
+    nproc, extra = LAYOUTS[layout]
+    assert_same_curves(train_from(common_start, nproc=nproc, extra=extra), reference)
+
+
+def test_tolerance_detects_a_wrong_run(common_start, reference):
+    """A run that differs in one hyperparameter (lr 1e-3 -> 1.1e-3) must fail the comparison."""
+    with pytest.raises(AssertionError):
+        assert_same_curves(train_from(common_start, extra=["--lr", "1.1e-3"]), reference)
+
+
+def test_layer_spec_picks_mla_core_attention():
+    from megatron.core.transformer.dot_product_attention import DotProductAttention
+
+    from adaptor.layer_specs import module_swaps
+    from adaptor.ops.attention import FlashAttention
+    from adaptor.ops.mla_attention import MLADotProductAttention
+
+    assert module_swaps(SimpleNamespace(multi_latent_attention=True))[DotProductAttention] is MLADotProductAttention
+    both = SimpleNamespace(multi_latent_attention=True, use_flash_attn=True)
+    assert module_swaps(both)[DotProductAttention] is FlashAttention
+    assert DotProductAttention not in module_swaps(SimpleNamespace(multi_latent_attention=False))
+
+
+# MLADotProductAttention against attention written out in float64: softmax(q k^T * scale) v with
+# query/key head dim 24 and value head dim 16, causal (no mask given) and with a padding mask.
+# fp32 against float64 on O(1) values: errors near 1e-6; 1e-5 bounds them, while a wrong scale,
+# mask or head split changes outputs by > 1e-1.
+MLA_CHILD = r"""
+import json, sys
+import torch
+import adaptor
+import torch.distributed as dist
+from megatron.core import parallel_state as ps
+from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
+from megatron.core.transformer.enums import AttnMaskType
+from megatron.core.transformer.transformer_config import MLATransformerConfig
+from adaptor.ops.mla_attention import MLADotProductAttention
+
+dist.init_process_group("gloo", init_method="tcp://127.0.0.1:%d" % int(sys.argv[1]), rank=0, world_size=1)
+ps.initialize_model_parallel(1)
+model_parallel_cuda_manual_seed(1234)
+S, B, H, DK, DV, SCALE = 12, 2, 4, 24, 16, 0.3
+config = MLATransformerConfig(num_layers=1, hidden_size=64, num_attention_heads=H, multi_latent_attention=True,
+                              q_lora_rank=32, kv_lora_rank=24, qk_head_dim=16, qk_pos_emb_head_dim=8,
+                              v_head_dim=DV, masked_softmax_fusion=False, attention_dropout=0.0)
+g = torch.Generator().manual_seed(5)
+q, k = (torch.randn(S, B, H, DK, generator=g, requires_grad=True) for _ in range(2))
+v = torch.randn(S, B, H, DV, generator=g, requires_grad=True)
+dout = torch.randn(S, B, H * DV, generator=g)
+padding = torch.rand(B, 1, S, S, generator=g) < 0.3
+padding[..., 0] = False  # every query keeps one key
+
+def reference(masked):
+    q64, k64, v64 = (t.detach().double().requires_grad_() for t in (q, k, v))
+    scores = torch.einsum("sbhd,tbhd->bhst", q64, k64) * SCALE
+    scores = scores.masked_fill(masked, float("-inf"))
+    out = torch.einsum("bhst,tbhd->sbhd", scores.softmax(-1), v64).reshape(S, B, H * DV)
+    return [out] + list(torch.autograd.grad(out, (q64, k64, v64), dout.double()))
+
+facts = {}
+causal = torch.ones(S, S, dtype=torch.bool).triu(1)
+for name, mask_type, mask, masked in (("causal", AttnMaskType.causal, None, causal),
+                                      ("padding", AttnMaskType.padding, padding, padding)):
+    module = MLADotProductAttention(config, layer_number=1, attn_mask_type=mask_type, attention_type="self",
+                                    softmax_scale=SCALE, k_channels=DK, v_channels=DV)
+    out = module(q, k, v, mask)
+    ours = [out] + list(torch.autograd.grad(out, (q, k, v), dout))
+    theirs = reference(masked)
+    facts[name] = {"shape": list(out.shape),
+                   "errors": [float((a.detach().double() - b.detach()).abs().max()) for a, b in zip(ours, theirs)]}
+default = MLADotProductAttention(config, layer_number=1, attn_mask_type=AttnMaskType.causal, attention_type="self",
+                                 k_channels=DK, v_channels=DV)
+facts["default_scale"] = default.softmax_scale
+print("FACTS" + json.dumps(facts))
+"""
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_mla_core_attention_matches_reference():
+    env = dict(os.environ, ADAPTOR_QUIET="1", OMP_NUM_THREADS="1", ADAPTOR_BACKEND="cpu", PYTHONPATH=str(ROOT))
+    out = subprocess.run([sys.executable, "-c", MLA_CHILD, str(_free_port())], cwd=ROOT, env=env,
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-4000:]
+    facts = json.loads(next(l for l in out.stdout.splitlines() if l.startswith("FACTS"))[5:])
+    for name in ("causal", "padding"):
+        assert facts[name]["shape"] == [12, 2, 4 * 16], facts
+        assert max(facts[name]["errors"]) < 1e-5, facts  # output and dq, dk, dv
+    assert facts["default_scale"] == pytest.approx(24 ** -0.5)  # the key head dim, not kv_channels
+
+
+# Two gloo processes: megatron's uneven sequence-parallel gather (rank r holds r + 2 rows), whose
+# backward is the uneven reduce-scatter, as the alltoall dispatcher uses them with EP x TP; and
+# the YaRN flags reaching the MLA config. Exact: gathers copy, and the sums add two integers.
+COLLECTIVES_CHILD = r"""
+import json, sys
+sys.path.insert(0, "tests")
+from megatron_runs import TINY_DEEPSEEK_V3
+sys.argv = ["pretrain_gpt.py"] + TINY_DEEPSEEK_V3
+import torch
+import adaptor
+import torch.distributed as dist
+from megatron.core.tensor_parallel.mappings import gather_from_sequence_parallel_region
+
+dist.init_process_group("gloo")
+rank, group = dist.get_rank(), dist.new_group([0, 1])
+sizes = [2, 3]
+x = torch.full((sizes[rank], 3), float(rank + 1), requires_grad=True)
+y = gather_from_sequence_parallel_region(x, group=group, output_split_sizes=sizes)
+grad = torch.arange(15.0).view(5, 3) * (rank + 1)
+y.backward(grad)
+start = sum(sizes[:rank])
+facts = {"gathered": y.tolist() == [[1.0] * 3] * 2 + [[2.0] * 3] * 3,
+         "grad": x.grad.tolist() == (3 * torch.arange(15.0).view(5, 3)[start:start + sizes[rank]]).tolist()}
+if rank == 0:
+    from megatron.training.arguments import parse_args, validate_args
+    from megatron.training.argument_utils import core_transformer_config_from_args
+    args = parse_args()
+    validate_args(args)
+    config = core_transformer_config_from_args(args)
+    facts["yarn"] = [config.rope_type, config.rotary_scaling_factor, config.original_max_position_embeddings]
+    print("FACTS" + json.dumps(facts))
+dist.barrier()
+"""
+
+
+def test_uneven_gather_on_gloo_and_mla_yarn_flags(tmp_path):
+    script = tmp_path / "collectives_child.py"
+    script.write_text(COLLECTIVES_CHILD)
+    env = dict(os.environ, ADAPTOR_QUIET="1", OMP_NUM_THREADS="1", ADAPTOR_BACKEND="cpu", PYTHONPATH=str(ROOT))
+    out = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2",
+                          f"--master_port={_free_port()}", str(script)], cwd=ROOT, env=env,
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, (out.stdout + out.stderr)[-4000:]
+    facts = json.loads(next(l for l in out.stdout.splitlines() if l.startswith("FACTS"))[5:])
+    assert facts["gathered"] and facts["grad"], facts
+    # --yarn-original-max-position-embeddings 16 (upstream leaves MLA's default 4096)
+    assert facts["yarn"] == ["yarn", 4.0, 16], facts
