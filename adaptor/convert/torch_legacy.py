@@ -1,0 +1,151 @@
+"""Megatron's legacy ``--ckpt-format torch`` files, written one tensor at a time.
+
+``torch.save`` needs every tensor in memory at once. The file is a zip (PyTorch's
+format): ``data.pkl`` (the object, whose tensors are ``_rebuild_tensor_v2`` calls on
+storages named by persistent ids), then one ``data/<key>`` record per storage. This
+writer pickles placeholders that reduce exactly as real tensors do (known shapes and
+dtypes, from meta tensors), then writes each storage record as its tensor is produced.
+``torch.load(path, mmap=True)`` reads the result back without loading it all.
+"""
+from __future__ import annotations
+
+import collections
+import ctypes
+import io
+import mmap
+import pickle
+import sys
+from pathlib import Path
+from typing import Iterable
+
+import torch
+
+from adaptor.convert.errors import ConversionError
+
+CHECKPOINT_VERSION = 3.0
+TRACKER_FILE = "latest_checkpointed_iteration.txt"
+CHECKPOINT_FILE = "model_optim_rng.pt"
+
+
+def rank_dir_name(tp_rank: int, pp_rank: int, ep_rank: int, pp: int, ep: int) -> str:
+    """As megatron.training.checkpointing.get_checkpoint_name names it."""
+    name = f"mp_rank_{tp_rank:02d}" if pp == 1 else f"mp_rank_{tp_rank:02d}_{pp_rank:03d}"
+    return name + (f"_{ep_rank:03d}" if ep > 1 else "")
+
+
+class _Storage:
+    def __init__(self, key: str, dtype: torch.dtype, numel: int):
+        self.key, self.dtype, self.numel = key, dtype, numel
+
+
+class _TensorRecord:
+    """Pickles as torch's own tensors do: _rebuild_tensor_v2(storage, 0, size, stride, False, {})."""
+
+    def __init__(self, storage: _Storage, shape: tuple[int, ...]):
+        self.storage, self.shape = storage, tuple(shape)
+
+    def __reduce_ex__(self, protocol):
+        stride, step = [], 1
+        for dim in reversed(self.shape):
+            stride.append(step)
+            step *= dim
+        return (torch._utils._rebuild_tensor_v2,
+                (self.storage, 0, self.shape, tuple(reversed(stride)), False, collections.OrderedDict()))
+
+
+class _Pickler(pickle.Pickler):
+    def persistent_id(self, obj):
+        if isinstance(obj, _Storage):
+            storage_type = getattr(torch, torch.storage._dtype_to_storage_type_map()[obj.dtype])
+            return ("storage", storage_type, obj.key, "cpu", obj.numel)
+        return None
+
+
+def write_model_file(path, specs: list[tuple[str, torch.Tensor | None]],
+                     tensors: Iterable[tuple[str, torch.Tensor]], extra: dict | None = None) -> None:
+    """Write {"model": {name: tensor or None}, **extra} to `path` as torch.save would.
+
+    `specs`: (name, meta tensor) in the order `tensors` yields them, or (name, None) for
+    entries stored as None (the ``_extra_state`` of Megatron's linear layers).
+    """
+    model = collections.OrderedDict()
+    order = []
+    for name, meta in specs:
+        if meta is None:
+            model[name] = None
+            continue
+        storage = _Storage(str(len(order)), meta.dtype, meta.numel())
+        model[name] = _TensorRecord(storage, tuple(meta.shape))
+        order.append((name, meta, storage.key))
+    state = {"model": model, "checkpoint_version": CHECKPOINT_VERSION, "iteration": 0}
+    state.update(extra or {})
+    buffer = io.BytesIO()
+    _Pickler(buffer, protocol=2).dump(state)
+    data = buffer.getvalue()
+    writer = torch._C.PyTorchFileWriter(str(path))
+    writer.write_record("data.pkl", data, len(data))
+    writer.write_record(".format_version", "1", 1)
+    writer.write_record(".storage_alignment", "64", 2)
+    writer.write_record("byteorder", sys.byteorder, len(sys.byteorder))
+    source = iter(tensors)
+    for name, meta, key in order:
+        got_name, tensor = next(source, (None, None))
+        if got_name != name or tuple(tensor.shape) != tuple(meta.shape) or tensor.dtype != meta.dtype:
+            got = None if got_name is None else f"{got_name} {list(tensor.shape)} {tensor.dtype}"
+            raise ConversionError(f"internal: expected tensor {name} {list(meta.shape)} {meta.dtype}, got {got}")
+        tensor = tensor.detach().contiguous()
+        nbytes = tensor.numel() * tensor.element_size()
+        offset = tensor.storage_offset() * tensor.element_size()
+        storage = tensor.untyped_storage()
+        if offset or storage.nbytes() != nbytes:
+            storage = storage[offset:offset + nbytes]  # the tensor's bytes within a larger storage, not a copy
+        writer.write_record(f"data/{key}", storage, nbytes)
+        del tensor
+    leftover = next(source, None)
+    if leftover is not None:
+        raise ConversionError(f"internal: tensor {leftover[0]} was not planned")
+    writer.write_end_of_file()
+
+
+def read_model_state(path) -> dict:
+    """The "model" state dict of one rank file, memory-mapped."""
+    path = Path(path)
+    if not path.is_file():
+        raise ConversionError(f"{path}: missing Megatron checkpoint file")
+    try:
+        state = torch.load(path, map_location="cpu", mmap=True, weights_only=False)
+    except Exception as exc:  # torch raises RuntimeError/EOFError/UnpicklingError for damaged files
+        raise ConversionError(f"{path}: cannot read the checkpoint ({str(exc).splitlines()[0]})") from exc
+    if "model" not in state:
+        raise ConversionError(f"{path}: no 'model' state dict (virtual pipeline checkpoints are not supported)")
+    return state["model"]
+
+
+
+_LIBC = ctypes.CDLL(None, use_errno=True)
+
+
+def mapped_ranges(path) -> list[tuple[int, int]]:
+    """Address ranges where `path` is memory-mapped into this process (Linux; empty elsewhere)."""
+    target = str(Path(path).resolve())
+    ranges = []
+    try:
+        with open("/proc/self/maps") as maps:
+            for line in maps:
+                fields = line.split(maxsplit=5)
+                if len(fields) == 6 and fields[5].strip() == target and fields[1].endswith("p"):
+                    start, end = (int(x, 16) for x in fields[0].split("-"))
+                    ranges.append((start, end))
+    except OSError:
+        pass
+    return ranges
+
+
+def drop_pages(tensor: torch.Tensor, ranges: list[tuple[int, int]]) -> None:
+    """madvise(DONTNEED) a tensor's pages if they lie in a private mapping of its (unchanged) file, from which
+    they are read again if used: resident memory stays at the tensors in use. Anything else is left alone."""
+    storage = tensor.untyped_storage()
+    begin, end = storage.data_ptr(), storage.data_ptr() + storage.nbytes()
+    start = begin // mmap.PAGESIZE * mmap.PAGESIZE
+    if end > begin and any(lo <= start and end <= hi for lo, hi in ranges):
+        _LIBC.madvise(ctypes.c_void_p(start), ctypes.c_size_t(end - start), mmap.MADV_DONTNEED)

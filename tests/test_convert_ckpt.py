@@ -1,0 +1,275 @@
+"""tools/convert_ckpt.py and adaptor.convert: HF <-> Megatron checkpoints.
+
+Reference points that do not come from the converter itself: transformers' save_pretrained
+output (tests/hf_fixtures.py), checkpoints Megatron saves itself at the same layout
+(names, shapes, file names), and pretrain_gpt.py --load runs.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from adaptor.convert import (
+    HfCheckpoint, Layout, convert_hf_to_megatron, convert_megatron_to_hf, megatron_args_from_hf_config,
+    megatron_rank_tensors,
+)
+from hf_fixtures import make_tiny_deepseek_v3, make_tiny_qwen3
+from megatron_runs import ROOT, TINY_DEEPSEEK_V3, TINY_QWEN3, run_pretrain, tail
+
+sys.path.insert(0, str(ROOT / "tools"))
+import convert_ckpt  # noqa: E402
+
+CLI = [sys.executable, str(ROOT / "tools" / "convert_ckpt.py")]
+
+
+@pytest.fixture(scope="module")
+def hf_models(tmp_path_factory):
+    root = tmp_path_factory.mktemp("hf")
+    return {
+        "qwen3_tied": make_tiny_qwen3(root / "qwen3_tied", tied=True, shards=1),
+        "qwen3_untied": make_tiny_qwen3(root / "qwen3_untied", tied=False, shards=2),
+        "deepseek3": make_tiny_deepseek_v3(root / "deepseek3", mtp_layers=1, shards=2),
+    }
+
+
+def model_type(key: str) -> str:
+    return "deepseek3" if key.startswith("deepseek") else "qwen3"
+
+
+def load_rank(path):
+    return torch.load(path, map_location="cpu", mmap=True, weights_only=True)["model"]
+
+
+@pytest.mark.parametrize("key,layout", [
+    ("qwen3_tied", Layout()), ("qwen3_tied", Layout(2, 2)), ("qwen3_untied", Layout()),
+    ("qwen3_untied", Layout(2, 2)), ("deepseek3", Layout()), ("deepseek3", Layout(2, 2, 2)),
+    ("deepseek3", Layout(2, 1, 2, etp=1)),
+])
+def test_round_trip_is_bit_exact(hf_models, tmp_path, key, layout):
+    src = hf_models[key]
+    convert_hf_to_megatron(src, tmp_path / "mg", model_type(key), layout)
+    convert_megatron_to_hf(tmp_path / "mg", tmp_path / "hf", max_shard_bytes=100_000)  # forces several shards
+    before, after = HfCheckpoint(src), HfCheckpoint(tmp_path / "hf")
+    assert sorted(after.names()) == sorted(before.names())
+    for name in before.names():
+        a, b = before.get(name), after.get(name)
+        assert a.dtype == b.dtype and torch.equal(a, b), name
+    index = json.loads((tmp_path / "hf" / "model.safetensors.index.json").read_text())
+    files = sorted(set(index["weight_map"].values()))
+    assert len(files) > 1 and files[-1] == f"model-{len(files):05d}-of-{len(files):05d}.safetensors"
+    assert json.loads((tmp_path / "hf" / "config.json").read_text()) == json.loads((src / "config.json").read_text())
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # no temporary directory left
+
+
+def test_qkv_interleave_matches_attention_heads(hf_models):
+    """Rank r's linear_qkv output, split as Megatron's SelfAttention splits it, is HF's q/k/v of r's groups."""
+    hf = HfCheckpoint(hf_models["qwen3_tied"])
+    heads, groups, head_dim, tp = 4, 2, 32, 2
+    x = torch.randn(3, 64, generator=torch.Generator().manual_seed(0))
+    q = (x @ hf.get("model.layers.1.self_attn.q_proj.weight").T).view(3, heads, head_dim)
+    k = (x @ hf.get("model.layers.1.self_attn.k_proj.weight").T).view(3, groups, head_dim)
+    v = (x @ hf.get("model.layers.1.self_attn.v_proj.weight").T).view(3, groups, head_dim)
+    for rank in range(tp):
+        tensors = dict(megatron_rank_tensors(hf, "qwen3", Layout(tp=tp), tp_rank=rank))
+        mixed = (x @ tensors["decoder.layers.1.self_attention.linear_qkv.weight"].T)
+        mixed = mixed.view(3, groups // tp, (heads // groups + 2) * head_dim)
+        mq, mk, mv = mixed.split([heads // groups * head_dim, head_dim, head_dim], dim=-1)
+        local = slice(rank * groups // tp, (rank + 1) * groups // tp)
+        heads_here = slice(rank * heads // tp, (rank + 1) * heads // tp)
+        torch.testing.assert_close(mq.reshape(3, heads // tp, head_dim), q[:, heads_here], rtol=0, atol=1e-6)
+        torch.testing.assert_close(mk, k[:, local], rtol=0, atol=1e-6)
+        torch.testing.assert_close(mv, v[:, local], rtol=0, atol=1e-6)
+
+
+def test_vocab_padding_and_gate_up_split(hf_models):
+    hf = HfCheckpoint(hf_models["qwen3_untied"])
+    tensors = [dict(megatron_rank_tensors(hf, "qwen3", Layout(tp=2), tp_rank=r, padded_vocab_size=640))
+               for r in range(2)]
+    embed = hf.get("model.embed_tokens.weight")
+    assert torch.equal(tensors[0]["embedding.word_embeddings.weight"], embed[:320])
+    assert torch.equal(tensors[1]["embedding.word_embeddings.weight"][:192], embed[320:])
+    assert not tensors[1]["output_layer.weight"][192:].any()  # padded rows are zero
+    gate, up = hf.get("model.layers.0.mlp.gate_proj.weight"), hf.get("model.layers.0.mlp.up_proj.weight")
+    fc1 = tensors[1]["decoder.layers.0.mlp.linear_fc1.weight"]
+    assert torch.equal(fc1, torch.cat([gate[96:], up[96:]]))
+
+
+# Megatron's own checkpoints at the same layout: converted files must have the same names and shapes
+# (DeepSeek-V3 at PP2, MTP and embedding on the last stage, is covered by the strict --load below).
+REAL_LAYOUTS = [
+    ("qwen3_tied", TINY_QWEN3, 4, Layout(2, 2), ["--tensor-model-parallel-size", "2",
+                                                 "--pipeline-model-parallel-size", "2"]),
+    ("deepseek3", TINY_DEEPSEEK_V3, 2, Layout(2, 1, 2, etp=1),
+     ["--tensor-model-parallel-size", "2", "--expert-model-parallel-size", "2",
+      "--expert-tensor-parallel-size", "1", "--sequence-parallel"]),
+]
+
+
+@pytest.mark.parametrize("key,flags,nproc,layout,parallel", REAL_LAYOUTS, ids=["qwen3-tp2pp2", "ds3-tp2ep2"])
+def test_rank_files_match_megatrons_own_checkpoint(hf_models, tmp_path, key, flags, nproc, layout, parallel):
+    saved = tmp_path / "megatron"
+    run = run_pretrain(flags + parallel + ["--train-iters", "1", "--save", str(saved), "--save-interval", "1",
+                                           "--ckpt-format", "torch"], nproc=nproc)
+    assert run.returncode == 0, tail(run.output)
+    convert_hf_to_megatron(hf_models[key], tmp_path / "converted", model_type(key), layout)
+    real_files = sorted((saved / "iter_0000001").glob("mp_rank_*/model_optim_rng.pt"))
+    assert len(real_files) == nproc
+    for real in real_files:
+        ours = tmp_path / "converted" / "release" / real.parent.name / real.name
+        assert ours.is_file(), ours
+        shapes = lambda sd: {k: None if v is None else tuple(v.shape) for k, v in sd.items()}  # noqa: E731
+        assert shapes(load_rank(ours)) == shapes(torch.load(real, mmap=True, weights_only=False)["model"])
+
+
+def test_megatron_args_build_the_converted_architecture(hf_models):
+    qwen = megatron_args_from_hf_config("qwen3", json.loads((hf_models["qwen3_tied"] / "config.json").read_text()))
+    ds = megatron_args_from_hf_config("deepseek3", json.loads((hf_models["deepseek3"] / "config.json").read_text()))
+    # The hand-written tiny flag sets of tests/megatron_runs.py describe the same models.
+    for flags, reference in ((qwen, TINY_QWEN3), (ds, TINY_DEEPSEEK_V3)):
+        pairs = dict(zip(flags, flags[1:]))
+        ref_pairs = dict(zip(reference, reference[1:]))
+        for flag in ("--num-layers", "--hidden-size", "--ffn-hidden-size", "--num-attention-heads", "--kv-channels",
+                     "--num-query-groups", "--q-lora-rank", "--kv-lora-rank", "--qk-head-dim", "--v-head-dim",
+                     "--qk-pos-emb-head-dim", "--num-experts", "--moe-ffn-hidden-size", "--moe-router-topk",
+                     "--moe-router-num-groups", "--moe-router-group-topk", "--mtp-num-layers", "--rotary-base",
+                     "--moe-shared-expert-intermediate-size", "--rotary-scaling-factor"):
+            if flag in ref_pairs:
+                assert float(pairs[flag]) == float(ref_pairs[flag]), flag
+        assert eval(pairs.get("--moe-layer-freq", "0")) == eval(ref_pairs.get("--moe-layer-freq", "0"))
+    assert "--untie-embeddings-and-output-weights" not in qwen and "--untie-embeddings-and-output-weights" in ds
+
+
+TRAIN = ["--seq-length", "64", "--micro-batch-size", "2", "--global-batch-size", "8", "--lr", "1e-3",
+         "--train-iters", "1", "--seed", "1234", "--log-interval", "1", "--eval-iters", "0",
+         "--eval-interval", "100000", "--attention-dropout", "0", "--hidden-dropout", "0",
+         "--mock-data", "--tokenizer-type", "NullTokenizer"]
+LOAD_LAYOUTS = {
+    # model: (training flags beyond the architecture, the parallel layout compared with TP1)
+    "qwen3_tied": ([], Layout(tp=2), ["--tensor-model-parallel-size", "2"]),
+    "deepseek3": (["--moe-token-dispatcher-type", "alltoall", "--mtp-loss-scaling-factor", "0.1"], Layout(pp=2),
+                  ["--pipeline-model-parallel-size", "2"]),
+}
+
+
+@pytest.mark.parametrize("key", list(LOAD_LAYOUTS))
+def test_pretrain_loads_converted_checkpoint_same_loss_as_single_process(hf_models, tmp_path, key):
+    """pretrain_gpt.py --load DIR --ckpt-format torch, model flags from megatron_args_from_hf_config."""
+    config = json.loads((hf_models[key] / "config.json").read_text())
+    extra, layout, parallel = LOAD_LAYOUTS[key]
+    flags = megatron_args_from_hf_config(model_type(key), config) + TRAIN + extra
+    runs = {}
+    for name, lay, par in (("single", Layout(), []), ("parallel", layout, parallel)):
+        ckpt = tmp_path / name
+        convert_hf_to_megatron(hf_models[key], ckpt, model_type(key), lay)
+        run = run_pretrain(flags + par + ["--load", str(ckpt), "--ckpt-format", "torch"],
+                           nproc=lay.tp * lay.pp * lay.ep)
+        assert run.returncode == 0, tail(run.output)
+        assert "successfully loaded checkpoint" in run.output
+        # Megatron retries a failed strict load non-strictly and prints load_return: names and shapes must match.
+        assert "load_return" not in run.output, tail(run.output)
+        runs[name] = run
+    # fp32 on CPU; TP/PP change only the order of partial sums: agreement to 1e-4 relative.
+    assert runs["parallel"].losses[1] == pytest.approx(runs["single"].losses[1], rel=1e-4)
+    if runs["single"].mtp_losses:
+        assert runs["parallel"].mtp_losses[1] == pytest.approx(runs["single"].mtp_losses[1], rel=1e-4)
+    if key == "qwen3_tied":
+        fresh = run_pretrain(flags, nproc=1)
+        assert fresh.returncode == 0, tail(fresh.output)
+        assert abs(runs["single"].losses[1] - fresh.losses[1]) > 1e-3  # the loaded weights, not a fresh init
+
+
+# -- bad input ---------------------------------------------------------------------------------
+
+def cli(args, capsys):
+    code = convert_ckpt.main(args)
+    err = capsys.readouterr().err.strip().splitlines()
+    return code, err
+
+
+def hf_to_mg(src, dst, kind, *extra):
+    return ["--load-model-type", "hf", "--save-model-type", "mg", "--model-type-hf", kind,
+            "--load-dir", str(src), "--save-dir", str(dst), *extra]
+
+
+def assert_failed_cleanly(code, err, parent, needle, before=()):
+    assert code != 0
+    assert len(err) == 1 and err[0].startswith("convert_ckpt.py: error: ") and needle in err[0], err
+    assert sorted(p.name for p in parent.iterdir()) == sorted(before)
+
+
+def copy_model(hf_models, key, tmp_path):
+    return shutil.copytree(hf_models[key], tmp_path / "src")
+
+
+def test_missing_shard(hf_models, tmp_path, capsys):
+    src = copy_model(hf_models, "deepseek3", tmp_path)
+    (src / "model-00002-of-00002.safetensors").unlink()
+    out = tmp_path / "out"
+    code, err = cli(hf_to_mg(src, out / "mg", "deepseek3"), capsys)
+    assert code != 0 and "model-00002-of-00002.safetensors: missing shard" in err[0] and len(err) == 1
+    assert not out.exists() or not any(out.iterdir())
+
+
+def test_truncated_shard(hf_models, tmp_path, capsys):
+    src = copy_model(hf_models, "deepseek3", tmp_path)
+    shard = src / "model-00001-of-00002.safetensors"
+    os.truncate(shard, shard.stat().st_size - 100)
+    (tmp_path / "out").mkdir()
+    code, err = cli(hf_to_mg(src, tmp_path / "out" / "mg", "deepseek3"), capsys)
+    assert_failed_cleanly(code, err, tmp_path / "out", "truncated: tensor")
+
+
+@pytest.mark.parametrize("field,value,needle", [
+    ("num_attention_heads", 8, "model.layers.0.self_attn.q_proj.weight [128, 64]"),
+    ("num_hidden_layers", 2, "tensor model.layers.2."),
+    ("vocab_size", 500, "config.json says vocab_size=500"),
+])
+def test_config_that_does_not_match_the_tensors(hf_models, tmp_path, capsys, field, value, needle):
+    src = copy_model(hf_models, "qwen3_untied", tmp_path)
+    config = json.loads((src / "config.json").read_text())
+    config[field] = value
+    (src / "config.json").write_text(json.dumps(config))
+    (tmp_path / "out").mkdir()
+    code, err = cli(hf_to_mg(src, tmp_path / "out" / "mg", "qwen3", "--target-tensor-parallel-size", "2"), capsys)
+    assert_failed_cleanly(code, err, tmp_path / "out", needle)
+
+
+@pytest.mark.parametrize("key,flags,needle", [
+    ("qwen3_tied", ["--target-tensor-parallel-size", "4"], "num_key_value_heads (query groups)=2"),
+    ("qwen3_tied", ["--target-pipeline-parallel-size", "3"], "num_hidden_layers=4"),
+    ("deepseek3", ["--target-expert-parallel-size", "3"], "4 routed experts"),
+    ("deepseek3", ["--target-tensor-parallel-size", "8"], "num_attention_heads=4"),
+])
+def test_layout_that_cannot_split(hf_models, tmp_path, capsys, key, flags, needle):
+    (tmp_path / "out").mkdir()
+    code, err = cli(hf_to_mg(hf_models[key], tmp_path / "out" / "mg", model_type(key), *flags), capsys)
+    assert_failed_cleanly(code, err, tmp_path / "out", needle)
+
+
+def test_existing_save_dir_is_not_clobbered(hf_models, tmp_path, capsys):
+    save = tmp_path / "mg"
+    save.mkdir()
+    (save / "keep.txt").write_text("mine")
+    code, err = cli(hf_to_mg(hf_models["qwen3_tied"], save, "qwen3"), capsys)
+    assert_failed_cleanly(code, err, tmp_path, "exists and is not empty", before=["mg"])
+    assert (save / "keep.txt").read_text() == "mine"
+
+
+def test_missing_megatron_rank_file_via_command_line(hf_models, tmp_path):
+    """The real command line: exit status 2, one stderr line naming the file, no HF directory left."""
+    mg = convert_hf_to_megatron(hf_models["qwen3_tied"], tmp_path / "mg", "qwen3", Layout(tp=2))
+    (mg / "release" / "mp_rank_01" / "model_optim_rng.pt").unlink()
+    proc = subprocess.run(CLI + ["--load-model-type", "mg", "--save-model-type", "hf", "--load-dir", str(mg),
+                                 "--save-dir", str(tmp_path / "hf")],
+                          capture_output=True, text=True, env=dict(os.environ, OMP_NUM_THREADS="1"), timeout=120)
+    assert proc.returncode == 2
+    errors = [line for line in proc.stderr.splitlines() if "error" in line]
+    assert errors == [f"convert_ckpt.py: error: {mg}/release/mp_rank_01/model_optim_rng.pt: "
+                      f"missing Megatron checkpoint file"], proc.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["mg"]

@@ -1,0 +1,94 @@
+#!/usr/bin/env python
+"""Convert checkpoints between Hugging Face and Megatron (legacy --ckpt-format torch), MindSpeed-LLM style.
+
+    python tools/convert_ckpt.py --load-model-type hf --save-model-type mg --model-type-hf qwen3 \\
+        --load-dir Qwen3-0.6B --save-dir qwen3-mg-tp2 --target-tensor-parallel-size 2
+    python tools/convert_ckpt.py --load-model-type mg --save-model-type hf \\
+        --load-dir qwen3-mg-tp2 --save-dir Qwen3-0.6B-back
+
+hf -> mg writes a release checkpoint that ``pretrain_gpt.py --load DIR --ckpt-format torch``
+reads at the target layout, and keeps config.json (and tokenizer files) under DIR/hf so that
+mg -> hf needs nothing else. Tensors stream one at a time; --save-dir is written beside
+itself under a temporary name and renamed at the end.
+"""
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+import warnings
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+os.environ.setdefault("ADAPTOR_QUIET", "1")
+warnings.filterwarnings("ignore")  # import-time notices of megatron/torch; errors are one line below
+logging.getLogger("torch.utils.cpp_extension").setLevel(logging.ERROR)
+
+PROG = "convert_ckpt.py"
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n\n")[0])
+    parser.add_argument("--load-model-type", choices=["hf", "mg"], required=True)
+    parser.add_argument("--save-model-type", choices=["hf", "mg"], required=True)
+    parser.add_argument("--load-dir", required=True)
+    parser.add_argument("--save-dir", required=True)
+    parser.add_argument("--model-type-hf", choices=["qwen3", "deepseek3"],
+                        help="architecture (required for hf -> mg; mg -> hf reads it from the checkpoint)")
+    parser.add_argument("--target-tensor-parallel-size", type=int, default=1)
+    parser.add_argument("--target-pipeline-parallel-size", type=int, default=1)
+    parser.add_argument("--target-expert-parallel-size", type=int, default=1)
+    parser.add_argument("--target-expert-tensor-parallel-size", type=int, default=None,
+                        help="1 or the tensor parallel size (Megatron's default)")
+    parser.add_argument("--make-vocab-size-divisible-by", type=int, default=128,
+                        help="as pretrain_gpt.py's flag: the vocabulary is padded to a multiple of this times TP")
+    parser.add_argument("--hf-config-dir", help="mg -> hf: directory with config.json when the checkpoint has none")
+    parser.add_argument("--max-shard-size", default="5GB", help="mg -> hf: largest safetensors shard, e.g. 2GB, 500MB")
+    args = parser.parse_args(argv)
+    if (args.load_model_type, args.save_model_type) not in (("hf", "mg"), ("mg", "hf")):
+        parser.error("convert hf -> mg or mg -> hf")
+    if args.load_model_type == "hf" and args.model_type_hf is None:
+        parser.error("--model-type-hf is required when loading a Hugging Face checkpoint")
+    for flag in ("target_tensor_parallel_size", "target_pipeline_parallel_size", "target_expert_parallel_size",
+                 "make_vocab_size_divisible_by"):
+        if getattr(args, flag) < 1:
+            parser.error(f"--{flag.replace('_', '-')} must be >= 1")
+    try:
+        args.max_shard_bytes = parse_size(args.max_shard_size)
+    except ValueError:
+        parser.error(f"--max-shard-size {args.max_shard_size!r}: expected a size such as 5GB or 500MB")
+    return args
+
+
+def parse_size(text: str) -> int:
+    units = {"KB": 10**3, "MB": 10**6, "GB": 10**9, "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "B": 1}
+    text = text.strip().upper()
+    for unit, factor in units.items():
+        if text.endswith(unit):
+            return int(float(text[: -len(unit)]) * factor)
+    return int(text)
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    from adaptor.convert import ConversionError, Layout, convert_hf_to_megatron, convert_megatron_to_hf
+
+    try:
+        if args.load_model_type == "hf":
+            layout = Layout(args.target_tensor_parallel_size, args.target_pipeline_parallel_size,
+                            args.target_expert_parallel_size, args.target_expert_tensor_parallel_size)
+            out = convert_hf_to_megatron(args.load_dir, args.save_dir, args.model_type_hf, layout,
+                                         make_vocab_size_divisible_by=args.make_vocab_size_divisible_by)
+        else:
+            out = convert_megatron_to_hf(args.load_dir, args.save_dir, args.model_type_hf,
+                                         hf_config_dir=args.hf_config_dir, max_shard_bytes=args.max_shard_bytes)
+    except ConversionError as exc:
+        print(f"{PROG}: error: {' '.join(str(exc).split())}", file=sys.stderr)
+        return 2
+    print(f"{PROG}: wrote {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
