@@ -21,6 +21,7 @@ def all_features():
     from patches.moe_grouped_gemm import MoeGroupedGemm
     from patches.moe_permute import MoePermuteFusion
     from patches.empty_dataset_split import EmptyDatasetSplitGuard
+    from patches.hf_checkpoint import HfCheckpointFlags
     from patches.hf_tokenizer import TokenizerJsonTokenizer
     from patches.megatron_initialize import AllowNoCuda
     from patches.mla_yarn_arguments import MlaYarnArguments
@@ -51,4 +52,5 @@ def all_features():
         SequenceParallelTorchNorm(),
         MlaYarnArguments(),
         GlooUnevenCollectives(),
+        HfCheckpointFlags(),
     ]

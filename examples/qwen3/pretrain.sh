@@ -16,6 +16,12 @@
 #   MOCK_DATA=1 random tokens instead (NullTokenizer, VOCAB_SIZE [4096 tiny, 151936 otherwise])
 #   SEQ_LEN  MBS micro batch  GBS global batch  TRAIN_ITERS  LR  MIN_LR  WARMUP
 #   PRECISION bf16|fp16|fp32 [bf16 for 0.6b+, fp32 for tiny]   SAVE  LOAD  SAVE_INTERVAL
+#   HF_LOAD a Hugging Face Qwen3 directory (config.json + safetensors) to start from (--hf-load-dir):
+#     the architecture flags come from its config.json (MODEL_SIZE then picks only the schedule
+#     defaults), its tokenizer is used when TOKENIZER_MODEL is unset, and a LOAD checkpoint that
+#     exists wins (resume)
+#   HF_SAVE directory to write the trained model to as a Hugging Face directory (--hf-save-dir)
+#     HF_LOAD=/models/Qwen3-0.6B HF_SAVE=out/qwen3-0.6b-cont MODEL_SIZE=0.6b NPROC=8 bash examples/qwen3/pretrain.sh
 #   ADAPTOR_BACKEND npu|cuda|cpu to override detection.
 # Anything after the script's name is passed to pretrain_gpt.py verbatim and wins.
 set -euo pipefail
@@ -53,6 +59,39 @@ MODEL_ARGS=(
 [ "$TIE" = untied ] && MODEL_ARGS+=(--untie-embeddings-and-output-weights)
 
 PYTHON="${PYTHON:-python}"
+if [ -n "${HF_LOAD:-}" ]; then
+  # The architecture of the Hugging Face directory (adaptor.convert.megatron_args_from_hf_config);
+  # the first line is its vocabulary size.
+  if [ ! -f "$HF_LOAD/config.json" ]; then
+    echo "examples/qwen3/pretrain.sh: error: HF_LOAD=$HF_LOAD has no config.json" >&2; exit 2
+  fi
+  HF_OUT="$(cd "$ROOT" && ADAPTOR_QUIET=1 ADAPTOR_BACKEND="${ADAPTOR_BACKEND:-cpu}" "$PYTHON" -W ignore -c '
+import json, sys
+import adaptor  # noqa: F401
+from patches.hf_checkpoint import HF_MODEL_TYPES, model_flags
+try:
+    config = json.load(open(sys.argv[1] + "/config.json"))
+    flags = model_flags(HF_MODEL_TYPES.get(config.get("model_type"), "qwen3"), config)
+except Exception as exc:
+    sys.exit(f"examples/qwen3/pretrain.sh: error: HF_LOAD={sys.argv[1]}: {exc}")
+pairs = [(f, v) for f, v in zip(flags, flags[1:] + [""]) if f.startswith("--")]
+print(config["vocab_size"])
+for flag, value in pairs:
+    if flag not in ("--vocab-size", "--max-position-embeddings"):
+        print(flag)
+        if value and not value.startswith("--"):
+            print(value)
+' "$HF_LOAD")" || exit 2
+  mapfile -t HF_ARGS <<<"$HF_OUT"
+  DEF_VOCAB="${HF_ARGS[0]}"
+  MODEL_ARGS=("${HF_ARGS[@]:1}" --seq-length "$SEQ_LEN" --max-position-embeddings "$SEQ_LEN"
+              --attention-dropout 0.0 --hidden-dropout 0.0 --init-method-std 0.02 --hf-load-dir "$HF_LOAD")
+  if [ -z "${TOKENIZER_MODEL:-}" ] && [ -f "$HF_LOAD/tokenizer.json" ] && [ "${MOCK_DATA:-0}" != 1 ]; then
+    TOKENIZER_MODEL="$HF_LOAD"
+  fi
+fi
+[ -n "${HF_SAVE:-}" ] && MODEL_ARGS+=(--hf-save-dir "$HF_SAVE")
+
 if [ -z "${DATA_PATH:-}" ] && [ "${MOCK_DATA:-0}" != 1 ]; then
   # The embedded corpus: preprocess once, keyed by the content of the corpus and tokenizer.
   CORPUS="$ROOT/examples/data/sample_corpus.jsonl"

@@ -1,0 +1,247 @@
+"""Compare Megatron's logits with transformers' for a Hugging Face directory, at any TP/PP/EP layout.
+
+    python tools/check_hf_parity.py --hf-dir /models/Qwen3-0.6B --tp 2 --pp 2
+    python tools/check_hf_parity.py --hf-dir tiny_dsv3 --model-type deepseek3 --tp 2 --pp 2 --ep 2
+
+Computes the logits of one fixed random batch twice, in fp32:
+
+* with transformers (``AutoModelForCausalLM``, eager attention), in this process;
+* with Megatron's GPTModel built by ``pretrain_gpt.model_provider`` from the flags
+  ``adaptor.convert.megatron_args_from_hf_config`` gives, at the layout asked for, loaded by the
+  same per-rank loader as ``pretrain_gpt.py --hf-load-dir`` (``patches.hf_checkpoint``), run under
+  torchrun (``ADAPTOR_BACKEND``, default cpu/gloo) through Megatron's pipeline schedule; logits
+  are gathered over TP (vocabulary-parallel) on the last pipeline stage and the vocabulary padding
+  is stripped.
+
+Prints the max abs logit difference and exits 1 past ``--tolerance``; bad input is one line
+``check_hf_parity.py: error: ...`` and exit 2.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+PROG = "check_hf_parity.py"
+MODEL_TYPES = {"qwen3": "qwen3", "deepseek_v3": "deepseek3"}
+
+
+def error(message: str, code: int = 2):
+    print(f"{PROG}: error: {' '.join(str(message).split())}", file=sys.stderr, flush=True)
+    raise SystemExit(code)
+
+
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n\n")[0])
+    parser.add_argument("--hf-dir", required=True, help="Hugging Face directory (config.json + safetensors)")
+    parser.add_argument("--model-type", choices=sorted(set(MODEL_TYPES.values())), default=None,
+                        help="default: from config.json's model_type")
+    parser.add_argument("--tp", type=int, default=1, help="tensor parallel size")
+    parser.add_argument("--pp", type=int, default=1, help="pipeline parallel size")
+    parser.add_argument("--ep", type=int, default=1, help="expert parallel size (expert tensor parallel 1 when > 1)")
+    parser.add_argument("--tolerance", type=float, default=1e-4, help="bound on the max abs logit difference")
+    parser.add_argument("--seq-len", type=int, default=32)
+    parser.add_argument("--batch", type=int, default=2)
+    parser.add_argument("--seed", type=int, default=1234, help="seed of the random token batch")
+    parser.add_argument("--timeout", type=int, default=900, help="seconds for the Megatron run")
+    parser.add_argument("--worker", default=None, help=argparse.SUPPRESS)
+    return parser.parse_args(argv)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def layout_world_size(tp: int, pp: int, ep: int) -> int:
+    """Processes for TP x PP with enough data-parallel ranks to hold EP (expert tensor parallel 1)."""
+    dp = ep // math.gcd(ep, tp)
+    return tp * pp * dp
+
+
+def megatron_flags(model_type: str, config: dict, opts) -> list[str]:
+    from adaptor.convert import padded_vocab_size
+    from patches.hf_checkpoint import model_flags
+
+    flags = model_flags(model_type, config)
+    world = layout_world_size(opts.tp, opts.pp, opts.ep)
+    dp = world // (opts.tp * opts.pp)
+    vocab = int(config["vocab_size"])
+    drop = {"--vocab-size", "--seq-length", "--max-position-embeddings", "--micro-batch-size",
+            "--global-batch-size", "--tokenizer-type", "--padded-vocab-size", "--make-vocab-size-divisible-by"}
+    kept, skip = [], False
+    for i, flag in enumerate(flags):  # drop the flags set below, with their values
+        if skip:
+            skip = False
+            continue
+        if flag in drop:
+            skip = i + 1 < len(flags) and not flags[i + 1].startswith("--")
+            continue
+        kept.append(flag)
+    max_pos = max(opts.seq_len, int(config.get("max_position_embeddings") or opts.seq_len))
+    kept += [
+        "--tensor-model-parallel-size", str(opts.tp), "--pipeline-model-parallel-size", str(opts.pp),
+        "--expert-model-parallel-size", str(opts.ep),
+        "--tokenizer-type", "NullTokenizer", "--vocab-size", str(vocab),
+        "--padded-vocab-size", str(padded_vocab_size(vocab, opts.tp)),
+        "--seq-length", str(opts.seq_len), "--max-position-embeddings", str(max_pos),
+        "--micro-batch-size", str(opts.batch), "--global-batch-size", str(opts.batch * dp),
+        "--attention-dropout", "0", "--hidden-dropout", "0", "--mock-data", "--train-iters", "1",
+        "--lr", "0", "--eval-iters", "0", "--seed", "1234",
+    ]
+    if opts.ep > 1:
+        kept += ["--expert-tensor-parallel-size", "1"]
+    return kept
+
+
+def hf_logits(hf_dir: str, tokens):
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(hf_dir, dtype=torch.float32, attn_implementation="eager")
+    model.eval()
+    with torch.no_grad():
+        return model(input_ids=tokens).logits.float()
+
+
+def run_megatron(spec: dict, nproc: int, timeout: int) -> str:
+    cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}",
+           f"--master_port={free_port()}", str(Path(__file__).resolve()), "--hf-dir", spec["hf_dir"],
+           "--worker", spec["spec_file"]]
+    env = dict(os.environ, PYTHONUNBUFFERED="1", ADAPTOR_QUIET="1")
+    env.setdefault("ADAPTOR_BACKEND", "cpu")
+    env.setdefault("OMP_NUM_THREADS", "1")
+    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
+    output = proc.stdout + proc.stderr
+    if proc.returncode != 0:
+        lines = [line for line in output.splitlines() if line.strip()]
+        reason = next((line for line in lines if ": error: " in line),
+                      next((line for line in lines if line.startswith("[rank") and "Error" in line),
+                           lines[-1] if lines else ""))
+        sys.stderr.write("\n".join(lines[-40:]) + "\n")
+        error(f"the Megatron run failed (exit {proc.returncode}): {reason}")
+    return output
+
+
+def main(argv=None) -> int:
+    opts = parse_args(argv)
+    if opts.worker:
+        return worker(opts.worker)
+    hf_dir = Path(opts.hf_dir)
+    if not (hf_dir / "config.json").is_file():
+        error(f"--hf-dir {opts.hf_dir}: no config.json there")
+    config = json.loads((hf_dir / "config.json").read_text())
+    model_type = opts.model_type or MODEL_TYPES.get(config.get("model_type"))
+    if model_type is None:
+        error(f"--hf-dir {opts.hf_dir}: model_type {config.get('model_type')!r} is not supported; "
+              f"pass --model-type qwen3|deepseek3")
+    for name in ("tp", "pp", "ep", "seq_len", "batch"):
+        if getattr(opts, name) < 1:
+            error(f"--{name.replace('_', '-')} must be at least 1")
+    os.environ.setdefault("ADAPTOR_QUIET", "1")
+    import torch
+
+    from adaptor.convert import ConversionError, HfCheckpoint, Layout, model_mapping
+
+    try:
+        HfCheckpoint(str(hf_dir)).names()
+        etp = 1 if opts.ep > 1 else None
+        model_mapping(model_type, config).check_layout(Layout(opts.tp, opts.pp, opts.ep, etp))
+        flags = megatron_flags(model_type, config, opts)
+    except ConversionError as exc:
+        message = str(exc)
+        for converter_flag, ours in (("--target-tensor-parallel-size", "--tp"),
+                                     ("--target-pipeline-parallel-size", "--pp"),
+                                     ("--target-expert-parallel-size", "--ep")):
+            message = message.replace(converter_flag, ours)
+        error(f"--hf-dir {opts.hf_dir}: {message}")
+    vocab = int(config["vocab_size"])
+    generator = torch.Generator().manual_seed(opts.seed)
+    tokens = torch.randint(0, vocab, (opts.batch, opts.seq_len), generator=generator)
+    nproc = layout_world_size(opts.tp, opts.pp, opts.ep)
+    with tempfile.TemporaryDirectory(prefix="hf_parity_") as work:
+        spec = {"hf_dir": str(hf_dir.resolve()), "model_type": model_type, "flags": flags, "vocab": vocab,
+                "tokens": str(Path(work) / "tokens.pt"), "logits": str(Path(work) / "logits.pt"),
+                "spec_file": str(Path(work) / "spec.json")}
+        torch.save(tokens, spec["tokens"])
+        Path(spec["spec_file"]).write_text(json.dumps(spec))
+        run_megatron(spec, nproc, opts.timeout)
+        megatron = torch.load(spec["logits"])
+    reference = hf_logits(str(hf_dir), tokens)
+    if megatron.shape != reference.shape:
+        error(f"logits shapes differ: Megatron {tuple(megatron.shape)}, transformers {tuple(reference.shape)}")
+    diff = (megatron - reference).abs().max().item()
+    scale = reference.abs().max().item()
+    layout = f"tp={opts.tp} pp={opts.pp} ep={opts.ep} ({nproc} processes)"
+    verdict = "ok" if diff <= opts.tolerance else "FAILED"
+    print(f"{PROG}: {model_type} {opts.hf_dir} {layout}: max abs logit difference {diff:.3e} "
+          f"(max |logit| {scale:.3e}, tolerance {opts.tolerance:g}, batch {opts.batch}x{opts.seq_len}): {verdict}",
+          flush=True)
+    return 0 if diff <= opts.tolerance else 1
+
+
+# ----------------------------------------------------------------------------- torchrun worker
+def worker(spec_file: str) -> int:
+    spec = json.loads(Path(spec_file).read_text())
+    sys.argv = [sys.argv[0]] + spec["flags"]
+    sys.path.insert(0, str(ROOT))
+    import adaptor  # noqa: F401  (patches megatron for this backend, from these flags)
+
+    import torch
+    from megatron.core import mpu, tensor_parallel
+    from megatron.core.enums import ModelType
+    from megatron.core.pipeline_parallel import get_forward_backward_func
+    from megatron.training import get_args
+    from megatron.training.arguments import parse_and_validate_args
+    from megatron.training.initialize import initialize_megatron
+    from megatron.training.training import get_model
+
+    from adaptor.convert import ConversionError
+    from adaptor.errors import fail
+    from patches.hf_checkpoint import load_hf_weights
+    from pretrain_gpt import model_provider
+
+    parse_and_validate_args(args_defaults={"tokenizer_type": "NullTokenizer"})
+    initialize_megatron()
+    args = get_args()
+    args.hf_load_dir, args.model_type_hf = spec["hf_dir"], spec["model_type"]
+    model = get_model(model_provider, ModelType.encoder_or_decoder, wrap_with_ddp=False)
+    try:
+        load_hf_weights(model, args)
+    except ConversionError as exc:
+        fail(f"--hf-dir {spec['hf_dir']}: {exc}")
+    for chunk in model:
+        chunk.eval()
+    device = next(model[0].parameters()).device
+    tokens = torch.load(spec["tokens"]).to(device)
+    batch, seq = tokens.shape
+    position_ids = torch.arange(seq, device=device).unsqueeze(0).expand(batch, -1)
+    attention_mask = torch.triu(torch.ones(seq, seq, dtype=torch.bool, device=device), diagonal=1)[None, None]
+
+    def forward_step(data_iterator, chunk):
+        output = chunk(tokens, position_ids, attention_mask)
+        return output, lambda out, non_loss_data=False: out
+
+    with torch.no_grad():
+        collected = get_forward_backward_func()(
+            forward_step_func=forward_step, data_iterator=iter([None]), model=model, num_microbatches=1,
+            seq_length=seq, micro_batch_size=batch, forward_only=True, collect_non_loss_data=True)
+    if mpu.is_pipeline_last_stage():
+        logits = tensor_parallel.gather_from_tensor_model_parallel_region(collected[0])
+        if mpu.get_tensor_model_parallel_rank() == 0 and mpu.get_data_parallel_rank() == 0:
+            torch.save(logits[..., : spec["vocab"]].float().cpu(), spec["logits"])
+    torch.distributed.barrier()
+    torch.distributed.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
