@@ -81,14 +81,10 @@ def read_hf_config(directory: str, flag: str) -> dict:
 
 
 def model_flags(model_type: str, config: dict) -> list[str]:
-    """megatron_args_from_hf_config, with integer flags spelled as integers (``--rotary-base 1000000``)."""
+    """The pretrain_gpt.py model flags that build what config.json describes."""
     from adaptor.convert import megatron_args_from_hf_config
 
-    flags = list(megatron_args_from_hf_config(model_type, config))
-    for i, flag in enumerate(flags[:-1]):
-        if flag == "--rotary-base":
-            flags[i + 1] = str(int(float(flags[i + 1])))
-    return flags
+    return list(megatron_args_from_hf_config(model_type, config))
 
 
 def _option_strings(parser) -> dict[str, str]:

@@ -240,6 +240,21 @@ def test_config_that_does_not_match_the_tensors(hf_models, tmp_path, capsys, fie
     assert_failed_cleanly(code, err, tmp_path / "out", needle)
 
 
+@pytest.mark.parametrize("field,value", [
+    ("norm_topk_prob", False), ("scoring_func", "softmax"), ("topk_group", 2), ("rms_norm_eps", 1e-5),
+])
+def test_deepseek_config_megatron_would_compute_differently(hf_models, tmp_path, capsys, field, value):
+    # Each of these makes transformers' DeepseekV3 compute something Megatron's MoE/MLA does not.
+    src = copy_model(hf_models, "deepseek3", tmp_path)
+    config = json.loads((src / "config.json").read_text())
+    config[field] = value
+    (src / "config.json").write_text(json.dumps(config))
+    (tmp_path / "out").mkdir()
+    code, err = cli(hf_to_mg(src, tmp_path / "out" / "mg", "deepseek3"), capsys)
+    needle = "num_experts_per_tok/topk_group" if field == "topk_group" else field
+    assert_failed_cleanly(code, err, tmp_path / "out", f"this {needle} is not supported")
+
+
 @pytest.mark.parametrize("key,flags,needle", [
     ("qwen3_tied", ["--target-tensor-parallel-size", "4"], "num_key_value_heads (query groups)=2"),
     ("qwen3_tied", ["--target-pipeline-parallel-size", "3"], "num_hidden_layers=4"),

@@ -39,6 +39,26 @@ class DeepSeek3Mapping(ModelMapping):
         if hf_config.get("rope_interleave") is False:
             raise ConversionError("config.json: rope_interleave=false is not supported for deepseek3 "
                                   "(Megatron's MLA applies the interleaved rotary layout)")
+        # Settings under which transformers' DeepseekV3 computes something Megatron's MoE/MLA does not:
+        # converting would give a model with other outputs, so refuse with the setting named.
+        differs = {
+            "norm_topk_prob": (hf_config.get("norm_topk_prob", True) is not False,
+                               "Megatron always renormalises the sigmoid top-k weights"),
+            "scoring_func": (hf_config.get("scoring_func", "sigmoid") == "sigmoid",
+                             "transformers' DeepseekV3 router always uses sigmoid scores"),
+            "hidden_act": (hf_config.get("hidden_act", "silu") == "silu", "the MLP is SwiGLU (silu)"),
+            "rms_norm_eps": (float(hf_config.get("rms_norm_eps", 1e-6)) == 1e-6,
+                             "transformers' q_a/kv_a latent norms use 1e-6 whatever rms_norm_eps says, "
+                             "Megatron one --norm-epsilon for all"),
+        }
+        n_group = int(hf_config.get("n_group") or 1)
+        if n_group > 1:
+            per_group = int(hf_config["num_experts_per_tok"]) / int(hf_config.get("topk_group") or 1)
+            differs["num_experts_per_tok/topk_group"] = (
+                per_group == 2, "transformers ranks groups by their top-2 scores, Megatron by top-k/group-topk")
+        for key, (ok, why) in differs.items():
+            if not ok:
+                raise ConversionError(f"config.json: this {key} is not supported for deepseek3 ({why})")
         if self.q_lora_rank is None:
             raise ConversionError("config.json: q_lora_rank=null (no q compression) is not supported")
         self.q_lora_rank = int(self.q_lora_rank)
