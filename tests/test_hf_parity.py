@@ -87,7 +87,7 @@ def test_parity_tool_bad_input(tmp_path):
 # ----------------------------------------------------------------------------- training
 def model_flags(hf_dir, model_type):
     import adaptor  # noqa: F401  (before patches: it registers them)
-    from patches.hf_checkpoint import model_flags as flags
+    from adaptor.convert.config_check import model_flags as flags
 
     return flags(model_type, json.loads((hf_dir / "config.json").read_text()))
 

@@ -69,7 +69,7 @@ def layout_world_size(tp: int, pp: int, ep: int) -> int:
 
 def megatron_flags(model_type: str, config: dict, opts) -> list[str]:
     from adaptor.convert import padded_vocab_size
-    from patches.hf_checkpoint import model_flags
+    from adaptor.convert.config_check import model_flags
 
     flags = model_flags(model_type, config)
     world = layout_world_size(opts.tp, opts.pp, opts.ep)
@@ -206,7 +206,7 @@ def worker(spec_file: str) -> int:
 
     from adaptor.convert import ConversionError
     from adaptor.errors import fail
-    from patches.hf_checkpoint import load_hf_weights
+    from adaptor.convert.online import load_hf_weights
     from pretrain_gpt import model_provider
 
     parse_and_validate_args(args_defaults={"tokenizer_type": "NullTokenizer"})

@@ -68,7 +68,7 @@ if [ -n "${HF_LOAD:-}" ]; then
   HF_OUT="$(cd "$ROOT" && ADAPTOR_QUIET=1 ADAPTOR_BACKEND="${ADAPTOR_BACKEND:-cpu}" "$PYTHON" -W ignore -c '
 import json, sys
 import adaptor  # noqa: F401
-from patches.hf_checkpoint import HF_MODEL_TYPES, model_flags
+from adaptor.convert.config_check import HF_MODEL_TYPES, model_flags
 try:
     config = json.load(open(sys.argv[1] + "/config.json"))
     flags = model_flags(HF_MODEL_TYPES.get(config.get("model_type"), "qwen3"), config)

@@ -1,0 +1,170 @@
+"""Online conversion: fill a live Megatron model from a Hugging Face directory, and write one from it.
+
+Used by ``--hf-load-dir`` / ``--hf-save-dir`` (patches/hf_checkpoint.py) and tools/check_hf_parity.py.
+Loading reads, on each rank, only the tensors that rank holds (:func:`megatron_rank_tensors`, mmap);
+saving writes each rank's state as a temporary legacy checkpoint, which rank 0 converts tensor by
+tensor (:func:`convert_megatron_to_hf`).
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+
+from adaptor.convert.config_check import normalized_value
+
+def _unwrapped(model):
+    from megatron.core.utils import unwrap_model
+
+    return unwrap_model(model if isinstance(model, list) else [model])
+
+
+def _layout(args):
+    from adaptor.convert import Layout
+
+    tp, etp = args.tensor_model_parallel_size, getattr(args, "expert_tensor_parallel_size", None)
+    return Layout(tp=tp, pp=args.pipeline_model_parallel_size, ep=args.expert_model_parallel_size,
+                  etp=None if etp in (None, tp) else etp)
+
+
+def load_hf_weights(model, args) -> int:
+    """Copy this rank's tensors of the HF directory into ``model``; returns how many were copied."""
+    import torch
+    from megatron.core import mpu
+
+    from adaptor.convert import ConversionError, HfCheckpoint, megatron_rank_tensors
+
+    chunks = _unwrapped(model)
+    if len(chunks) != 1:
+        raise ConversionError("virtual pipeline stages are not supported by --hf-load-dir")
+    target = {name: tensor for name, tensor in chunks[0].state_dict(keep_vars=True).items()
+              if not name.endswith("_extra_state")}
+    hf = HfCheckpoint(args.hf_load_dir)
+    copied = set()
+    tensors = megatron_rank_tensors(
+        hf, args.model_type_hf, _layout(args), mpu.get_tensor_model_parallel_rank(),
+        mpu.get_pipeline_model_parallel_rank(), mpu.get_expert_model_parallel_rank(),
+        padded_vocab_size=args.padded_vocab_size)
+    with torch.no_grad():
+        for name, tensor in tensors:
+            if name not in target:
+                raise ConversionError(f"tensor {name} has no place in this rank's model")
+            if tuple(target[name].shape) != tuple(tensor.shape):
+                raise ConversionError(f"tensor {name}: shape {tuple(tensor.shape)} from the checkpoint, "
+                                      f"{tuple(target[name].shape)} in the model")
+            target[name].data.copy_(tensor)
+            copied.add(name)
+    missing = sorted(set(target) - copied)
+    if missing:
+        raise ConversionError(f"the checkpoint gives no value for {missing[0]}"
+                              + (f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""))
+    return len(copied)
+
+
+def write_rank_state(model, args, legacy_dir: Path, iteration: int) -> None:
+    """This rank's model state as one file of a legacy ``--ckpt-format torch`` release checkpoint."""
+    import torch
+    from megatron.core import mpu
+    from megatron.training.checkpointing import get_checkpoint_name
+
+    state = {name: tensor.detach().cpu() for name, tensor in _unwrapped(model)[0].state_dict().items()
+             if not name.endswith("_extra_state")}
+    path = get_checkpoint_name(
+        str(legacy_dir), iteration, release=True,
+        pipeline_parallel=args.pipeline_model_parallel_size > 1,
+        tensor_rank=mpu.get_tensor_model_parallel_rank(), pipeline_rank=mpu.get_pipeline_model_parallel_rank(),
+        expert_parallel=args.expert_model_parallel_size > 1, expert_rank=mpu.get_expert_model_parallel_rank())
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    torch.save({"model": state, "checkpoint_version": 3.0, "iteration": iteration}, path)
+
+
+def hf_config_from_args(args) -> dict:
+    """A transformers config.json for the model the flags build (qwen3 or deepseek3)."""
+    common = {
+        "vocab_size": args.padded_vocab_size or args.vocab_size, "hidden_size": args.hidden_size,
+        "num_hidden_layers": args.num_layers, "num_attention_heads": args.num_attention_heads,
+        "max_position_embeddings": args.max_position_embeddings, "rms_norm_eps": args.layernorm_epsilon,
+        "tie_word_embeddings": not args.untie_embeddings_and_output_weights, "hidden_act": "silu",
+        "torch_dtype": "bfloat16" if args.bf16 else "float16" if args.fp16 else "float32",
+    }
+    if args.model_type_hf == "qwen3":
+        return {**common, "architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3",
+                "intermediate_size": args.ffn_hidden_size,
+                "num_key_value_heads": args.num_query_groups if args.group_query_attention
+                else args.num_attention_heads,
+                "head_dim": args.kv_channels, "attention_bias": bool(args.add_qkv_bias),
+                "rope_theta": float(args.rotary_base),
+                "rope_parameters": {"rope_type": "default", "rope_theta": float(args.rotary_base)}}
+    freq = normalized_value("moe_layer_freq", args.moe_layer_freq, args)
+    first_dense = next((i for i, f in enumerate(freq) if f), args.num_layers)
+    rope = {"rope_type": "default", "rope_theta": float(args.rotary_base)}
+    if getattr(args, "rope_type", None) == "yarn" or (args.rope_type is None and args.multi_latent_attention):
+        rope = {"rope_type": "yarn", "rope_theta": float(args.rotary_base),
+                "factor": float(args.rotary_scaling_factor), "mscale": float(args.mscale),
+                "mscale_all_dim": float(args.mscale_all_dim),
+                "original_max_position_embeddings": args.yarn_original_max_position_embeddings
+                or args.max_position_embeddings,
+                "beta_fast": float(args.yarn_beta_fast or 32.0), "beta_slow": float(args.yarn_beta_slow or 1.0)}
+    return {**common, "architectures": ["DeepseekV3ForCausalLM"], "model_type": "deepseek_v3",
+            "intermediate_size": args.ffn_hidden_size, "moe_intermediate_size": args.moe_ffn_hidden_size,
+            "num_key_value_heads": args.num_attention_heads, "n_routed_experts": args.num_experts,
+            "n_shared_experts": (args.moe_shared_expert_intermediate_size or 0) // args.moe_ffn_hidden_size,
+            "num_experts_per_tok": args.moe_router_topk,
+            "routed_scaling_factor": float(args.moe_router_topk_scaling_factor or 1.0),
+            "n_group": args.moe_router_num_groups or 1, "topk_group": args.moe_router_group_topk or 1,
+            "norm_topk_prob": True, "scoring_func": args.moe_router_score_function,
+            "topk_method": "noaux_tc", "first_k_dense_replace": first_dense,
+            "q_lora_rank": args.q_lora_rank, "kv_lora_rank": args.kv_lora_rank,
+            "qk_nope_head_dim": args.qk_head_dim, "qk_rope_head_dim": args.qk_pos_emb_head_dim,
+            "v_head_dim": args.v_head_dim, "rope_interleave": True,
+            "num_nextn_predict_layers": args.mtp_num_layers or 0, "attention_bias": False,
+            "rope_theta": float(args.rotary_base), "rope_parameters": rope}
+
+
+def save_hf_dir(model, args, iteration: int) -> None:
+    """Gather the model from all ranks and write ``--hf-save-dir`` (rank 0), all or nothing."""
+    import torch
+    from megatron.core import mpu
+
+    from adaptor.convert import convert_megatron_to_hf
+
+    final = Path(args.hf_save_dir).absolute()
+    work = final.parent / f".{final.name}.megatron-partial"
+    rank = torch.distributed.get_rank()
+    if rank == 0:
+        shutil.rmtree(work, ignore_errors=True)
+        work.mkdir(parents=True)
+    torch.distributed.barrier()
+    error = None
+    try:
+        if mpu.get_expert_data_parallel_rank() == 0:
+            write_rank_state(model, args, work / "megatron", iteration)
+    except Exception as exc:  # noqa: BLE001  (reported once, by rank 0, below)
+        error = f"rank {rank}: {type(exc).__name__}: {exc}"
+    errors = [None] * torch.distributed.get_world_size()
+    torch.distributed.all_gather_object(errors, error)
+    error = next((e for e in errors if e), None)
+    if rank == 0:
+        try:
+            if error is None:
+                (work / "megatron" / "latest_checkpointed_iteration.txt").write_text("release")
+                config_dir = args.hf_load_dir
+                if config_dir is None:
+                    config_dir = work / "config"
+                    config_dir.mkdir()
+                    (config_dir / "config.json").write_text(json.dumps(hf_config_from_args(args), indent=2) + "\n")
+                convert_megatron_to_hf(work / "megatron", final, args.model_type_hf, hf_config_dir=config_dir,
+                                       layout=_layout(args))
+        except Exception as exc:  # noqa: BLE001
+            error = f"{type(exc).__name__}: {exc}"
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
+    status = [error]
+    torch.distributed.broadcast_object_list(status, src=0)
+    if status[0]:
+        from adaptor.errors import fail
+
+        fail(f"--hf-save-dir {args.hf_save_dir}: {status[0]}")
+    if rank == 0:
+        print(f"> wrote Hugging Face directory {final} (iteration {iteration})", flush=True)
