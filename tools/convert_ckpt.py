@@ -21,8 +21,9 @@ import warnings
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-os.environ.setdefault("ADAPTOR_QUIET", "1")
-warnings.filterwarnings("ignore")  # import-time notices of megatron/torch; errors are one line below
+if __name__ == "__main__":  # quiet import summary for the tool only; importing this module changes no environment
+    os.environ.setdefault("ADAPTOR_QUIET", "1")
+    warnings.filterwarnings("ignore")  # import-time notices of megatron/torch; errors are one line below
 logging.getLogger("torch.utils.cpp_extension").setLevel(logging.ERROR)
 
 PROG = "convert_ckpt.py"
