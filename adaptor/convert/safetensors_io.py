@@ -1,97 +1,21 @@
 """Hugging Face safetensors directories: zero-copy reads and a streaming, sharded writer.
 
-Format (https://github.com/huggingface/safetensors): 8 bytes little-endian header
-length N, N bytes of JSON {name: {dtype, shape, data_offsets: [begin, end]}, "__metadata__": {...}}
-(trailing spaces allowed), then the tensors' bytes, offsets relative to the end of the header.
+Single files are read and written by :mod:`adaptor.safetensors_file`; this module adds the Hub's
+directory layout (one ``model.safetensors``, or shards plus ``model.safetensors.index.json``).
 """
 from __future__ import annotations
 
 import json
-import mmap
-import struct
 from pathlib import Path
 from typing import Iterable, Iterator
 
 import torch
 
 from adaptor.convert.errors import ConversionError
+from adaptor.safetensors_file import SafetensorsError, SafetensorsFile, header_bytes, tensor_bytes
 
-DTYPES = {
-    "F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
-    "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8,
-    "BOOL": torch.bool, "F8_E4M3": torch.float8_e4m3fn, "F8_E5M2": torch.float8_e5m2,
-}
-DTYPE_NAMES = {dtype: name for name, dtype in DTYPES.items()}
 INDEX_FILE = "model.safetensors.index.json"
 SINGLE_FILE = "model.safetensors"
-
-
-class _SafetensorsFile:
-    """One .safetensors file: header parsed and checked against the file size; data mapped on first read."""
-
-    def __init__(self, path: Path):
-        self.path = path
-        self._map = None
-        try:
-            size = path.stat().st_size
-            with open(path, "rb") as handle:
-                prefix = handle.read(8)
-                if len(prefix) < 8:
-                    raise ConversionError(f"{path}: truncated safetensors file ({size} bytes, no header)")
-                (header_len,) = struct.unpack("<Q", prefix)
-                if header_len > size - 8:
-                    raise ConversionError(f"{path}: corrupt or truncated safetensors header "
-                                          f"(header says {header_len} bytes, file has {size})")
-                raw = handle.read(header_len)
-        except OSError as exc:
-            raise ConversionError(f"{path}: cannot read: {exc.strerror}") from exc
-        try:
-            header = json.loads(raw)
-        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-            raise ConversionError(f"{path}: corrupt safetensors header ({exc})") from exc
-        self.data_start = 8 + header_len
-        self.tensors: dict[str, tuple[torch.dtype, tuple[int, ...], int, int]] = {}
-        for name, entry in header.items():
-            if name == "__metadata__":
-                continue
-            dtype = DTYPES.get(entry.get("dtype"))
-            if dtype is None:
-                raise ConversionError(f"{path}: tensor {name} has unsupported dtype {entry.get('dtype')!r}")
-            shape = tuple(entry["shape"])
-            begin, end = entry["data_offsets"]
-            numel = 1
-            for dim in shape:
-                numel *= dim
-            if end - begin != numel * dtype.itemsize:
-                raise ConversionError(f"{path}: corrupt header: tensor {name} {list(shape)} {entry['dtype']} "
-                                      f"spans {end - begin} bytes")
-            if self.data_start + end > size:
-                raise ConversionError(f"{path}: truncated: tensor {name} ends at byte {self.data_start + end} "
-                                      f"but the file has {size} bytes")
-            self.tensors[name] = (dtype, shape, begin, numel)
-
-    def get(self, name: str) -> torch.Tensor:
-        dtype, shape, begin, numel = self.tensors[name]
-        if numel == 0:
-            return torch.empty(shape, dtype=dtype)
-        if self._map is None:
-            with open(self.path, "rb") as handle:
-                # ACCESS_COPY: writable to torch (no warning), pages shared with the page cache until written.
-                self._map = mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_COPY)
-        flat = torch.frombuffer(self._map, dtype=dtype, count=numel, offset=self.data_start + begin)
-        return flat.view(shape)
-
-    def release(self, name: str) -> None:
-        """Drop the tensor's pages from this process (they are re-read from the file if used again)."""
-        if self._map is None:
-            return
-        _, _, begin, numel = self.tensors[name]
-        dtype = self.tensors[name][0]
-        page = mmap.PAGESIZE
-        start = (self.data_start + begin) // page * page
-        end = self.data_start + begin + numel * dtype.itemsize
-        if end > start:
-            self._map.madvise(mmap.MADV_DONTNEED, start, end - start)
 
 
 class HfCheckpoint:
@@ -123,8 +47,8 @@ class HfCheckpoint:
             weight_map = None
         else:
             raise ConversionError(f"{self.path}: no {SINGLE_FILE} and no {INDEX_FILE}")
-        self._files: dict[str, _SafetensorsFile] = {}
-        self._where: dict[str, _SafetensorsFile] = {}
+        self._files: dict[str, SafetensorsFile] = {}
+        self._where: dict[str, SafetensorsFile] = {}
         if weight_map is None:
             file = self._open(SINGLE_FILE, None)
             self._where = {name: file for name in file.tensors}
@@ -135,13 +59,16 @@ class HfCheckpoint:
                 raise ConversionError(f"{file.path}: tensor {name} listed in {INDEX_FILE} is not in this file")
             self._where[name] = file
 
-    def _open(self, file_name: str, first_tensor: str | None) -> _SafetensorsFile:
+    def _open(self, file_name: str, first_tensor: str | None) -> SafetensorsFile:
         if file_name not in self._files:
             file_path = self.path / file_name
             if not file_path.is_file():
                 raise ConversionError(f"{file_path}: missing shard (holds tensor {first_tensor} "
                                       f"according to {INDEX_FILE})")
-            self._files[file_name] = _SafetensorsFile(file_path)
+            try:
+                self._files[file_name] = SafetensorsFile(file_path)
+            except SafetensorsError as exc:
+                raise ConversionError(str(exc)) from None
         return self._files[file_name]
 
     def names(self) -> list[str]:
@@ -150,7 +77,7 @@ class HfCheckpoint:
     def __contains__(self, name: str) -> bool:
         return name in self._where
 
-    def _file(self, name: str) -> _SafetensorsFile:
+    def _file(self, name: str) -> SafetensorsFile:
         try:
             return self._where[name]
         except KeyError:
@@ -172,26 +99,6 @@ class HfCheckpoint:
     def get_meta(self, name: str) -> torch.Tensor:
         shape, dtype = self.spec(name)
         return torch.empty(shape, dtype=dtype, device="meta")
-
-
-def _header_bytes(entries: list[tuple[str, torch.Tensor]]) -> tuple[bytes, list[int]]:
-    header: dict = {"__metadata__": {"format": "pt"}}
-    offsets, position = [], 0
-    for name, meta in entries:
-        nbytes = meta.numel() * meta.element_size()
-        header[name] = {"dtype": DTYPE_NAMES[meta.dtype], "shape": list(meta.shape),
-                        "data_offsets": [position, position + nbytes]}
-        offsets.append(position)
-        position += nbytes
-    raw = json.dumps(header, separators=(",", ":")).encode()
-    raw += b" " * (-len(raw) % 8)
-    return struct.pack("<Q", len(raw)) + raw, offsets
-
-
-def tensor_bytes(tensor: torch.Tensor):
-    """A buffer over the tensor's bytes (one contiguous copy at most)."""
-    flat = tensor.detach().contiguous().reshape(-1)
-    return flat.view(torch.uint8).numpy() if flat.numel() else b""
 
 
 def plan_shards(specs: list[tuple[str, torch.Tensor]], max_shard_bytes: int) -> list[list[tuple[str, torch.Tensor]]]:
@@ -223,7 +130,7 @@ def write_safetensors_checkpoint(save_dir, specs: list[tuple[str, torch.Tensor]]
     source: Iterator = iter(tensors)
     weight_map, total = {}, 0
     for file_name, shard in zip(names, shards):
-        header, _ = _header_bytes(shard)
+        header = header_bytes((n, m.dtype, tuple(m.shape)) for n, m in shard)
         with open(save_dir / file_name, "wb") as out:
             out.write(header)
             for name, meta in shard:
