@@ -12,6 +12,7 @@ def all_features():
     from patches.clip_grads import DeviceAgnosticClipGrads
     from patches.cpu_device import CpuDevice
     from patches.dataset_helpers import PrebuiltDatasetHelpers
+    from patches.first_iteration_log import FirstIterationLog
     from patches.flash_attention import FlashAttention
     from patches.fused_cross_entropy import FusedCrossEntropy
     from patches.fused_rmsnorm import FusedRmsNorm
@@ -20,6 +21,7 @@ def all_features():
     from patches.gloo_uneven_collectives import GlooUnevenCollectives
     from patches.moe_grouped_gemm import MoeGroupedGemm
     from patches.moe_permute import MoePermuteFusion
+    from patches.distributed_optimizer_resume import DistributedOptimizerResume
     from patches.empty_dataset_split import EmptyDatasetSplitGuard
     from patches.hf_checkpoint import HfCheckpointFlags
     from patches.hf_tokenizer import TokenizerJsonTokenizer
@@ -39,6 +41,8 @@ def all_features():
         CpuDevice(),
         NpuDevice(),
         DeviceAgnosticClipGrads(),
+        FirstIterationLog(),
+        DistributedOptimizerResume(),
         CudaTypeNamesInOptimizers(),
         # Fused operators (issue 4): flags, layer-spec swaps and function patches.
         FusedRmsNorm(),
