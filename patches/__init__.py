@@ -28,6 +28,7 @@ def all_features():
     from patches.megatron_initialize import AllowNoCuda
     from patches.mla_yarn_arguments import MlaYarnArguments
     from patches.npu_device import NpuDevice
+    from patches.safetensors_checkpoint import SafetensorsCheckpoint
     from patches.sequence_parallel_torch_norm import SequenceParallelTorchNorm
     from patches.tensor_type_names import CudaTypeNamesInOptimizers
 
@@ -57,4 +58,5 @@ def all_features():
         MlaYarnArguments(),
         GlooUnevenCollectives(),
         HfCheckpointFlags(),
+        SafetensorsCheckpoint(),
     ]

@@ -1,0 +1,7 @@
+"""Sharded training checkpoints in safetensors (``--ckpt-format safetensors``).
+
+``serialization`` has ``save``/``load`` with megatron.core.dist_checkpointing's signatures;
+``files`` the directory layout and atomic commit; ``writer``/``reader`` the per-rank files and
+resharding reads; ``object_codec`` non-tensor state without pickle; ``validation`` the sharding
+checks for flattened optimizer shards; ``retention`` ``--keep-checkpoint-max``.
+"""

@@ -1,0 +1,106 @@
+"""Where a safetensors checkpoint's files live, and how a directory becomes complete atomically.
+
+Layout of one checkpoint (Megatron's ``<save>/iter_0000100/``; the tracker file
+``latest_checkpointed_iteration.txt`` beside it stays Megatron's):
+
+* ``metadata.json`` — Megatron's distributed-checkpoint marker, ``{"sharded_backend": "safetensors", ...}``;
+  written last, so a directory without it was never finished;
+* ``common.json`` (+ ``common.safetensors`` when the common state holds tensors) — what every rank
+  shares: iteration, arguments, scheduler, optimizer hyper-parameters, the parallel layout and
+  the list of rank files;
+* ``rank_00000.safetensors`` ... — the tensors and objects each rank owns, with every tensor's key,
+  global shape and slice in the file's ``__metadata__``.
+
+Writes go to the hidden sibling ``.iter_0000100.partial/``; when every rank has written and
+fsynced its files, rank 0 writes the marker and renames the directory into place (an older
+directory of the same name is moved aside first and deleted after). A run killed at any moment
+therefore leaves either the old checkpoint or the new one, never a mixture.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+from pathlib import Path
+
+from adaptor.checkpoint.errors import CheckpointError
+from adaptor.safetensors_file import fsync_dir
+
+BACKEND = "safetensors"
+BACKEND_VERSION = 1
+MARKER = "metadata.json"
+COMMON_JSON = "common.json"
+COMMON_TENSORS = "common.safetensors"
+FORMAT_NAME = "megatron-adaptor-safetensors"
+_RANK_FILE = re.compile(r"rank_(\d{5,})\.safetensors")
+
+
+def rank_file(rank: int) -> str:
+    return f"rank_{rank:05d}.safetensors"
+
+
+def staging_dir(checkpoint_dir) -> Path:
+    checkpoint_dir = Path(checkpoint_dir)
+    return checkpoint_dir.with_name(f".{checkpoint_dir.name}.partial")
+
+
+def is_safetensors_checkpoint(checkpoint_dir) -> bool:
+    """True for a finished checkpoint of this format (its marker names our backend)."""
+    marker = Path(checkpoint_dir) / MARKER
+    try:
+        return json.loads(marker.read_text()).get("sharded_backend") == BACKEND
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
+def member(checkpoint_dir, name) -> Path:
+    """``checkpoint_dir/name`` for a plain file name a checkpoint's metadata gave; anything else is refused.
+
+    Metadata is data from disk: a name with a separator, ``..``, or a link that leads outside
+    the directory must not make the loader open files elsewhere.
+    """
+    checkpoint_dir = Path(checkpoint_dir)
+    if not isinstance(name, str) or not name or name in (".", "..") or "/" in name or "\\" in name or "\0" in name:
+        raise CheckpointError(f"{checkpoint_dir / COMMON_JSON}: names a file outside the checkpoint "
+                              f"directory ({name!r}); refusing to read it")
+    path = checkpoint_dir / name
+    if path.is_symlink() and not path.resolve().is_relative_to(checkpoint_dir.resolve()):
+        raise CheckpointError(f"{path}: a link to {path.resolve()}, outside the checkpoint directory; refusing to read it")
+    return path
+
+
+def is_rank_file(name: str) -> bool:
+    return _RANK_FILE.fullmatch(name) is not None
+
+
+def prepare_staging(checkpoint_dir) -> Path:
+    """Rank 0, before anyone writes: an empty staging directory (leftovers of a killed save are removed)."""
+    staging = staging_dir(checkpoint_dir)
+    if staging.exists():
+        shutil.rmtree(staging)
+    staging.mkdir(parents=True)
+    return staging
+
+
+def commit(checkpoint_dir) -> None:
+    """Rank 0, after every rank's files are durable: marker, then rename the staging directory into place."""
+    final = Path(checkpoint_dir)
+    staging = staging_dir(final)
+    marker_tmp = staging / f".{MARKER}.tmp"
+    with open(marker_tmp, "w") as out:
+        json.dump({"sharded_backend": BACKEND, "sharded_backend_version": BACKEND_VERSION}, out)
+        out.flush()
+        os.fsync(out.fileno())
+    os.replace(marker_tmp, staging / MARKER)
+    fsync_dir(staging)
+    old = None
+    if final.exists() or final.is_symlink():
+        # Megatron's rank 0 creates the (empty) directory before saving; it may also be an older
+        # save of the same iteration. Move it aside so the rename below is a single atomic step.
+        old = final.with_name(f".{final.name}.old-{os.getpid()}")
+        os.replace(final, old)
+    os.replace(staging, final)
+    fsync_dir(final.parent)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True) if old.is_dir() and not old.is_symlink() else old.unlink()

@@ -1,0 +1,290 @@
+"""Reading a safetensors checkpoint: every rank's shard table, and any requested slice of any tensor.
+
+A checkpoint records, for each tensor a rank wrote, its key, global shape and the box it covers
+(``global_offset`` + local shape, after ``prepend_axis_num`` unit axes), or a contiguous range of
+that box flattened (``flattened_range``: a distributed-optimizer shard in model space). A request
+is the same description for the run that loads: Megatron's ShardedTensor at the new layout. The
+reader copies each overlap of the two from the memory-mapped files, so a checkpoint saved at one
+TP/PP/DP/EP layout loads at another, and each rank reads only the bytes it needs.
+"""
+from __future__ import annotations
+
+import json
+import math
+from collections import defaultdict
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from adaptor.checkpoint import files
+from adaptor.checkpoint.errors import CheckpointError
+from adaptor.checkpoint.object_codec import decode
+from adaptor.safetensors_file import SafetensorsError, SafetensorsFile
+
+
+@dataclass(frozen=True)
+class SavedShard:
+    file: str
+    name: str
+    key: str
+    dtype: torch.dtype
+    global_shape: tuple[int, ...]
+    global_offset: tuple[int, ...]
+    local_shape: tuple[int, ...]
+    prepend_axis_num: int
+    flattened_range: tuple[int, int] | None
+
+    @property
+    def box_shape(self) -> tuple[int, ...]:
+        """The local shape with the prepended unit axes: as many dimensions as the global shape."""
+        return (1,) * self.prepend_axis_num + self.local_shape
+
+    @property
+    def box(self) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        return self.global_offset, self.box_shape
+
+
+def _box_of(sh_ten) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    return tuple(sh_ten.global_offset), (1,) * sh_ten.prepend_axis_num + tuple(sh_ten.local_shape)
+
+
+def _intersect(a, b):
+    """Overlap of boxes a and b as (start, shape), or None."""
+    (a_off, a_shape), (b_off, b_shape) = a, b
+    start = tuple(max(x, y) for x, y in zip(a_off, b_off))
+    stop = tuple(min(x + m, y + n) for x, m, y, n in zip(a_off, a_shape, b_off, b_shape))
+    if any(e <= s for s, e in zip(start, stop)):
+        return None
+    return start, tuple(e - s for s, e in zip(start, stop))
+
+
+def _slices(start, shape, origin):
+    return tuple(slice(s - o, s - o + n) for s, n, o in zip(start, shape, origin))
+
+
+class CheckpointIndex:
+    """One finished checkpoint directory: its common state and the shard table of every rank file."""
+
+    def __init__(self, checkpoint_dir):
+        self.dir = Path(checkpoint_dir)
+        common_path = self.dir / files.COMMON_JSON
+        try:
+            self.doc = json.loads(common_path.read_text())
+            if self.doc.get("format") != files.FORMAT_NAME:
+                raise ValueError(f"format is {self.doc.get('format')!r}, not {files.FORMAT_NAME!r}")
+            rank_files = list(self.doc["files"])
+        except FileNotFoundError:
+            raise CheckpointError(f"{common_path}: missing; {self.dir} is not a complete safetensors checkpoint") from None
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            raise CheckpointError(f"{common_path}: not a valid checkpoint description ({exc})") from None
+        for name in rank_files:
+            if not files.is_rank_file(files.member(self.dir, name).name):
+                raise CheckpointError(f"{common_path}: {name!r} is not a rank file name")
+        self.rank_files = rank_files
+        self._files: dict[str, SafetensorsFile] = {}
+        self._shards: dict[str, list[SavedShard]] | None = None
+        self._objects: dict[str, tuple[str, object]] = {}
+
+    @property
+    def shards(self) -> dict[str, list[SavedShard]]:
+        """Key -> saved shards, from every rank file's header (read on first use)."""
+        if self._shards is None:
+            self._shards = defaultdict(list)
+            for name in self.rank_files:
+                path = files.member(self.dir, name)
+                if not path.is_file():
+                    raise CheckpointError(f"{path}: missing (one of the {len(self.rank_files)} rank files "
+                                          f"{files.COMMON_JSON} lists); the checkpoint is incomplete")
+                self._read_rank_file(name, path)
+        return self._shards
+
+    @property
+    def objects(self) -> dict[str, tuple[str, object]]:
+        self.shards  # noqa: B018 - reads the rank files
+        return self._objects
+
+    def _open(self, name: str, path: Path) -> SafetensorsFile:
+        try:
+            file = SafetensorsFile(path)
+        except SafetensorsError as exc:
+            raise CheckpointError(str(exc)) from None
+        self._files[name] = file
+        return file
+
+    def _read_rank_file(self, name: str, path: Path) -> None:
+        file = self._open(name, path)
+        try:
+            if file.metadata.get("format") != files.FORMAT_NAME:
+                raise ValueError("not written by this format")
+            table = json.loads(file.metadata["shards"])
+            objects = json.loads(file.metadata["objects"])
+            for entry in table:
+                shard = SavedShard(
+                    file=name, name=entry["name"], key=entry["key"], dtype=_dtype(entry["dtype"]),
+                    global_shape=tuple(entry["global_shape"]), global_offset=tuple(entry["global_offset"]),
+                    local_shape=tuple(entry["local_shape"]), prepend_axis_num=int(entry["prepend_axis_num"]),
+                    flattened_range=None if entry["flattened_range"] is None else tuple(entry["flattened_range"]),
+                )
+                self._check_entry(file, shard)
+                self._shards[shard.key].append(shard)
+        except CheckpointError:
+            raise
+        except (KeyError, TypeError, ValueError) as exc:
+            raise CheckpointError(f"{path}: corrupt shard table in the safetensors metadata ({exc})") from None
+        for unique_key, value in objects.items():
+            self._objects[unique_key] = (name, value)
+
+    def _check_entry(self, file: SafetensorsFile, shard: SavedShard) -> None:
+        stored = file.tensors.get(shard.name)
+        if stored is None:
+            raise CheckpointError(f"{file.path}: tensor {shard.name} ({shard.key}) is listed but not stored")
+        dtype, shape = stored[0], stored[1]
+        if shard.flattened_range is None:
+            ok = tuple(shape) == shard.local_shape
+        else:
+            ok = len(shape) == 1 and shape[0] == shard.flattened_range[1] - shard.flattened_range[0]
+        if dtype != shard.dtype or not ok or len(shard.global_offset) != len(shard.global_shape):
+            raise CheckpointError(f"{file.path}: tensor {shard.name} ({shard.key}) is stored as {list(shape)} {dtype}, "
+                                  f"its shard table says {list(shard.box_shape)} {shard.dtype}")
+
+    # ------------------------------------------------------------------ common state and objects
+    def common_state(self) -> dict:
+        tensors = None
+        if (self.dir / files.COMMON_TENSORS).exists():
+            tensors = self._open(files.COMMON_TENSORS, files.member(self.dir, files.COMMON_TENSORS))
+
+        def get(name):
+            if tensors is None or name not in tensors.tensors:
+                raise CheckpointError(f"{self.dir / files.COMMON_JSON}: refers to tensor {name} that "
+                                      f"{files.COMMON_TENSORS} does not hold")
+            return tensors.get(name)
+
+        try:
+            return decode(self.doc["state"], get)
+        except (KeyError, TypeError, ValueError) as exc:
+            raise CheckpointError(f"{self.dir / files.COMMON_JSON}: corrupt common state ({exc})") from None
+
+    def load_object(self, sh_obj):
+        found = self.objects.get(sh_obj.unique_key)
+        if found is None:
+            raise CheckpointError(f"{self.dir}: object {sh_obj.unique_key} is not in the checkpoint "
+                                  f"(saved with a different parallel layout or without it)")
+        file_name, value = found
+        file = self._files[file_name]
+
+        def get(name):
+            if name not in file.tensors:
+                raise CheckpointError(f"{file.path}: object {sh_obj.unique_key} refers to missing tensor {name}")
+            return file.get(name)
+
+        return decode(value, get)
+
+    # ------------------------------------------------------------------ tensors
+    def load_tensor(self, sh_ten) -> torch.Tensor:
+        """The data for one requested ShardedTensor, assembled from every saved shard it overlaps."""
+        saved = self.shards.get(sh_ten.key)
+        if not saved:
+            raise CheckpointError(f"{self.dir}: tensor {sh_ten.key} is not in the checkpoint")
+        first = saved[0]
+        if first.dtype != sh_ten.dtype:
+            raise CheckpointError(f"{self.dir / first.file}: tensor {sh_ten.key} is {first.dtype} in the checkpoint "
+                                  f"but the model expects {sh_ten.dtype}")
+        want_shape = tuple(sh_ten.global_shape)
+        if first.global_shape != want_shape and not sh_ten.allow_shape_mismatch:
+            raise CheckpointError(f"{self.dir / first.file}: tensor {sh_ten.key} has global shape {list(first.global_shape)} "
+                                  f"in the checkpoint but the model expects {list(want_shape)}")
+        box = _box_of(sh_ten)
+        groups: dict[tuple, list[SavedShard]] = defaultdict(list)
+        for shard in saved:
+            if _intersect(shard.box, box) is not None:
+                groups[shard.box].append(shard)
+        flat = sh_ten.flattened_range
+        # Expected coverage: the requested box inside the saved tensor's extent (smaller when padded).
+        inside = _intersect(box, ((0,) * len(box[0]), first.global_shape))
+        if flat is not None and all(k == box and all(s.flattened_range for s in g) for k, g in groups.items()):
+            out, covered = self._fill_flat(groups.get(box, []), flat.start, flat.stop, sh_ten.dtype)
+            expected = flat.stop - flat.start
+        else:
+            out, covered = self._fill_box(groups, box, sh_ten.dtype, zero=inside is None or inside[1] != box[1])
+            expected = 0 if inside is None else math.prod(inside[1])
+            out = out.reshape(-1)[flat.start:flat.stop] if flat is not None else out.reshape(sh_ten.local_shape)
+        if covered != expected:
+            raise CheckpointError(self._coverage_error(sh_ten, covered, expected))
+        return out
+
+    def _fill_flat(self, pieces, start, stop, dtype):
+        out = torch.empty(stop - start, dtype=dtype)
+        covered = 0
+        for piece in pieces:
+            lo, hi = max(start, piece.flattened_range[0]), min(stop, piece.flattened_range[1])
+            if hi > lo:
+                src = self._files[piece.file].get(piece.name)
+                out[lo - start:hi - start].copy_(src[lo - piece.flattened_range[0]:hi - piece.flattened_range[0]])
+                covered += hi - lo
+        return out, covered
+
+    def _fill_box(self, groups, box, dtype, zero):
+        origin, shape = box
+        out = (torch.zeros if zero else torch.empty)(shape, dtype=dtype)
+        covered = 0
+        for saved_box, pieces in groups.items():
+            overlap = _intersect(saved_box, box)
+            if all(p.flattened_range is None for p in pieces):
+                for piece in pieces:
+                    src = self._files[piece.file].get(piece.name).reshape(piece.box_shape)
+                    out[_slices(*overlap, origin)].copy_(src[_slices(*overlap, saved_box[0])])
+                    covered += math.prod(overlap[1])
+                continue
+            if saved_box == box:  # same chunk, saved as flat pieces: fill it directly
+                view = out.view(-1)
+                for piece in pieces:
+                    lo, hi = piece.flattened_range
+                    view[lo:hi].copy_(self._files[piece.file].get(piece.name))
+                    covered += hi - lo
+                continue
+            # Another chunk (the layout changed): rebuild it from its flat pieces, then copy the overlap.
+            chunk = torch.empty(saved_box[1], dtype=dtype)
+            chunk_view, filled = chunk.view(-1), 0
+            for piece in pieces:
+                lo, hi = piece.flattened_range
+                chunk_view[lo:hi].copy_(self._files[piece.file].get(piece.name))
+                filled += hi - lo
+            if filled != chunk.numel():
+                raise CheckpointError(f"{self.dir}: tensor {pieces[0].key}: the saved chunk at {list(saved_box[0])} "
+                                      f"has {filled} of {chunk.numel()} elements (a rank file is missing data)")
+            out[_slices(*overlap, origin)].copy_(chunk[_slices(*overlap, saved_box[0])])
+            covered += math.prod(overlap[1])
+        return out, covered
+
+    def _coverage_error(self, sh_ten, covered, expected) -> str:
+        where = ", ".join(f"{s.start}:{s.stop}" for s in _slices(*_box_of(sh_ten), (0,) * len(sh_ten.global_shape)))
+        return (f"{self.dir}: tensor {sh_ten.key}: the checkpoint holds {covered} of the {expected} elements of "
+                f"[{where}]" + ("" if sh_ten.flattened_range is None else
+                                f" (flat {sh_ten.flattened_range.start}:{sh_ten.flattened_range.stop})"))
+
+    # ------------------------------------------------------------------ metadata for Megatron's checks
+    def sharded_metadata(self) -> dict:
+        """Key -> data-less ShardedTensor / ShardedObject describing what is stored (for strictness checks)."""
+        from megatron.core.dist_checkpointing.mapping import ShardedObject, ShardedTensor
+
+        out = {}
+        for key, saved in self.shards.items():
+            first = saved[0]
+            out[key] = ShardedTensor(key, None, first.dtype, first.global_shape, first.global_shape,
+                                     (0,) * len(first.global_shape), None)
+        for unique_key in self.objects:
+            obj = ShardedObject.empty_from_unique_key(unique_key)
+            out.setdefault(obj.key, obj)
+        return out
+
+    def close(self) -> None:
+        for file in self._files.values():
+            file.close()
+
+
+def _dtype(name: str) -> torch.dtype:
+    dtype = getattr(torch, name, None)
+    if not isinstance(dtype, torch.dtype):
+        raise ValueError(f"unknown dtype {name!r}")
+    return dtype
