@@ -93,3 +93,74 @@ def run_pretrain(args: list[str], nproc: int = 1, env: dict | None = None, timeo
 
 def tail(text: str, n: int = 60) -> str:
     return "\n".join(text.splitlines()[-n:])
+
+
+class LiveRun:
+    """A pretrain run whose output is read while it runs, so a test can signal it at a chosen moment.
+
+    ``signal`` reaches the launcher and every process under it at once (torchrun starts its
+    workers in sessions of their own), as a dying node or a scheduler's SIGTERM would.
+    """
+
+    def __init__(self, args: list[str], nproc: int = 1, env: dict | None = None, script: str = "pretrain_gpt.py"):
+        import queue
+        import threading
+
+        cmd = TORCHRUN + [f"--nproc_per_node={nproc}", f"--master_port={free_port()}", str(ROOT / script)] + args
+        full_env = dict(os.environ, ADAPTOR_BACKEND="cpu", OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+        full_env.update(env or {})
+        self.proc = subprocess.Popen(cmd, cwd=ROOT, env=full_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                     text=True, start_new_session=True)
+        self.lines: list[str] = []
+        self._queue: queue.Queue = queue.Queue()
+        threading.Thread(target=self._pump, daemon=True).start()
+
+    def _pump(self) -> None:
+        for line in self.proc.stdout:
+            self._queue.put(line)
+        self._queue.put(None)
+
+    def wait_for(self, pattern: str, timeout: float = 300) -> str:
+        """The first output line matching ``pattern``; fails if the run ends or ``timeout`` passes first."""
+        import queue
+        import time
+
+        regex = re.compile(pattern)
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                line = self._queue.get(timeout=max(0.0, deadline - time.monotonic()))
+            except queue.Empty:
+                self.signal(9)
+                raise AssertionError(f"no line matching {pattern!r} within {timeout} s:\n{tail(''.join(self.lines))}")
+            if line is None:
+                raise AssertionError(f"run ended before {pattern!r}:\n{tail(''.join(self.lines))}")
+            self.lines.append(line)
+            if regex.search(line):
+                return line
+
+    def signal(self, sig: int) -> None:
+        import psutil
+
+        try:
+            tree = [psutil.Process(self.proc.pid)]
+            tree += tree[0].children(recursive=True)
+        except psutil.NoSuchProcess:
+            return
+        for process in tree:
+            try:
+                process.send_signal(sig)
+            except psutil.NoSuchProcess:
+                pass
+
+    def finish(self, timeout: float = 300) -> Run:
+        self.proc.wait(timeout=timeout)
+        while True:
+            line = self._queue.get(timeout=timeout)
+            if line is None:
+                break
+            self.lines.append(line)
+        output = "".join(self.lines)
+        losses = {int(i): float(v) for i, v in _LOSS.findall(output)}
+        mtp_losses = {int(i): float(v) for i, v in _MTP_LOSS.findall(output)}
+        return Run(self.proc.returncode, output, losses, mtp_losses)

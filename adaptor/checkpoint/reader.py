@@ -23,6 +23,9 @@ from adaptor.checkpoint.object_codec import decode
 from adaptor.safetensors_file import SafetensorsError, SafetensorsFile
 
 
+MAIN_PARAM_PREFIX = "optimizer.state.fp32_param."
+
+
 @dataclass(frozen=True)
 class SavedShard:
     file: str
@@ -161,9 +164,15 @@ class CheckpointIndex:
             return tensors.get(name)
 
         try:
-            return decode(self.doc["state"], get)
+            state = decode(self.doc["state"], get)
         except (KeyError, TypeError, ValueError) as exc:
             raise CheckpointError(f"{self.dir / files.COMMON_JSON}: corrupt common state ({exc})") from None
+        content = state.get("content_metadata")
+        if isinstance(content, dict):
+            # Saved without the distributed optimizer: its optimizer state is whole tensors in model
+            # space, which a distributed optimizer reads in its model-space layout.
+            content.setdefault("distrib_optim_sharding_type", "fully_sharded_model_space")
+        return state
 
     def load_object(self, sh_obj):
         found = self.objects.get(sh_obj.unique_key)
@@ -184,6 +193,11 @@ class CheckpointIndex:
     def load_tensor(self, sh_ten) -> torch.Tensor:
         """The data for one requested ShardedTensor, assembled from every saved shard it overlaps."""
         saved = self.shards.get(sh_ten.key)
+        if not saved and sh_ten.key.startswith(MAIN_PARAM_PREFIX):
+            # A run without fp32 main params (fp32 training without the distributed optimizer) saved
+            # none: there the model weight *is* the main parameter, so it is the exact value.
+            weights = self.shards.get(sh_ten.key[len(MAIN_PARAM_PREFIX):], [])
+            saved = [s for s in weights if s.dtype == torch.float32]
         if not saved:
             raise CheckpointError(f"{self.dir}: tensor {sh_ten.key} is not in the checkpoint")
         first = saved[0]

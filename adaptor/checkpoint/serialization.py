@@ -13,6 +13,8 @@ import torch
 import torch.distributed as dist
 
 from adaptor.checkpoint import files
+from adaptor.checkpoint.errors import CheckpointError
+from adaptor.checkpoint.optimizer_forms import reconcile
 from adaptor.checkpoint.reader import CheckpointIndex
 from adaptor.checkpoint.validation import validate_sharding
 from adaptor.checkpoint.writer import common_payload, rank_payload, write_payload
@@ -127,8 +129,13 @@ def load(sharded_state_dict, checkpoint_dir, sharded_strategy=None, validate_acc
     index = CheckpointIndex(checkpoint_dir)
     sharded_state_dict, nonpersistent, factories = load_preprocess(sharded_state_dict)
     common = index.common_state()
+    sharded_state_dict, requested_common = extract_sharded_base(sharded_state_dict)
+    if isinstance(common.get("optimizer"), dict) and isinstance(requested_common.get("optimizer"), dict):
+        try:  # saved with the distributed optimizer and loaded without it, or the reverse
+            common["optimizer"] = reconcile(common["optimizer"], requested_common["optimizer"])
+        except ValueError as exc:
+            raise CheckpointError(f"{checkpoint_dir}: {exc}") from None
     merge(common, nonpersistent)
-    sharded_state_dict, _ = extract_sharded_base(sharded_state_dict)
 
     strict = parse_strict_flag(StrictHandling.ASSUME_OK_UNEXPECTED if strict is None else strict)
     ckpt_metadata = index.sharded_metadata() if StrictHandling.requires_explicit_ckpt_mismatch_check(strict) else None
