@@ -188,7 +188,8 @@ class SafetensorsCheckpoint(Feature):
     def add_arguments(self, group) -> None:
         # Megatron's own --ckpt-format gains a choice (its action lives in the parser this group belongs to).
         for action in group._actions:
-            if "--ckpt-format" in action.option_strings and action.choices and FORMAT not in action.choices:
+            if {"--ckpt-format", "--ckpt-convert-format"} & set(action.option_strings) and action.choices \
+                    and FORMAT not in action.choices:
                 action.choices = (*action.choices, FORMAT)
                 action.help = (action.help or "") + " safetensors: sharded safetensors files, no pickle (megatron-adaptor)."
         group.add_argument("--keep-checkpoint-max", type=int, default=None, dest="keep_checkpoint_max", metavar="N",

@@ -288,3 +288,63 @@ def test_keep_checkpoint_max_must_be_positive(tmp_path):
     run = run_pretrain(train_args(tmp_path, "--keep-checkpoint-max", "0", iters=2))
     assert run.returncode != 0
     assert "megatron-adaptor: error: --keep-checkpoint-max must be at least 1 (got 0)" in run.output, tail(run.output)
+
+
+# ---------------------------------------------------------------------------------- unified export
+def tool(*argv):
+    import subprocess
+    import sys
+
+    from megatron_runs import ROOT
+
+    proc = subprocess.run([sys.executable, str(ROOT / "tools" / "safetensors_ckpt.py"), *map(str, argv)],
+                          capture_output=True, text=True, timeout=600, cwd=ROOT)
+    return proc.returncode, proc.stdout + proc.stderr
+
+
+def read_merged(directory) -> dict[str, torch.Tensor]:
+    from safetensors.torch import load_file
+
+    out = {}
+    for path in sorted(Path(directory).glob("*.safetensors")):
+        out.update(load_file(path))
+    return out
+
+
+def test_merge_and_split_round_trip(reference, tmp_path):
+    """merge -> whole tensors under Megatron names (sharded into several files); split at TP=2 -> the same values."""
+    ref_save, _ = reference
+    expected = global_tensors(ref_save / "iter_0000008", model_only=True)
+    code, out = tool("merge", "--load-dir", ref_save, "--save-dir", tmp_path / "merged", "--max-shard-size", "200KB")
+    assert code == 0, out
+    index = json.loads((tmp_path / "merged" / "model.safetensors.index.json").read_text())
+    assert len(set(index["weight_map"].values())) > 1
+    merged = read_merged(tmp_path / "merged")
+    assert "decoder.layers.3.self_attention.linear_qkv.weight" in merged
+    assert_same_tensors(expected, merged)
+    code, out = tool("split", "--load-dir", tmp_path / "merged", "--save-dir", tmp_path / "tp2",
+                     "--tensor-model-parallel-size", "2")
+    assert code == 0, out
+    assert json.loads((tmp_path / "tp2" / "iter_0000000" / "common.json").read_text())["parallel"][
+        "tensor_model_parallel_size"] == 2
+    assert_same_tensors(expected, global_tensors(tmp_path / "tp2", model_only=True))
+    code, out = tool("merge", "--load-dir", ref_save, "--save-dir", tmp_path / "merged")
+    assert code == 2 and "exists and is not empty" in out, out
+
+
+def test_merge_with_hugging_face_names_loads_in_transformers(reference, tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    ref_save, _ = reference
+    code, out = tool("merge", "--load-dir", ref_save, "--save-dir", tmp_path / "hf", "--model-type-hf", "qwen3")
+    assert code == 0, out
+    model, info = AutoModelForCausalLM.from_pretrained(tmp_path / "hf", output_loading_info=True)
+    assert not info["missing_keys"] and not info["unexpected_keys"], info
+    ours = global_tensors(ref_save / "iter_0000008", model_only=True)
+    state = model.state_dict()
+    assert torch.equal(state["model.embed_tokens.weight"], ours["embedding.word_embeddings.weight"])
+    assert torch.equal(state["model.layers.2.post_attention_layernorm.weight"],
+                       ours["decoder.layers.2.mlp.linear_fc1.layer_norm_weight"])
+    gate, up = ours["decoder.layers.1.mlp.linear_fc1.weight"].chunk(2)
+    assert torch.equal(state["model.layers.1.mlp.gate_proj.weight"], gate)
+    assert torch.equal(state["model.layers.1.mlp.up_proj.weight"], up)

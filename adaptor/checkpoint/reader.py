@@ -176,6 +176,8 @@ class CheckpointIndex:
 
     def load_object(self, sh_obj):
         found = self.objects.get(sh_obj.unique_key)
+        if found is None and self.doc.get("weights_only") and sh_obj.key.endswith("._extra_state"):
+            return None  # Transformer Engine's run-time state (fp8 scales), not part of a weights-only checkpoint
         if found is None:
             raise CheckpointError(f"{self.dir}: object {sh_obj.unique_key} is not in the checkpoint "
                                   f"(saved with a different parallel layout or without it)")

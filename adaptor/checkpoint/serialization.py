@@ -8,6 +8,7 @@ non-persistent entries, common/sharded split) and its strictness handling are re
 from __future__ import annotations
 
 import functools
+import sys
 
 import torch
 import torch.distributed as dist
@@ -35,6 +36,7 @@ def _layout(world: int, common_state: dict) -> dict:
             "expert_model_parallel_size": mpu.get_expert_model_parallel_world_size(),
         }
     return {
+        "command_line": sys.argv,  # what split replays at another layout (tools/safetensors_ckpt.py)
         "iteration": common_state.get("iteration"),
         "consumed_train_samples": getattr(args, "consumed_train_samples", None),
         "world_size": world,

@@ -12,6 +12,7 @@ split into a parallel layout again.
 """
 from __future__ import annotations
 
+import functools
 import itertools
 import json
 import re
@@ -101,3 +102,175 @@ class GlobalTensors:
 
     def common_state(self) -> dict:
         return self.index.common_state()
+
+
+# -------------------------------------------------------------------------------- merge
+# The local spec stores layer norms under TE's fused names in checkpoints (Megatron's
+# sharded_state_dict_keys_map); adaptor.convert's mappings use the module names.
+_FUSED_NORMS = (("self_attention.linear_qkv.layer_norm_", "input_layernorm."),
+                ("mlp.linear_fc1.layer_norm_", "pre_mlp_layernorm."))
+
+
+def _module_name(name: str) -> str:
+    for fused, module in _FUSED_NORMS:
+        name = name.replace(fused, module)
+    return name
+
+
+def _atomic_dir(save_dir: Path):
+    if save_dir.exists() and (not save_dir.is_dir() or any(save_dir.iterdir())):
+        raise CheckpointError(f"--save-dir {save_dir} exists and is not empty (refusing to overwrite)")
+    save_dir.parent.mkdir(parents=True, exist_ok=True)
+    temp = save_dir.with_name(f".{save_dir.name}.partial")
+    if temp.exists():
+        import shutil
+
+        shutil.rmtree(temp)
+    temp.mkdir()
+    return temp
+
+
+def _publish(temp: Path, save_dir: Path) -> None:
+    if save_dir.exists():
+        save_dir.rmdir()
+    temp.rename(save_dir)
+
+
+def merge(load, save_dir, model_type_hf: str | None = None, max_shard_bytes: int = 5 * 2**30) -> Path:
+    """Write the model of a sharded checkpoint as whole tensors (Megatron or Hugging Face names)."""
+    import shutil
+
+    from adaptor.convert.safetensors_io import write_safetensors_checkpoint
+
+    source = GlobalTensors(load)
+    common = source.common_state()
+    args = common.get("args")
+    save_dir = Path(save_dir)
+    temp = _atomic_dir(save_dir)
+    try:
+        if model_type_hf is None:
+            names = list(source.tensors)
+            specs = [(n, source.meta(n)) for n in names]
+            write_safetensors_checkpoint(temp, specs, ((n, source.get(n)) for n in names), max_shard_bytes)
+        else:
+            _write_hf(source, args, model_type_hf, temp, max_shard_bytes)
+        side = {"format": files.FORMAT_NAME, "source": str(source.index.dir), "iteration": common.get("iteration"),
+                "names": "hf" if model_type_hf else "megatron", "model_type_hf": model_type_hf,
+                "command_line": source.index.doc.get("command_line"),
+                "parallel": source.index.doc.get("parallel"),
+                "tensors": {t.name: {"key": t.key, "index": list(t.index)} for t in source.tensors.values()}}
+        (temp / SIDE_FILE).write_text(json.dumps(side, indent=1) + "\n")
+        _publish(temp, save_dir)
+    finally:
+        shutil.rmtree(temp, ignore_errors=True)
+        source.index.close()
+    return save_dir
+
+
+def _write_hf(source: GlobalTensors, args, model_type: str, temp: Path, max_shard_bytes: int) -> None:
+    import argparse
+
+    from adaptor.convert import ConversionError, Layout, hf_tensors_from_megatron, write_safetensors_checkpoint
+    from adaptor.convert.online import hf_config_from_args
+
+    by_module_name = {_module_name(n): n for n in source.tensors}
+
+    def name_of(name):
+        if name not in by_module_name:
+            raise CheckpointError(f"{source.index.dir}: no tensor for {name} (is this a {model_type} model?)")
+        return by_module_name[name]
+
+    config = hf_config_from_args(argparse.Namespace(**{**vars(args), "model_type_hf": model_type}))
+    export = functools.partial(hf_tensors_from_megatron, model_type=model_type, hf_config=config, layout=Layout(),
+                               padded_vocab_size=args.padded_vocab_size)
+    try:
+        specs = list(export(lambda _, n: source.meta(name_of(n))))
+        write_safetensors_checkpoint(temp, specs, export(lambda _, n: source.get(name_of(n))), max_shard_bytes)
+    except ConversionError as exc:
+        raise CheckpointError(str(exc)) from None
+    (temp / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+
+
+
+# -------------------------------------------------------------------------------- split
+def to_release(unified_dir, save_dir) -> Path:
+    """A weights-only checkpoint (``release``, one rank file) from a Megatron-named merged directory.
+
+    Megatron loads it at any layout (``--load``; resharded on load); ``tools/safetensors_ckpt.py
+    split`` saves it again at a given layout.
+    """
+    from adaptor.checkpoint.writer import FilePayload, write_payload
+
+    unified_dir, save_dir = Path(unified_dir), Path(save_dir)
+    side_path = unified_dir / SIDE_FILE
+    try:
+        side = json.loads(side_path.read_text())
+        if side.get("names") != "megatron":
+            raise ValueError("it was merged with Hugging Face names; load those with --hf-load-dir "
+                             "or tools/convert_ckpt.py")
+        entries = side["tensors"]
+    except FileNotFoundError:
+        raise CheckpointError(f"{side_path}: missing (not a directory written by safetensors_ckpt.py merge)") from None
+    except (ValueError, KeyError, TypeError) as exc:
+        raise CheckpointError(f"{side_path}: {exc}") from None
+    source = _MergedTensors(unified_dir)
+    counts: dict[str, list[int]] = {}
+    for entry in entries.values():
+        index = entry["index"]
+        grown = counts.setdefault(entry["key"], [0] * len(index))
+        counts[entry["key"]] = [max(c, i + 1) for c, i in zip(grown, index)]
+    shards, tensors = [], []
+    for name, entry in entries.items():
+        if name not in source:
+            raise CheckpointError(f"{unified_dir}: tensor {name} listed in {SIDE_FILE} is missing")
+        tensor = source.get(name)
+        index = list(entry["index"])
+        shards.append({"name": name, "key": entry["key"], "dtype": str(tensor.dtype).removeprefix("torch."),
+                       "global_shape": counts[entry["key"]] + list(tensor.shape),
+                       "global_offset": index + [0] * tensor.dim(), "local_shape": list(tensor.shape),
+                       "prepend_axis_num": len(index), "flattened_range": None})
+        tensors.append((name, tensor))
+    temp = _atomic_dir(save_dir)
+    try:
+        release = temp / "release"
+        staging = files.prepare_staging(release)
+        rank = FilePayload(files.rank_file(0), tensors, {
+            "format": files.FORMAT_NAME, "version": str(files.BACKEND_VERSION), "rank": "0",
+            "shards": json.dumps(shards), "objects": "{}"})
+        common = FilePayload("", [], {}, json_name=files.COMMON_JSON, json_doc={
+            "format": files.FORMAT_NAME, "version": files.BACKEND_VERSION, "iteration": 0, "world_size": 1,
+            "files": [files.rank_file(0)], "source": str(unified_dir), "command_line": side.get("command_line"),
+            "weights_only": True,
+            "state": {"checkpoint_version": 3.0, "iteration": 0}})
+        write_payload(str(staging), [rank, common])
+        files.commit(release)
+        (temp / TRACKER).write_text("release")
+        _publish(temp, save_dir)
+    finally:
+        import shutil
+
+        shutil.rmtree(temp, ignore_errors=True)
+    return save_dir
+
+
+class _MergedTensors:
+    """The tensors of a merged directory (model.safetensors or shards + model.safetensors.index.json)."""
+
+    def __init__(self, path: Path):
+        from adaptor.convert.safetensors_io import INDEX_FILE, SINGLE_FILE
+        from adaptor.safetensors_file import SafetensorsError, SafetensorsFile
+
+        index = path / INDEX_FILE
+        try:
+            names = (json.loads(index.read_text())["weight_map"] if index.is_file()
+                     else {n: SINGLE_FILE for n in SafetensorsFile(path / SINGLE_FILE).tensors})
+            self._files = {f: SafetensorsFile(files.member(path, f)) for f in set(names.values())}
+        except (OSError, ValueError, KeyError, SafetensorsError) as exc:
+            raise CheckpointError(f"{path}: not a merged safetensors directory ({exc})") from None
+        self._where = {n: self._files[f] for n, f in names.items()}
+
+    def __contains__(self, name: str) -> bool:
+        return name in self._where and name in self._where[name].tensors
+
+    def get(self, name: str) -> torch.Tensor:
+        return self._where[name].get(name)

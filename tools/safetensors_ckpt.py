@@ -1,0 +1,203 @@
+#!/usr/bin/env python
+"""Merge a sharded safetensors checkpoint into whole tensors, split one into a parallel layout, or describe one.
+
+    python tools/safetensors_ckpt.py merge --load-dir ckpt --save-dir merged            # Megatron names
+    python tools/safetensors_ckpt.py merge --load-dir ckpt --save-dir hf --model-type-hf qwen3
+    python tools/safetensors_ckpt.py split --load-dir merged --save-dir ckpt-tp2 --tensor-model-parallel-size 2
+    python tools/safetensors_ckpt.py info --load-dir ckpt
+
+merge writes ``model-0000x-of-0000N.safetensors`` + ``model.safetensors.index.json`` (one
+``model.safetensors`` when it fits in --max-shard-size) and ``megatron_checkpoint.json``; with
+--model-type-hf the names and config.json are Hugging Face's (transformers loads the directory).
+split turns a Megatron-named merged directory back into a checkpoint ``pretrain_gpt.py --load``
+reads: without layout flags a single-file release checkpoint (any layout loads it, resharding
+online); with them, Megatron itself re-saves it at that layout (``--ckpt-convert-format``), replaying
+the training command line the checkpoint recorded. Every write goes to a hidden directory beside
+--save-dir and is renamed when complete.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import shutil
+import subprocess
+import sys
+import warnings
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+if __name__ == "__main__":
+    os.environ.setdefault("ADAPTOR_QUIET", "1")
+    warnings.filterwarnings("ignore")
+logging.getLogger("torch.utils.cpp_extension").setLevel(logging.ERROR)
+
+PROG = "safetensors_ckpt.py"
+# Flags of the recorded command line that split replaces (value-taking or not, per Megatron's parser).
+REPLACED = {"--save", "--load", "--save-interval", "--tensor-model-parallel-size", "--pipeline-model-parallel-size",
+            "--expert-model-parallel-size", "--expert-tensor-parallel-size", "--num-layers-per-virtual-pipeline-stage",
+            "--async-save", "--keep-checkpoint-max", "--exit-signal-handler", "--exit-interval", "--exit-duration-in-mins",
+            "--ckpt-format", "--hf-load-dir", "--hf-save-dir", "--pretrained-checkpoint", "--finetune",
+            "--use-persistent-ckpt-worker", "--sequence-parallel", "--data-path", "--split", "--train-data-path",
+            "--valid-data-path", "--test-data-path", "--data-cache-path", "--mock-data", "--use-checkpoint-args"}
+
+
+def parse_size(text: str) -> int:
+    units = {"KB": 10**3, "MB": 10**6, "GB": 10**9, "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "B": 1}
+    upper = text.strip().upper()
+    for unit, factor in units.items():
+        if upper.endswith(unit) and upper[:-len(unit)].strip().replace(".", "", 1).isdigit():
+            return int(float(upper[:-len(unit)]) * factor)
+    if upper.isdigit():
+        return int(upper)
+    raise ValueError(text)
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    merge = sub.add_parser("merge", help="whole tensors, Megatron or Hugging Face names")
+    merge.add_argument("--load-dir", required=True, help="a --save directory (its latest checkpoint) or an iter_* directory")
+    merge.add_argument("--save-dir", required=True)
+    merge.add_argument("--model-type-hf", choices=["qwen3", "deepseek3"], help="write Hugging Face names and config.json")
+    merge.add_argument("--max-shard-size", default="5GB")
+    split = sub.add_parser("split", help="a merged directory back into a checkpoint, at a layout if given")
+    split.add_argument("--load-dir", required=True)
+    split.add_argument("--save-dir", required=True)
+    split.add_argument("--tensor-model-parallel-size", type=int)
+    split.add_argument("--pipeline-model-parallel-size", type=int)
+    split.add_argument("--expert-model-parallel-size", type=int)
+    info = sub.add_parser("info", help="iteration, layout, files and tensors of a checkpoint")
+    info.add_argument("--load-dir", required=True)
+    args = parser.parse_args(argv)
+    if args.command == "merge":
+        try:
+            args.max_shard_bytes = parse_size(args.max_shard_size)
+        except ValueError:
+            parser.error(f"--max-shard-size {args.max_shard_size!r}: use a size like 5GB or 500MB")
+    if args.command == "split":
+        for flag in ("tensor_model_parallel_size", "pipeline_model_parallel_size", "expert_model_parallel_size"):
+            if getattr(args, flag) is not None and getattr(args, flag) < 1:
+                parser.error(f"--{flag.replace('_', '-')} must be >= 1")
+    return args
+
+
+def replay_argv(recorded: list[str], layout: dict[str, int], load: Path, out: Path) -> list[str]:
+    """The recorded pretrain command line, re-aimed: the new layout, loading ``load``, converting into ``out``."""
+    import adaptor
+    from megatron.training.arguments import add_megatron_arguments
+
+    parser = adaptor.registry.add_arguments(add_megatron_arguments(argparse.ArgumentParser(allow_abbrev=False)))
+    takes = {opt: action.nargs for action in parser._actions for opt in action.option_strings}
+    kept, tokens, i = [], list(recorded), 0
+    while i < len(tokens):
+        token = tokens[i]
+        flag = token.split("=", 1)[0]
+        nargs = takes.get(flag)
+        count = 0 if "=" in token or nargs == 0 else 1 if nargs is None else None
+        end = i + 1
+        if count is None:  # nargs '+', '*' or a number: values up to the next option
+            while end < len(tokens) and not tokens[end].startswith("--"):
+                end += 1
+        else:
+            end += count
+        if flag not in REPLACED:
+            kept += tokens[i:end]
+        i = end
+    tp = layout.get("tensor_model_parallel_size", 1)
+    sequence_parallel = "--sequence-parallel" in recorded and tp > 1
+    return kept + [
+        "--tensor-model-parallel-size", str(tp),
+        "--pipeline-model-parallel-size", str(layout.get("pipeline_model_parallel_size", 1)),
+        "--expert-model-parallel-size", str(layout.get("expert_model_parallel_size", 1)),
+        *(["--sequence-parallel"] if sequence_parallel else []),
+        "--mock-data", "--load", str(load), "--ckpt-format", "safetensors", "--no-load-optim", "--no-load-rng",
+        "--ckpt-convert-format", "safetensors", "--ckpt-convert-save", str(out), "--no-save-optim", "--no-save-rng",
+    ]
+
+
+def split(args) -> Path:
+    from adaptor.checkpoint.errors import CheckpointError
+    from adaptor.checkpoint.unified import SIDE_FILE, to_release
+
+    layout = {k: getattr(args, k) for k in ("tensor_model_parallel_size", "pipeline_model_parallel_size",
+                                            "expert_model_parallel_size") if getattr(args, k)}
+    save_dir = Path(args.save_dir)
+    if not layout:
+        return to_release(args.load_dir, save_dir)
+    recorded = json.loads((Path(args.load_dir) / SIDE_FILE).read_text()).get("command_line")
+    if not recorded:
+        raise CheckpointError(f"{Path(args.load_dir) / SIDE_FILE}: records no training command line to replay "
+                              f"at a layout; split without layout flags and load that at the layout instead")
+    work = save_dir.with_name(f".{save_dir.name}.split")
+    shutil.rmtree(work, ignore_errors=True)
+    try:
+        release = to_release(args.load_dir, work / "release")
+        nproc = layout.get("tensor_model_parallel_size", 1) * layout.get("pipeline_model_parallel_size", 1) \
+            * layout.get("expert_model_parallel_size", 1)
+        script = Path(recorded[0]) if Path(recorded[0]).is_file() else ROOT / "pretrain_gpt.py"
+        cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}", "--master_port",
+               os.environ.get("MASTER_PORT", "29533"), str(script),
+               *replay_argv(recorded[1:], layout, release, work / "converted")]
+        env = dict(os.environ, ADAPTOR_QUIET="1")
+        proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True)
+        if proc.returncode != 0 or not (work / "converted" / "safetensors").is_dir():
+            lines = (proc.stdout + proc.stderr).splitlines()
+            reason = next((line for line in lines if line.startswith("megatron-adaptor: error:")), None) or next(
+                (line for line in reversed(lines) if "Error" in line), "no output")
+            raise CheckpointError(f"re-saving at {layout} failed (exit {proc.returncode}): {reason}")
+        if save_dir.exists() and (not save_dir.is_dir() or any(save_dir.iterdir())):
+            raise CheckpointError(f"--save-dir {save_dir} exists and is not empty (refusing to overwrite)")
+        if save_dir.exists():
+            save_dir.rmdir()
+        (work / "converted" / "safetensors").rename(save_dir)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    return save_dir
+
+
+def info(args) -> str:
+    from adaptor.checkpoint.unified import GlobalTensors
+
+    tensors = GlobalTensors(args.load_dir, model_only=False)
+    doc = tensors.index.doc
+    size = sum(t.dtype.itemsize * _numel(t.shape) for t in tensors.tensors.values())
+    model = [t for t in tensors.tensors.values() if not t.key.startswith("optimizer.")]
+    return (f"{tensors.index.dir}: iteration {doc.get('iteration')}, world size {doc.get('world_size')}, "
+            f"layout {doc.get('parallel')}, {len(doc.get('files', []))} rank files, "
+            f"{len(model)} model tensors, {len(tensors.tensors) - len(model)} optimizer tensors, "
+            f"{size / 1e9:.3f} GB of tensors")
+
+
+def _numel(shape) -> int:
+    out = 1
+    for d in shape:
+        out *= d
+    return out
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    from adaptor.checkpoint.errors import CheckpointError
+
+    try:
+        if args.command == "merge":
+            from adaptor.checkpoint.unified import merge
+
+            out = merge(args.load_dir, args.save_dir, args.model_type_hf, args.max_shard_bytes)
+            print(f"[{PROG}] merged {args.load_dir} into {out}")
+        elif args.command == "split":
+            out = split(args)
+            print(f"[{PROG}] split {args.load_dir} into {out}")
+        else:
+            print(info(args))
+    except (CheckpointError, OSError, ValueError) as exc:
+        print(f"{PROG}: error: {' '.join(str(exc).split())}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
