@@ -192,8 +192,12 @@ class CheckpointIndex:
         return decode(value, get)
 
     # ------------------------------------------------------------------ tensors
-    def load_tensor(self, sh_ten) -> torch.Tensor:
-        """The data for one requested ShardedTensor, assembled from every saved shard it overlaps."""
+    def load_tensor(self, sh_ten, into: torch.Tensor | None = None) -> torch.Tensor:
+        """The data for one requested ShardedTensor, assembled from every saved shard it overlaps.
+
+        ``into``: a contiguous CPU tensor of the requested shape and dtype to fill in place (the
+        model parameter or optimizer state itself), saving a copy of every byte.
+        """
         saved = self.shards.get(sh_ten.key)
         if not saved and sh_ten.key.startswith(MAIN_PARAM_PREFIX):
             # A run without fp32 main params (fp32 training without the distributed optimizer) saved
@@ -219,18 +223,23 @@ class CheckpointIndex:
         # Expected coverage: the requested box inside the saved tensor's extent (smaller when padded).
         inside = _intersect(box, ((0,) * len(box[0]), first.global_shape))
         if flat is not None and all(k == box and all(s.flattened_range for s in g) for k, g in groups.items()):
-            out, covered = self._fill_flat(groups.get(box, []), flat.start, flat.stop, sh_ten.dtype)
+            out, covered = self._fill_flat(groups.get(box, []), flat.start, flat.stop, sh_ten.dtype, into)
             expected = flat.stop - flat.start
         else:
-            out, covered = self._fill_box(groups, box, sh_ten.dtype, zero=inside is None or inside[1] != box[1])
+            whole = into.view(box[1]) if into is not None and flat is None else None
+            out, covered = self._fill_box(groups, box, sh_ten.dtype, zero=inside is None or inside[1] != box[1],
+                                          out=whole)
             expected = 0 if inside is None else math.prod(inside[1])
             out = out.reshape(-1)[flat.start:flat.stop] if flat is not None else out.reshape(sh_ten.local_shape)
+            if into is not None and whole is None:
+                into.copy_(out)
+                out = into
         if covered != expected:
             raise CheckpointError(self._coverage_error(sh_ten, covered, expected))
         return out
 
-    def _fill_flat(self, pieces, start, stop, dtype):
-        out = torch.empty(stop - start, dtype=dtype)
+    def _fill_flat(self, pieces, start, stop, dtype, out=None):
+        out = torch.empty(stop - start, dtype=dtype) if out is None else out
         covered = 0
         for piece in pieces:
             lo, hi = max(start, piece.flattened_range[0]), min(stop, piece.flattened_range[1])
@@ -240,9 +249,12 @@ class CheckpointIndex:
                 covered += hi - lo
         return out, covered
 
-    def _fill_box(self, groups, box, dtype, zero):
+    def _fill_box(self, groups, box, dtype, zero, out=None):
         origin, shape = box
-        out = (torch.zeros if zero else torch.empty)(shape, dtype=dtype)
+        if out is None:
+            out = (torch.zeros if zero else torch.empty)(shape, dtype=dtype)
+        elif zero:
+            out.zero_()
         covered = 0
         for saved_box, pieces in groups.items():
             overlap = _intersect(saved_box, box)

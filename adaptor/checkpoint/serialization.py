@@ -8,6 +8,7 @@ non-persistent entries, common/sharded split) and its strictness handling are re
 from __future__ import annotations
 
 import functools
+import math
 import sys
 
 import torch
@@ -154,12 +155,17 @@ def load(sharded_state_dict, checkpoint_dir, sharded_strategy=None, validate_acc
             return index.load_object(item)
         if not isinstance(item, ShardedTensor):
             return item
-        tensor = index.load_tensor(item)
         data = item.data
-        if data is not None and data.shape == tensor.shape and data.dtype == tensor.dtype:
-            with torch.no_grad():
+        expected = item.local_shape if item.flattened_range is None else (len(range(*item.flattened_range.indices(
+            math.prod(item.local_shape)))),)
+        fits = data is not None and tuple(data.shape) == tuple(expected) and data.dtype == item.dtype
+        with torch.no_grad():
+            if fits and data.device.type == "cpu" and data.is_contiguous():
+                return index.load_tensor(item, into=data)  # straight into the parameter / optimizer state
+            tensor = index.load_tensor(item)
+            if fits:
                 data.copy_(tensor)
-            return data
+                return data
         return tensor
 
     try:
