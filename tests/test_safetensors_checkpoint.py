@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from megatron_runs import TINY_QWEN3, LiveRun, run_pretrain, tail
+from megatron_runs import TINY_DEEPSEEK_V3, TINY_QWEN3, LiveRun, run_pretrain, tail
 
 ITERS = 8
 DP2_DISTOPT = ["--use-distributed-optimizer"]
@@ -153,6 +153,26 @@ def test_checkpoint_loads_at_another_layout_exactly(reference, tmp_path, layout)
     if layout == "tp2":  # and back: TP=2 without the distributed optimizer -> DP=2 with it
         back = global_tensors(reload_and_save(tmp_path / "resaved", tmp_path / "back", 2, DP2_DISTOPT))
         assert_same_tensors(expected, back)
+
+
+def test_moe_checkpoint_loads_without_expert_parallelism_exactly(tmp_path):
+    """DeepSeek-V3-style (MLA, MoE, MTP) at EP=2 with the distributed optimizer -> one process without it.
+
+    Expert weights are stacked along an expert axis split over EP ranks, and the optimizer is chained
+    (expert and dense parameters apart); every model and Adam tensor comes back unchanged.
+    """
+    common = TINY_DEEPSEEK_V3 + ["--ckpt-format", "safetensors", "--train-iters", "2"]
+    source = tmp_path / "ep2"
+    run = run_pretrain(common + ["--save", str(source), "--save-interval", "2", "--expert-model-parallel-size", "2",
+                                 "--use-distributed-optimizer"], nproc=2)
+    assert run.returncode == 0, tail(run.output)
+    run = run_pretrain(common + ["--load", str(source), "--save", str(tmp_path / "one"), "--save-interval", "1000",
+                                 "--use-checkpoint-opt_param-scheduler"])
+    assert run.returncode == 0, tail(run.output)
+    expected, got = global_tensors(source), global_tensors(tmp_path / "one")
+    names = [n for n in expected if "fp32_param" not in n]
+    assert any(".local_experts.3." in n for n in names) and any("exp_avg" in n and "experts" in n for n in names)
+    assert_same_tensors(expected, got, names)
 
 
 def test_resharded_run_continues_the_reference_curve(reference, tmp_path):

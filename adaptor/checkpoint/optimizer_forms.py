@@ -49,26 +49,43 @@ def _identity(group: dict) -> tuple:
     return tuple(group.get(key, group.get(f"pre_{key}")) for key in param_group_identifier_keys)
 
 
+def _leaves(form) -> list[dict]:
+    """The optimizer forms inside ``form``: itself, or those of a chained optimizer (int keys)."""
+    if isinstance(form, dict) and form and all(isinstance(k, int) for k in form):
+        return [leaf for k in sorted(form) for leaf in _leaves(form[k])]
+    return [form] if _is_form(form) else []
+
+
 def reconcile(saved, requested):
-    """``saved`` (the checkpoint's non-tensor optimizer state) in the form ``requested`` has."""
-    if not isinstance(saved, dict) or not isinstance(requested, dict):
+    """``saved`` (the checkpoint's non-tensor optimizer state) in the form ``requested`` has.
+
+    Unchanged when both have the same structure. Otherwise (distributed optimizer switched on or
+    off, or a different split into chained optimizers, e.g. expert parameters apart under EP) the
+    requested structure is filled with the saved param groups' hyper-parameters and Adam's step.
+    """
+    saved_leaves, requested_leaves = _leaves(saved), _leaves(requested)
+    if not saved_leaves or not requested_leaves:
         return saved
-    if saved and all(isinstance(k, int) for k in saved) and saved.keys() == requested.keys():
-        return {k: reconcile(saved[k], requested[k]) for k in saved}  # a chained optimizer
-    if not (_is_form(saved) and _is_form(requested)) or _is_distributed(saved) == _is_distributed(requested):
+    if len(saved_leaves) == len(requested_leaves) and all(
+            _is_distributed(a) == _is_distributed(b) for a, b in zip(saved_leaves, requested_leaves)):
         return saved
+    by_identity = {_identity(g): g for leaf in saved_leaves for g in _inner(leaf)["param_groups"]}
+    steps = {_step(leaf) for leaf in saved_leaves} - {None}
+    if len(steps) > 1:
+        raise ValueError(f"the checkpoint's optimizers disagree on Adam's step ({sorted(steps)})")
     out = copy.deepcopy(requested)
-    by_identity = {_identity(g): g for g in _inner(saved)["param_groups"]}
-    for group in _inner(out)["param_groups"]:
-        source = by_identity.get(_identity(group))
-        if source is None:
-            raise ValueError(f"the checkpoint has no optimizer param group like {_identity(group)}")
-        group.update({k: v for k, v in source.items() if k not in ("params", "step")})
-    step = _step(saved)
-    if step is not None:
-        if _is_distributed(out):
-            for group in _inner(out)["param_groups"]:
-                group["step"] = float(step)
+    for leaf in _leaves(out):
+        for group in _inner(leaf)["param_groups"]:
+            source = by_identity.get(_identity(group))
+            if source is None:
+                raise ValueError(f"the checkpoint has no optimizer param group like {_identity(group)}")
+            group.update({k: v for k, v in source.items() if k not in ("params", "step")})
+        if not steps:
+            continue
+        step = float(next(iter(steps)))
+        if _is_distributed(leaf):
+            for group in _inner(leaf)["param_groups"]:
+                group["step"] = step
         else:
-            _inner(out).setdefault("state", {})["common_step"] = torch.tensor(float(step))
+            _inner(leaf).setdefault("state", {})["common_step"] = torch.tensor(step)
     return out
