@@ -12,6 +12,8 @@ The wrapper supplies megatron-core's ``WrappedTorchNorm`` (the norm of the local
 which takes that signature and builds ``torch.nn.LayerNorm`` from ``config.normalization``) for
 a norm the caller did not choose, and only while the default is the bare torch class: with TE
 installed ``TENorm`` stays. Parameter names (``ln_pre.weight``/``bias``) are the same either way.
+Enabled on every backend, for any script that builds the tower (pretrain_mm.py,
+tools/check_vision_parity.py, a user's own).
 """
 from __future__ import annotations
 
@@ -37,10 +39,6 @@ def _clip_vit_init(wrapped, instance, args, kwargs):
 
 class VisionTowerNorms(Feature):
     name = "vision_tower_norms"
-
-    def enabled(self, ctx) -> bool:
-        # Only runs that build a vision tower (pretrain_mm.py --mm-model) need it.
-        return super().enabled(ctx) and bool(getattr(ctx.flags, "mm_model", None))
 
     def register_patches(self, pm, ctx) -> None:
         pm.register_wrapper("megatron.core.models.vision.clip_vit_model.CLIPViTModel.__init__",

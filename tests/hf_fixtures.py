@@ -174,6 +174,25 @@ def make_tiny_deepseek_v3(path, mtp_layers: int = 1, shards: int = 2, seed: int 
     return path
 
 
+def make_tiny_vision_tower(path, kind: str = "clip", layers: int = 3, seed: int = 0) -> Path:
+    """A 32x32-pixel, patch-8 CLIPVisionModel (quick_gelu, class token, pre-norm) or SiglipVisionModel
+    (gelu tanh, patch bias, post-norm): hidden 64, 4 heads, MLP 128."""
+    from transformers import CLIPVisionConfig, CLIPVisionModel, SiglipVisionConfig, SiglipVisionModel
+
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    shape = dict(hidden_size=HIDDEN_SIZE, intermediate_size=128, num_hidden_layers=layers, num_attention_heads=4,
+                 num_channels=3, image_size=32, patch_size=8)
+    if kind == "clip":
+        model = CLIPVisionModel(CLIPVisionConfig(**shape, hidden_act="quick_gelu", layer_norm_eps=1e-5))
+    else:
+        model = SiglipVisionModel(SiglipVisionConfig(**shape, hidden_act="gelu_pytorch_tanh", layer_norm_eps=1e-6))
+    model = model.to(torch.float32)
+    _randomize(model, seed)
+    model.save_pretrained(path)
+    return path
+
+
 if __name__ == "__main__":  # python tests/hf_fixtures.py OUT_DIR: writes both tiny models
     import sys
 

@@ -93,7 +93,7 @@ def vision_tower_tensors(path: str, vision: dict, tp: int, tp_rank: int):
     from adaptor.convert.clip_vision import vision_mapping
 
     hf = HfCheckpoint(path)
-    mapping = vision_mapping(vision["model_id"], hf.config, vision["num_layers"])
+    mapping = vision_mapping(vision["model_id"], hf.config, vision["num_layers"], hf.names())
     for key, value in mapping.model_json_values().items():
         mine = vision[key]
         same = math.isclose(mine, value, rel_tol=1e-9) if isinstance(mine, float) else mine == value
