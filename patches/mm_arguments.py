@@ -24,7 +24,7 @@ import os
 from adaptor.features import ArgumentError, Feature
 
 # Flag spelled differently from its dest.
-_FLAG_OF = {"add_bias_linear": "--disable-bias-linear", "norm_epsilon": "--norm-epsilon"}
+_FLAG_OF = {"add_bias_linear": "--disable-bias-linear", "layernorm_epsilon": "--norm-epsilon"}
 
 
 def _flag(dest: str) -> str:

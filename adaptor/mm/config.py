@@ -124,7 +124,7 @@ TEXT_DECODER_ARGS = {
     "num_layers": "num_layers", "hidden_size": "hidden_size", "ffn_hidden_size": "ffn_hidden_size",
     "num_attention_heads": "num_attention_heads", "num_query_groups": "num_query_groups",
     "kv_channels": "kv_channels", "qk_layernorm": "qk_layernorm", "normalization": "normalization",
-    "layernorm_epsilon": "norm_epsilon", "add_bias_linear": "add_bias_linear", "add_qkv_bias": "add_qkv_bias",
+    "layernorm_epsilon": "layernorm_epsilon", "add_bias_linear": "add_bias_linear", "add_qkv_bias": "add_qkv_bias",
     "position_embedding_type": "position_embedding_type", "rotary_base": "rotary_base",
     "max_position_embeddings": "max_position_embeddings",
     "untie_embeddings_and_output_weights": "untie_embeddings_and_output_weights",
