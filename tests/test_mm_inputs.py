@@ -344,3 +344,43 @@ def test_vision_checkpoint_must_agree_with_model_json(tmp_path):
         list(vision_tower_tensors(str(tower), {**vision, "model_id": "siglip"}, 1, 0))
     with pytest.raises(ConversionError, match=r"the tower has 3 layers but the checkpoint only 2"):
         list(vision_tower_tensors(str(tower), {**vision, "ffn_hidden_size": 128, "num_layers": 3}, 1, 0))
+
+
+# ------------------------------------------------------------------------------------ layouts
+def layout_args(**kw):
+    base = dict(tensor_model_parallel_size=1, pipeline_model_parallel_size=1, context_parallel_size=1,
+                sequence_parallel=False, hidden_size=128, seq_length=48)
+    return argparse.Namespace(**{**base, **kw})
+
+
+LAYOUT_CASES = {
+    "pipeline": (dict(pipeline_model_parallel_size=2), {}, "--pipeline-model-parallel-size > 1 is not supported"),
+    "context": (dict(context_parallel_size=2), {}, "--context-parallel-size > 1 is not supported"),
+    "sequence parallel": (dict(sequence_parallel=True), {}, "--sequence-parallel is not supported"),
+    "vision heads": (dict(tensor_model_parallel_size=8), {},
+                     "image_encoder.vision_encoder.num_attention_heads 4 is not divisible by "
+                     "--tensor-model-parallel-size 8"),
+    "projector width": (dict(tensor_model_parallel_size=3), {"image_encoder.vision_encoder.num_attention_heads": 6,
+                                                             "image_encoder.vision_encoder.hidden_size": 96,
+                                                             "image_encoder.vision_encoder.ffn_hidden_size": 96},
+                        "image_encoder.vision_projector.ffn_hidden_size 128 is not divisible by "
+                        "--tensor-model-parallel-size 3"),
+    "no room for text": (dict(seq_length=16), {}, "--seq-length 16 leaves no room for text: one image takes 16"),
+}
+
+
+@pytest.mark.parametrize("case", LAYOUT_CASES)
+def test_layouts_pretrain_mm_cannot_run(case, tmp_path):
+    from adaptor.features import ArgumentError
+    from patches.mm_arguments import check_layout
+
+    flags, model_edits, expected = LAYOUT_CASES[case]
+    model = EXAMPLE_MODEL
+    for key, value in model_edits.items():
+        model = edited(model, key, value)
+    cfg = load_model_config(write(tmp_path / "model.json", model))
+    data = load_data_config(ROOT / "examples" / "vlm" / "data.json")
+    with pytest.raises(ArgumentError) as err:
+        check_layout(layout_args(**flags), cfg, data)
+    assert expected in str(err.value), err.value
+    check_layout(layout_args(seq_length=17), load_model_config(ROOT / "examples" / "vlm" / "model.json"), data)
