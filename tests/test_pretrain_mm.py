@@ -11,12 +11,13 @@ shapes dataset the repository carries.
   of everything a text-only model sees, so without the image it can do no better than the
   empirical entropy of the captions spread over their loss tokens (the floor is computed from the
   data below, about 0.28 nats per token).
-* TP=2 reproduces the single-process curve over 10 iterations from one common checkpoint (Megatron's
-  CPU initialization of TP-split weights depends on the TP size, so fresh weights would differ).
-  The tolerance is tests/test_parallel_loss_curves.py's rtol 2e-5: the runs add the same numbers
-  in a different order (TP-split matmuls of the tower, projector and decoder, all-reduced), which
-  agrees to fp32 rounding (measured at most 2e-7 relative here); a run with a 10% higher learning
-  rate differs by about 1e-2 and must fail it.
+* TP=2, and DP=2 with the distributed optimizer, reproduce the single-process curve over 10
+  iterations from one common checkpoint (Megatron's CPU initialization of TP-split weights depends
+  on the TP size, so fresh weights would differ). The tolerance is
+  tests/test_parallel_loss_curves.py's rtol 2e-5: the runs add the same numbers in a different order
+  (TP-split matmuls of the tower, projector and decoder, all-reduced; gradients all-reduced over DP),
+  which agrees to fp32 rounding (measured at most 2e-7 relative here); a run with a 10% higher
+  learning rate differs by about 1e-2 and must fail it.
 * The common checkpoint comes from a run under --mm-skip-bad-records at learning rate 0 on a copy
   of the example data with one bad record of each kind appended: it counts and skips them.
 * Pretrained parts: the text decoder from a Qwen3 checkpoint converted by tools/convert_ckpt.py,
@@ -141,7 +142,7 @@ def common_start(tmp_path_factory):
 
 def train_from(ckpt, nproc=1, extra=()):
     args = MM + TRAIN + ["--train-iters", str(ITERS), "--load", str(ckpt), "--finetune", "--no-load-optim",
-                         "--no-load-rng", "--tensor-model-parallel-size", str(nproc), *extra]
+                         "--no-load-rng", *extra]
     run = run_mm(args, nproc=nproc)
     assert run.returncode == 0, tail(run.output)
     assert sorted(run.losses) == list(range(1, ITERS + 1)), tail(run.output)
@@ -159,8 +160,15 @@ def worst_rtol(curve, reference):
     return max(abs(a - b) / abs(b) for a, b in zip(curve, reference))
 
 
-def test_tp2_reproduces_single_process_curve(common_start, reference):
-    curve = train_from(common_start, nproc=2)
+LAYOUTS = {
+    "tp2": ["--tensor-model-parallel-size", "2"],
+    "dp2_distributed_optimizer": ["--use-distributed-optimizer"],
+}
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_layout_reproduces_single_process_curve(layout, common_start, reference):
+    curve = train_from(common_start, nproc=2, extra=LAYOUTS[layout])
     assert worst_rtol(curve, reference) <= RTOL, (curve, reference)
 
 
