@@ -18,6 +18,7 @@ handling (``adaptor.arguments_hook`` around ``parse_args``/``validate_args``):
 """
 from __future__ import annotations
 
+import json
 import math
 import os
 
@@ -61,10 +62,10 @@ def apply_model_json(args, explicit: set, model_cfg) -> None:
             continue
         if dest in explicit and not _same(getattr(args, dest), value):
             given = getattr(args, dest)
-            if dest == "add_bias_linear":
-                given = "given" if not given else "not given"
-            raise MMConfigError(f"{model_cfg.where('text', key_of[dest])} is {value!r} but the command line has "
-                                f"{_flag(dest)} {given}; drop the flag or change model.json")
+            # A switch is explicit only when present, so naming it says its value.
+            flag = _flag(dest) if isinstance(given, bool) else f"{_flag(dest)} {given}"
+            raise MMConfigError(f"{model_cfg.where('text', key_of[dest])} is {json.dumps(value)} but the command "
+                                f"line has {flag}; drop the flag or change model.json")
         setattr(args, dest, value)
     vocab = model_cfg.text.get("vocab_size")
     if vocab is not None:

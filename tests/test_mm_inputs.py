@@ -125,6 +125,11 @@ def test_flags_agree_with_model_json(tmp_path):
     args = argparse.Namespace(layernorm_epsilon=1e-5, tensor_model_parallel_size=1)
     with pytest.raises(MMConfigError, match=r"text_decoder.layernorm_epsilon is 1e-06 .* --norm-epsilon 1e-05"):
         apply_model_json(args, {"layernorm_epsilon"}, cfg)
+    args = argparse.Namespace(add_bias_linear=False, tensor_model_parallel_size=1)
+    biased = edited(EXAMPLE_MODEL, "text_decoder.add_bias_linear", True)
+    with pytest.raises(MMConfigError, match=r"text_decoder.add_bias_linear is true but the command line has "
+                                            r"--disable-bias-linear; drop the flag"):
+        apply_model_json(args, {"add_bias_linear"}, load_model_config(write(tmp_path / "model.json", biased)))
 
 
 # -------------------------------------------------------------------------------------- data.json
