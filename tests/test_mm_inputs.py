@@ -313,6 +313,38 @@ def test_image_failing_at_load_time(folder, data_cfg):
     assert decode(replaced["tokens"].tolist()).startswith("<IMG>\na red box|")
 
 
+def corrupt_png_body(path: Path) -> None:
+    """Scramble the compressed pixels of a PNG but keep every chunk checksum right: Pillow's verify
+    (used when the dataset is built) passes, decoding fails."""
+    import struct
+    import zlib
+
+    raw = bytearray(path.read_bytes())
+    start = raw.index(b"IDAT") - 4
+    (length,) = struct.unpack(">I", raw[start:start + 4])
+    body = start + 8
+    raw[body + 2:body + length] = bytes(length - 2)  # after the zlib header: zeros are not a valid stream
+    crc = zlib.crc32(bytes(raw[start + 4:body + length])) & 0xFFFFFFFF
+    raw[body + length:body + length + 4] = struct.pack(">I", crc)
+    path.write_bytes(bytes(raw))
+
+
+def test_decode_failure_in_a_dataloader_worker_is_one_line(folder, data_cfg):
+    """The training loop reads samples in DataLoader workers, which re-raise an error in the main process
+    wrapped in a traceback; ``MMDataError.line`` (what pretrain_mm.py reports) is the original line."""
+    png(folder / "scrambled.png", size=(32, 32))
+    corrupt_png_body(folder / "scrambled.png")
+    data = folder / "data.jsonl"
+    data.write_text(json.dumps({"image": "scrambled.png", "caption": "x"}) + "\n")
+    records, _ = read_records(str(data), str(folder), False)  # passes the check made at build time
+    loader = torch.utils.data.DataLoader(dataset(records, 8, data_cfg), batch_size=2, num_workers=1)
+    with pytest.raises(MMDataError) as err:
+        next(iter(loader))
+    assert str(err.value).startswith("Caught MMDataError in DataLoader worker process 0"), err.value
+    assert err.value.line.startswith("data.jsonl:1: image scrambled.png: cannot decode ("), err.value.line
+    assert "\n" not in err.value.line
+
+
 def test_epochs_visit_every_record_in_a_new_order(folder, data_cfg):
     data = folder / "data.jsonl"
     data.write_text("".join(json.dumps({"image": "good.png", "caption": f"c{i}"}) + "\n" for i in range(5)))
