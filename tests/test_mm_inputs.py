@@ -421,3 +421,33 @@ def test_layouts_pretrain_mm_cannot_run(case, tmp_path):
         check_layout(layout_args(**flags), cfg, data)
     assert expected in str(err.value), err.value
     check_layout(layout_args(seq_length=17), load_model_config(ROOT / "examples" / "vlm" / "model.json"), data)
+
+
+def test_text_decoder_from_hf_dir_equals_converted_checkpoint(tmp_path):
+    """text_decoder.ckpt_path as a HF Qwen3 directory (split on the fly) gives each TP rank exactly the
+    tensors tools/convert_ckpt.py writes for it; mismatches are named."""
+    from adaptor.convert import ConversionError, Layout, convert_hf_to_megatron
+    from adaptor.convert.config_check import megatron_namespace, model_flags
+    from adaptor.mm.weights import text_decoder_tensors
+    from hf_fixtures import make_tiny_qwen3
+
+    hf_dir = make_tiny_qwen3(tmp_path / "hf", vocab_size=1436)
+    config = json.loads((hf_dir / "config.json").read_text())
+    converted = convert_hf_to_megatron(hf_dir, tmp_path / "mg_tp2", "qwen3", Layout(tp=2))
+    args, _, _ = megatron_namespace(model_flags("qwen3", config) + ["--tensor-model-parallel-size", "2"])
+    args.padded_vocab_size = 1536  # 1436 padded to a multiple of 128 x TP, as Megatron and the converter pad
+    for rank in (0, 1):
+        online = dict(text_decoder_tensors(str(hf_dir), args, rank))
+        offline = {k: v for k, v in text_decoder_tensors(str(converted), args, rank) if torch.is_tensor(v)}
+        assert sorted(online) == sorted(offline) and len(online) == 34
+        assert all(torch.equal(online[k], offline[k]) for k in online)
+    args.num_layers = 3
+    with pytest.raises(ConversionError, match=r"does not describe this decoder: --num-layers is 3 on the command "
+                                              r"line but 4 in the Hugging Face config"):
+        list(text_decoder_tensors(str(hf_dir), args, 0))
+    args.num_layers, args.tensor_model_parallel_size = 4, 1
+    with pytest.raises(ConversionError, match=r"converted for TP=2 PP=1; this run has TP=1"):
+        list(text_decoder_tensors(str(converted), args, 0))
+    args.padded_vocab_size = 1280
+    with pytest.raises(ConversionError, match=r"vocab_size 1436 in config.json is more than the model's 1280 rows"):
+        list(text_decoder_tensors(str(hf_dir), args, 0))
