@@ -9,7 +9,7 @@ setup(
     long_description_content_type="text/markdown",
     python_requires=">=3.12",
     packages=find_packages(include=["adaptor", "adaptor.*", "patches", "patches.*"]),
-    py_modules=["pretrain_gpt"],
+    py_modules=["pretrain_gpt", "pretrain_mm"],
     install_requires=[
         # The patches target exactly this release; adaptor checks it at import.
         "megatron-core==0.19.2",
@@ -25,8 +25,10 @@ setup(
         "npu": ["torch_npu"],
         # tools/preprocess_data.py reads parquet through pyarrow.
         "parquet": ["pyarrow"],
+        # pretrain_mm.py decodes images with Pillow.
+        "mm": ["Pillow"],
         # transformers is the reference the tokenizer and model parity tests compare against;
         # training itself never imports it.
-        "test": ["pytest", "transformers"],
+        "test": ["pytest", "transformers", "Pillow"],
     },
 )

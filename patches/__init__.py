@@ -26,11 +26,13 @@ def all_features():
     from patches.hf_checkpoint import HfCheckpointFlags
     from patches.hf_tokenizer import TokenizerJsonTokenizer
     from patches.megatron_initialize import AllowNoCuda
+    from patches.mm_arguments import MultimodalArguments
     from patches.mla_yarn_arguments import MlaYarnArguments
     from patches.npu_device import NpuDevice
     from patches.safetensors_checkpoint import SafetensorsCheckpoint
     from patches.sequence_parallel_torch_norm import SequenceParallelTorchNorm
     from patches.tensor_type_names import CudaTypeNamesInOptimizers
+    from patches.vision_norms import VisionTowerNorms
 
     return [
         BackendDefaults(),
@@ -59,4 +61,7 @@ def all_features():
         GlooUnevenCollectives(),
         HfCheckpointFlags(),
         SafetensorsCheckpoint(),
+        # Vision-language pretraining (pretrain_mm.py, issue 8).
+        MultimodalArguments(),
+        VisionTowerNorms(),
     ]

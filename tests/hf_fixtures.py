@@ -69,14 +69,14 @@ def write_safetensors_shards(path: Path, tensors: dict[str, torch.Tensor], shard
         {"metadata": {"total_size": total}, "weight_map": weight_map}, indent=2))
 
 
-def make_tiny_qwen3(path, tied: bool = True, shards: int = 1, seed: int = 0) -> Path:
+def make_tiny_qwen3(path, tied: bool = True, shards: int = 1, seed: int = 0, vocab_size: int = VOCAB_SIZE) -> Path:
     """A 4-layer Qwen3ForCausalLM: GQA 4 heads / 2 groups, head_dim 32 != 64/4, qk-norm, rope 1e6."""
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
     config = Qwen3Config(
-        vocab_size=VOCAB_SIZE, hidden_size=HIDDEN_SIZE, intermediate_size=192, num_hidden_layers=4,
+        vocab_size=vocab_size, hidden_size=HIDDEN_SIZE, intermediate_size=192, num_hidden_layers=4,
         num_attention_heads=4, num_key_value_heads=2, head_dim=32, max_position_embeddings=64,
         rms_norm_eps=1e-6, rope_parameters={"rope_type": "default", "rope_theta": 1000000.0},
         tie_word_embeddings=tied, attention_bias=False, hidden_act="silu",
@@ -171,6 +171,25 @@ def make_tiny_deepseek_v3(path, mtp_layers: int = 1, shards: int = 2, seed: int 
     config_dict.setdefault("scoring_func", "sigmoid")
     config_dict.setdefault("topk_method", "noaux_tc")
     config_file.write_text(json.dumps(config_dict, indent=2))
+    return path
+
+
+def make_tiny_vision_tower(path, kind: str = "clip", layers: int = 3, seed: int = 0) -> Path:
+    """A 32x32-pixel, patch-8 CLIPVisionModel (quick_gelu, class token, pre-norm) or SiglipVisionModel
+    (gelu tanh, patch bias, post-norm): hidden 64, 4 heads, MLP 128."""
+    from transformers import CLIPVisionConfig, CLIPVisionModel, SiglipVisionConfig, SiglipVisionModel
+
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    shape = dict(hidden_size=HIDDEN_SIZE, intermediate_size=128, num_hidden_layers=layers, num_attention_heads=4,
+                 num_channels=3, image_size=32, patch_size=8)
+    if kind == "clip":
+        model = CLIPVisionModel(CLIPVisionConfig(**shape, hidden_act="quick_gelu", layer_norm_eps=1e-5))
+    else:
+        model = SiglipVisionModel(SiglipVisionConfig(**shape, hidden_act="gelu_pytorch_tanh", layer_norm_eps=1e-6))
+    model = model.to(torch.float32)
+    _randomize(model, seed)
+    model.save_pretrained(path)
     return path
 
 

@@ -1,0 +1,8 @@
+"""Vision-language pretraining pieces for pretrain_mm.py (MindSpeed-MM's model.json / data.json manner).
+
+- :mod:`adaptor.mm.config`: read and check model.json and data.json (errors name the JSON path).
+- :mod:`adaptor.mm.model`: megatron-core's ``LLaVAModel`` (CLIP/SigLIP ``CLIPViTModel``,
+  ``MultimodalProjector``, ``GPTModel``) built from them and Megatron's arguments.
+- :mod:`adaptor.mm.data`: JSONL image-caption/conversation records, images decoded with Pillow.
+- :mod:`adaptor.mm.weights`: initial weights of the parts (converted Qwen3, HF Qwen3, HF CLIP/SigLIP).
+"""

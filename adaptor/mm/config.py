@@ -1,0 +1,293 @@
+"""model.json and data.json: MindSpeed-MM's shape, checked key by key.
+
+model.json::
+
+    {"model_id": "llava",
+     "image_encoder": {"vision_encoder": {...}, "vision_projector": {...}},
+     "text_decoder": {...}}
+
+data.json::
+
+    {"dataset_param": {"dataset_type": "multimodal",
+                       "basic_parameters": {"data_path": ..., "data_folder": ...},
+                       "preprocess_parameters": {"image_size": ..., "mean": [...], "std": [...]}},
+     "dataloader_param": {"shuffle": true, "num_workers": 2}}
+
+Every problem is one :class:`MMConfigError` naming the file and the JSON path
+(``model.json: image_encoder.vision_encoder.num_layers: missing``). Relative paths inside a
+file (``data_path``, ``data_folder``, ``ckpt_path``) are relative to that file's directory.
+"""
+from __future__ import annotations
+
+import functools
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+# CLIP's image normalization (OpenAI), the default of preprocess_parameters.mean/std.
+CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)
+CLIP_STD = (0.26862954, 0.26130258, 0.27577711)
+
+
+class MMConfigError(ValueError):
+    """A problem in model.json or data.json, as one line naming file and JSON path."""
+
+
+@dataclass(frozen=True)
+class Key:
+    """One JSON key: its type, whether it must be given, its default, its allowed values."""
+
+    kind: Any  # int, float, bool, str, "floats3" (three numbers), None (only null accepted)
+    required: bool = False
+    default: Any = None
+    choices: tuple = ()
+
+
+_TYPE_NAMES = {int: "an integer", float: "a number", bool: "true or false", str: "a string",
+               "floats3": "a list of three numbers", None: "null"}
+
+
+def _value(value, key: Key, where: str):
+    kind = key.kind
+    ok = {
+        int: isinstance(value, int) and not isinstance(value, bool),
+        float: isinstance(value, (int, float)) and not isinstance(value, bool),
+        bool: isinstance(value, bool),
+        str: isinstance(value, str),
+        None: value is None,
+        "floats3": isinstance(value, list) and len(value) == 3
+        and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in value),
+    }[kind]
+    if not ok:
+        raise MMConfigError(f"{where}: expected {_TYPE_NAMES[kind]}, got {json.dumps(value)}")
+    if key.choices and value not in key.choices:
+        raise MMConfigError(f"{where}: {json.dumps(value)} is not one of {', '.join(map(json.dumps, key.choices))}")
+    if kind is float:
+        return float(value)
+    if kind == "floats3":
+        return tuple(float(v) for v in value)
+    return value
+
+
+def check_section(obj, schema: dict, path: str, file: str) -> dict:
+    """``obj`` checked against ``schema`` (nested dicts of :class:`Key`); defaults filled in."""
+    where = f"{file}: {path}" if path else file
+    if not isinstance(obj, dict):
+        raise MMConfigError(f"{where}: expected an object, got {json.dumps(obj)[:40]}")
+    unknown = [k for k in obj if k not in schema]
+    if unknown:
+        raise MMConfigError(f"{file}: {_join(path, unknown[0])}: unknown key (known here: {', '.join(schema)})")
+    out = {}
+    for name, key in schema.items():
+        sub = _join(path, name)
+        if isinstance(key, dict):
+            if name not in obj:
+                raise MMConfigError(f"{file}: {sub}: missing")
+            out[name] = check_section(obj[name], key, sub, file)
+        elif name in obj:
+            out[name] = _value(obj[name], key, f"{file}: {sub}")
+        elif key.required:
+            raise MMConfigError(f"{file}: {sub}: missing")
+        else:
+            out[name] = key.default
+    return out
+
+
+def _join(path: str, name: str) -> str:
+    return f"{path}.{name}" if path else name
+
+
+def read_json(path) -> tuple[dict, Path]:
+    file = Path(path)
+    try:
+        text = file.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise MMConfigError(f"{path}: cannot read ({exc.strerror})") from None
+    try:
+        return json.loads(text), file
+    except json.JSONDecodeError as exc:
+        raise MMConfigError(f"{path}:{exc.lineno}: not valid JSON ({exc.msg})") from None
+
+
+def resolve(base: Path, value: str | None) -> str | None:
+    """A path from a config file, relative to that file's directory."""
+    if value is None:
+        return None
+    p = Path(value).expanduser()
+    return str(p if p.is_absolute() else (base.parent / p))
+
+
+# ------------------------------------------------------------------------------------ model.json
+# text_decoder keys and the Megatron argument (dest) each one sets.
+TEXT_DECODER_ARGS = {
+    "num_layers": "num_layers", "hidden_size": "hidden_size", "ffn_hidden_size": "ffn_hidden_size",
+    "num_attention_heads": "num_attention_heads", "num_query_groups": "num_query_groups",
+    "kv_channels": "kv_channels", "qk_layernorm": "qk_layernorm", "normalization": "normalization",
+    "layernorm_epsilon": "layernorm_epsilon", "add_bias_linear": "add_bias_linear", "add_qkv_bias": "add_qkv_bias",
+    "position_embedding_type": "position_embedding_type", "rotary_base": "rotary_base",
+    "max_position_embeddings": "max_position_embeddings",
+    "untie_embeddings_and_output_weights": "untie_embeddings_and_output_weights",
+    "hidden_dropout": "hidden_dropout", "attention_dropout": "attention_dropout",
+    "init_method_std": "init_method_std",
+}
+
+TEXT_DECODER = {
+    "model_id": Key(str, True, choices=("qwen3",)),
+    "num_layers": Key(int, True), "hidden_size": Key(int, True), "ffn_hidden_size": Key(int, True),
+    "num_attention_heads": Key(int, True), "num_query_groups": Key(int), "kv_channels": Key(int),
+    "qk_layernorm": Key(bool), "normalization": Key(str, choices=("RMSNorm", "LayerNorm")),
+    "layernorm_epsilon": Key(float), "add_bias_linear": Key(bool), "add_qkv_bias": Key(bool),
+    "gated_linear_unit": Key(bool), "activation_func": Key(str, choices=("silu", "gelu")),
+    "position_embedding_type": Key(str, choices=("rope", "learned_absolute")),
+    "rotary_base": Key(int), "max_position_embeddings": Key(int),
+    "untie_embeddings_and_output_weights": Key(bool), "vocab_size": Key(int),
+    "hidden_dropout": Key(float), "attention_dropout": Key(float), "init_method_std": Key(float),
+    "freeze": Key(bool, default=False), "ckpt_path": Key(str),
+}
+
+VISION_ENCODER = {
+    "model_id": Key(str, True, choices=("clip", "siglip")),
+    "num_layers": Key(int, True), "hidden_size": Key(int, True), "ffn_hidden_size": Key(int, True),
+    "num_attention_heads": Key(int, True), "patch_size": Key(int, True), "image_size": Key(int, True),
+    # Defaults per model_id: quick_gelu and 1e-5 for CLIP, gelu_tanh and 1e-6 for SigLIP.
+    "activation_func": Key(str, choices=("quick_gelu", "gelu", "gelu_tanh")),
+    "layernorm_epsilon": Key(float),
+    # LLaVA feeds the language model the patch features only (CLIP's class token dropped).
+    "drop_class_token": Key(bool),
+    "hidden_dropout": Key(float, default=0.0), "attention_dropout": Key(float, default=0.0),
+    "freeze": Key(bool, default=False), "ckpt_path": Key(str),
+}
+
+VISION_PROJECTOR = {
+    "model_id": Key(str, default="mlp", choices=("mlp", "affine")),
+    "ffn_hidden_size": Key(int),  # mlp: hidden width (default: the text decoder's hidden_size)
+    "activation_func": Key(str, default="gelu", choices=("gelu", "quick_gelu", "silu")),
+    "add_bias_linear": Key(bool, default=True),
+    "freeze": Key(bool, default=False),
+}
+
+MODEL = {
+    "model_id": Key(str, default="llava", choices=("llava",)),
+    "image_encoder": {"vision_encoder": VISION_ENCODER, "vision_projector": VISION_PROJECTOR},
+    "text_decoder": TEXT_DECODER,
+    # Present in MindSpeed-MM's files; only null (absent) is supported here.
+    "text_encoder": Key(None), "video_encoder": Key(None),
+}
+
+
+@dataclass
+class MMModelConfig:
+    file: str
+    vision: dict
+    projector: dict
+    text: dict
+
+    def where(self, section: str, key: str) -> str:
+        prefix = {"vision": "image_encoder.vision_encoder", "projector": "image_encoder.vision_projector",
+                  "text": "text_decoder"}[section]
+        return f"{self.file}: {prefix}.{key}"
+
+
+def load_model_config(path) -> MMModelConfig:
+    raw, file = read_json(path)
+    cfg = check_section(raw, MODEL, "", str(path))
+    vision, projector, text = cfg["image_encoder"]["vision_encoder"], cfg["image_encoder"]["vision_projector"], \
+        cfg["text_decoder"]
+    out = MMModelConfig(str(path), vision, projector, text)
+    siglip = vision["model_id"] == "siglip"
+    if vision["activation_func"] is None:
+        vision["activation_func"] = "gelu_tanh" if siglip else "quick_gelu"
+    if vision["layernorm_epsilon"] is None:
+        vision["layernorm_epsilon"] = 1e-6 if siglip else 1e-5
+    if vision["drop_class_token"] is None:
+        vision["drop_class_token"] = not siglip
+    elif siglip and vision["drop_class_token"]:
+        raise MMConfigError(f"{out.where('vision', 'drop_class_token')}: SigLIP has no class token to drop")
+    if vision["image_size"] % vision["patch_size"]:
+        raise MMConfigError(f"{out.where('vision', 'image_size')}: {vision['image_size']} is not a multiple of "
+                            f"patch_size {vision['patch_size']}")
+    for section, keys in (("vision", vision), ("text", text)):
+        for key in ("num_layers", "hidden_size", "ffn_hidden_size", "num_attention_heads"):
+            if keys[key] <= 0:
+                raise MMConfigError(f"{out.where(section, key)}: must be positive, got {keys[key]}")
+    if vision["hidden_size"] % vision["num_attention_heads"]:
+        raise MMConfigError(f"{out.where('vision', 'hidden_size')}: {vision['hidden_size']} is not divisible by "
+                            f"num_attention_heads {vision['num_attention_heads']}")
+    gated, act = text.pop("gated_linear_unit"), text.pop("activation_func")
+    if act == "silu" and gated is False:
+        raise MMConfigError(f"{out.where('text', 'activation_func')}: silu without gated_linear_unit is not "
+                            f"supported (Megatron's --swiglu is gated)")
+    if act == "gelu" and gated:
+        raise MMConfigError(f"{out.where('text', 'gated_linear_unit')}: a gated gelu MLP is not supported "
+                            f"(use activation_func silu: SwiGLU)")
+    text["swiglu"] = bool(gated or act == "silu") if (gated is not None or act is not None) else None
+    if vision["freeze"] and projector["freeze"] and text["freeze"]:
+        raise MMConfigError(f"{path}: every part is frozen (vision_encoder, vision_projector and text_decoder "
+                            f"freeze: true); nothing would train")
+    for section in (vision, text):
+        section["ckpt_path"] = resolve(file, section["ckpt_path"])
+    return out
+
+
+# ------------------------------------------------------------------------------------- data.json
+DATA = {
+    "dataset_param": {
+        "dataset_type": Key(str, True, choices=("multimodal",)),
+        "basic_parameters": {
+            "data_path": Key(str, True),     # JSONL, one record per line
+            "data_folder": Key(str, default=""),  # image paths in records are relative to it
+        },
+        "preprocess_parameters": {
+            "image_size": Key(int, True),
+            "mean": Key("floats3", default=CLIP_MEAN), "std": Key("floats3", default=CLIP_STD),
+            "interpolation": Key(str, default="bicubic", choices=("bicubic", "bilinear", "nearest")),
+        },
+    },
+    "dataloader_param": {
+        "shuffle": Key(bool, default=True),  # a new order each epoch (seeded by --seed)
+        "num_workers": Key(int),             # sets --num-workers unless that is given
+    },
+}
+
+
+@dataclass
+class MMDataConfig:
+    file: str
+    data_path: str
+    data_folder: str
+    image_size: int
+    mean: tuple
+    std: tuple
+    interpolation: str
+    shuffle: bool
+    num_workers: int | None
+
+
+def load_data_config(path) -> MMDataConfig:
+    raw, file = read_json(path)
+    cfg = check_section(raw, DATA, "", str(path))
+    basic = cfg["dataset_param"]["basic_parameters"]
+    pre = cfg["dataset_param"]["preprocess_parameters"]
+    loader = cfg["dataloader_param"]
+    if any(s <= 0 for s in pre["std"]):
+        raise MMConfigError(f"{path}: dataset_param.preprocess_parameters.std: must be positive, got {list(pre['std'])}")
+    if pre["image_size"] <= 0:
+        raise MMConfigError(f"{path}: dataset_param.preprocess_parameters.image_size: must be positive")
+    if loader["num_workers"] is not None and loader["num_workers"] < 0:
+        raise MMConfigError(f"{path}: dataloader_param.num_workers: must be >= 0")
+    return MMDataConfig(
+        file=str(path), data_path=resolve(file, basic["data_path"]), data_folder=resolve(file, basic["data_folder"]),
+        image_size=pre["image_size"], mean=pre["mean"], std=pre["std"], interpolation=pre["interpolation"],
+        shuffle=loader["shuffle"], num_workers=loader["num_workers"])
+
+
+@functools.lru_cache(maxsize=None)
+def cached_model_config(path: str) -> MMModelConfig:
+    """model.json read once per process (argument checks and the model provider share it)."""
+    return load_model_config(path)
+
+
+@functools.lru_cache(maxsize=None)
+def cached_data_config(path: str) -> MMDataConfig:
+    return load_data_config(path)

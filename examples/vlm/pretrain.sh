@@ -1,0 +1,57 @@
+#!/usr/bin/env bash
+# Pretrain a vision-language model (CLIP-style ViT, MLP projector, Qwen3-style decoder) with
+# Megatron's own loop through pretrain_mm.py, on NPU, GPU or CPU.
+#
+#   bash examples/vlm/pretrain.sh            # tiny model on the embedded shapes dataset, CPU (~1 min)
+#   NPROC=2 TP=2 bash examples/vlm/pretrain.sh
+#   MM_MODEL=my/model.json MM_DATA=my/data.json TOKENIZER_MODEL=/models/Qwen3-0.6B NPROC=8 \
+#       SEQ_LEN=1024 MBS=4 GBS=256 TRAIN_ITERS=5000 PRECISION=bf16 bash examples/vlm/pretrain.sh
+#
+# Environment overrides (defaults in brackets):
+#   MM_MODEL model.json [examples/vlm/model.json]   MM_DATA data.json [examples/vlm/data.json]
+#   TOKENIZER_MODEL [examples/data/tokenizer]      (--tokenizer-type HuggingFaceTokenizer)
+#   NPROC processes per node [1]  NNODES [1]  NODE_RANK [0]  MASTER_ADDR [127.0.0.1]  MASTER_PORT [29500]
+#   TP [1]   SEQ_LEN language-model positions, image embeddings included [48]
+#   MBS [8]  GBS [16]  TRAIN_ITERS [150]  LR [2e-3]  MIN_LR [LR/10]  WARMUP [TRAIN_ITERS/10]
+#   PRECISION bf16|fp16|fp32 [fp32]   SAVE  LOAD  SAVE_INTERVAL   LOG_INTERVAL [10]
+#   SKIP_BAD=1 count and skip bad records (--mm-skip-bad-records)
+#   ADAPTOR_BACKEND npu|cuda|cpu to override detection.
+# Anything after the script's name is passed to pretrain_mm.py verbatim and wins.
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
+MM_MODEL="${MM_MODEL:-$ROOT/examples/vlm/model.json}"
+MM_DATA="${MM_DATA:-$ROOT/examples/vlm/data.json}"
+TOKENIZER_MODEL="${TOKENIZER_MODEL:-$ROOT/examples/data/tokenizer}"
+
+NPROC="${NPROC:-1}"; NNODES="${NNODES:-1}"; NODE_RANK="${NODE_RANK:-0}"
+MASTER_ADDR="${MASTER_ADDR:-127.0.0.1}"; MASTER_PORT="${MASTER_PORT:-29500}"
+TP="${TP:-1}"
+SEQ_LEN="${SEQ_LEN:-48}"; MBS="${MBS:-8}"; GBS="${GBS:-16}"
+TRAIN_ITERS="${TRAIN_ITERS:-150}"; LR="${LR:-2e-3}"; MIN_LR="${MIN_LR:-$(python3 -c "print(${LR}/10)")}"
+WARMUP="${WARMUP:-$(( TRAIN_ITERS / 10 ))}"
+PRECISION="${PRECISION:-fp32}"
+
+ARGS=(
+  --mm-model "$MM_MODEL" --mm-data "$MM_DATA"
+  --tokenizer-type HuggingFaceTokenizer --tokenizer-model "$TOKENIZER_MODEL"
+  --seq-length "$SEQ_LEN" --tensor-model-parallel-size "$TP"
+  --micro-batch-size "$MBS" --global-batch-size "$GBS" --train-iters "$TRAIN_ITERS"
+  --lr "$LR" --min-lr "$MIN_LR" --lr-decay-style cosine --lr-warmup-iters "$WARMUP"
+  --weight-decay 0.01 --adam-beta1 0.9 --adam-beta2 0.95 --clip-grad 1.0
+  --seed 1234 --log-interval "${LOG_INTERVAL:-10}" --eval-interval 1000000 --eval-iters 0
+  --log-throughput
+)
+case "$PRECISION" in bf16) ARGS+=(--bf16) ;; fp16) ARGS+=(--fp16) ;; fp32) ;;
+  *) echo "examples/vlm/pretrain.sh: error: PRECISION must be bf16, fp16 or fp32" >&2; exit 2 ;; esac
+[ "$NPROC" -gt 1 ] || [ "$NNODES" -gt 1 ] && ARGS+=(--use-distributed-optimizer)
+[ -n "${SAVE:-}" ] && ARGS+=(--save "$SAVE" --save-interval "${SAVE_INTERVAL:-$TRAIN_ITERS}")
+[ -n "${LOAD:-}" ] && ARGS+=(--load "$LOAD")
+[ "${SKIP_BAD:-0}" = 1 ] && ARGS+=(--mm-skip-bad-records)
+
+export CUDA_DEVICE_MAX_CONNECTIONS="${CUDA_DEVICE_MAX_CONNECTIONS:-1}"
+export OMP_NUM_THREADS="${OMP_NUM_THREADS:-$(( $(nproc) / NPROC > 0 ? $(nproc) / NPROC : 1 ))}"
+
+exec torchrun --nproc_per_node "$NPROC" --nnodes "$NNODES" --node_rank "$NODE_RANK" \
+  --master_addr "$MASTER_ADDR" --master_port "$MASTER_PORT" \
+  "$ROOT/pretrain_mm.py" "${ARGS[@]}" "$@"

@@ -1,0 +1,170 @@
+"""``--mm-model model.json --mm-data data.json``: pretrain_mm.py's configuration files.
+
+No upstream function is changed. The feature joins the two files to Megatron's own argument
+handling (``adaptor.arguments_hook`` around ``parse_args``/``validate_args``):
+
+* the text decoder is Megatron's GPTModel, so model.json's ``text_decoder`` keys fill the
+  Megatron flags that describe it (``num_layers`` → ``--num-layers``, ``layernorm_epsilon`` →
+  ``--norm-epsilon``, ``gated_linear_unit``/``activation_func: silu`` → ``--swiglu``, ...) —
+  as MindSpeed-MM does, the launch script then carries only training flags. A flag given on
+  the command line that disagrees with model.json is one line naming both; ``vocab_size`` sets
+  the padded vocabulary (the rows of a checkpoint's embedding);
+* ``dataloader_param.num_workers`` sets ``--num-workers`` unless that is given;
+* checks, each one line: the files and the paths they name, the vision tower and projector
+  widths against ``--tensor-model-parallel-size``, the image sizes of model.json and data.json,
+  room for text in ``--seq-length`` after the image embeddings, a tokenizer that can tokenize
+  captions, and the layouts LLaVAModel does not run here (pipeline and context parallelism,
+  ``--sequence-parallel``, which it allows only with TE attention).
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+
+from adaptor.features import ArgumentError, Feature
+
+# Flag spelled differently from its dest.
+_FLAG_OF = {"add_bias_linear": "--disable-bias-linear", "layernorm_epsilon": "--norm-epsilon"}
+
+
+def _flag(dest: str) -> str:
+    return _FLAG_OF.get(dest, "--" + dest.replace("_", "-"))
+
+
+def _same(a, b) -> bool:
+    if isinstance(a, float) or isinstance(b, float):
+        return a is not None and b is not None and math.isclose(float(a), float(b), rel_tol=1e-9)
+    return a == b
+
+
+def text_decoder_args(text: dict) -> dict:
+    """Megatron dest -> value for the text_decoder keys model.json gives."""
+    from adaptor.mm.config import TEXT_DECODER_ARGS
+
+    out = {dest: text[key] for key, dest in TEXT_DECODER_ARGS.items() if text.get(key) is not None}
+    if text.get("swiglu") is not None:
+        out["swiglu"] = text["swiglu"]
+    if "num_query_groups" in out:
+        out["group_query_attention"] = out["num_query_groups"] != text["num_attention_heads"]
+    return out
+
+
+def apply_model_json(args, explicit: set, model_cfg) -> None:
+    """Fill the decoder flags from model.json; a flag given explicitly must agree with it."""
+    from adaptor.mm.config import MMConfigError, TEXT_DECODER_ARGS
+
+    key_of = {dest: key for key, dest in TEXT_DECODER_ARGS.items()}
+    key_of["swiglu"] = "gated_linear_unit/activation_func"
+    for dest, value in text_decoder_args(model_cfg.text).items():
+        if dest == "group_query_attention":
+            args.group_query_attention = value
+            continue
+        if dest in explicit and not _same(getattr(args, dest), value):
+            given = getattr(args, dest)
+            # A switch is explicit only when present, so naming it says its value.
+            flag = _flag(dest) if isinstance(given, bool) else f"{_flag(dest)} {given}"
+            raise MMConfigError(f"{model_cfg.where('text', key_of[dest])} is {json.dumps(value)} but the command "
+                                f"line has {flag}; drop the flag or change model.json")
+        setattr(args, dest, value)
+    vocab = model_cfg.text.get("vocab_size")
+    if vocab is not None:
+        tp = args.tensor_model_parallel_size
+        if vocab % tp:
+            raise MMConfigError(f"{model_cfg.where('text', 'vocab_size')}: {vocab} is not divisible by "
+                                f"--tensor-model-parallel-size {tp}")
+        args.padded_vocab_size = vocab
+
+
+def image_seq_len(vision: dict) -> int:
+    """Embeddings one image gives the language model (patches, plus CLIP's class token if kept)."""
+    patches = (vision["image_size"] // vision["patch_size"]) ** 2
+    return patches + (1 if vision["model_id"] == "clip" and not vision["drop_class_token"] else 0)
+
+
+def check_layout(args, model_cfg, data_cfg) -> None:
+    vision, projector = model_cfg.vision, model_cfg.projector
+    tp = args.tensor_model_parallel_size
+    for flag, dest in (("--pipeline-model-parallel-size", "pipeline_model_parallel_size"),
+                       ("--context-parallel-size", "context_parallel_size")):
+        if (getattr(args, dest, 1) or 1) > 1:
+            raise ArgumentError(f"pretrain_mm.py: {flag} > 1 is not supported (LLaVAModel runs here with data "
+                                f"and tensor parallelism)")
+    if getattr(args, "sequence_parallel", False):
+        raise ArgumentError("pretrain_mm.py: --sequence-parallel is not supported (megatron-core's LLaVAModel "
+                            "allows it only with Transformer Engine attention)")
+    for key in ("num_attention_heads", "ffn_hidden_size"):
+        if vision[key] % tp:
+            raise ArgumentError(f"{model_cfg.where('vision', key)} {vision[key]} is not divisible by "
+                                f"--tensor-model-parallel-size {tp}")
+    width = projector["ffn_hidden_size"] or args.hidden_size
+    if projector["model_id"] == "mlp" and width % tp:
+        raise ArgumentError(f"{model_cfg.where('projector', 'ffn_hidden_size')} {width} is not divisible by "
+                            f"--tensor-model-parallel-size {tp}")
+    if data_cfg.image_size != vision["image_size"]:
+        raise ArgumentError(f"{data_cfg.file}: dataset_param.preprocess_parameters.image_size is "
+                            f"{data_cfg.image_size} but {model_cfg.where('vision', 'image_size')} is "
+                            f"{vision['image_size']}")
+    images = image_seq_len(vision)
+    if args.seq_length is not None and args.seq_length - images + 1 < 2:
+        raise ArgumentError(f"--seq-length {args.seq_length} leaves no room for text: one image takes {images} "
+                            f"positions ((image_size / patch_size)^2"
+                            f"{' + class token' if images > (vision['image_size'] // vision['patch_size']) ** 2 else ''})")
+
+
+def check_files(model_cfg, data_cfg) -> None:
+    if not os.path.isfile(data_cfg.data_path):
+        raise ArgumentError(f"{data_cfg.file}: dataset_param.basic_parameters.data_path: no such file "
+                            f"{data_cfg.data_path}")
+    if not os.path.isdir(data_cfg.data_folder):
+        raise ArgumentError(f"{data_cfg.file}: dataset_param.basic_parameters.data_folder: no such directory "
+                            f"{data_cfg.data_folder}")
+    for section in ("vision", "text"):
+        path = getattr(model_cfg, section)["ckpt_path"]
+        if path is not None and not os.path.isdir(path):
+            raise ArgumentError(f"{model_cfg.where(section, 'ckpt_path')}: no such directory {path}")
+
+
+class MultimodalArguments(Feature):
+    name = "mm_arguments"
+
+    def add_arguments(self, group) -> None:
+        group.add_argument("--mm-model", default=None, dest="mm_model", metavar="JSON",
+                           help="pretrain_mm.py: model.json (image_encoder.vision_encoder/vision_projector, "
+                                "text_decoder); its text_decoder keys fill the decoder's Megatron flags.")
+        group.add_argument("--mm-data", default=None, dest="mm_data", metavar="JSON",
+                           help="pretrain_mm.py: data.json (dataset_param, dataloader_param).")
+        group.add_argument("--mm-skip-bad-records", action="store_true", dest="mm_skip_bad_records",
+                           help="pretrain_mm.py: count and skip records with a missing key, an empty caption "
+                                "or a missing/undecodable image instead of stopping at the first.")
+
+    def enabled(self, ctx) -> bool:
+        return super().enabled(ctx) and bool(getattr(ctx.flags, "mm_model", None))
+
+    def set_defaults(self, args, ctx) -> None:
+        from adaptor.errors import fail
+        from adaptor.mm.config import MMConfigError, cached_data_config, cached_model_config
+
+        if args.mm_data is None:
+            fail("--mm-model needs --mm-data data.json (pretrain_mm.py)")
+        try:
+            model_cfg = cached_model_config(args.mm_model)
+            data_cfg = cached_data_config(args.mm_data)
+            apply_model_json(args, ctx.explicit, model_cfg)
+        except MMConfigError as exc:
+            fail(str(exc))
+        if data_cfg.num_workers is not None and "num_workers" not in ctx.explicit:
+            args.num_workers = data_cfg.num_workers
+
+    def validate(self, args, ctx) -> None:
+        from adaptor.mm.config import cached_data_config, cached_model_config
+
+        model_cfg, data_cfg = cached_model_config(args.mm_model), cached_data_config(args.mm_data)
+        check_files(model_cfg, data_cfg)
+        check_layout(args, model_cfg, data_cfg)
+        if args.tokenizer_type == "NullTokenizer":
+            raise ArgumentError("pretrain_mm.py tokenizes captions: --tokenizer-type NullTokenizer cannot; use "
+                                "HuggingFaceTokenizer with --tokenizer-model")
+        if getattr(args, "hf_load_dir", None) or getattr(args, "hf_save_dir", None):
+            raise ArgumentError("pretrain_mm.py: --hf-load-dir/--hf-save-dir load a GPT model; give the text "
+                                "decoder's checkpoint as model.json's text_decoder.ckpt_path")

@@ -1,0 +1,192 @@
+"""Compare megatron-core's CLIP/SigLIP vision tower, loaded from a Hugging Face directory, with transformers'.
+
+    python tools/check_vision_parity.py --hf-dir /models/clip-vit-large-patch14-336 --tp 2
+    python tools/check_vision_parity.py --hf-dir tiny_siglip
+
+Computes the tower's output for one fixed random image batch twice, in fp32:
+
+* with transformers (``CLIPVisionModel`` / ``SiglipVisionModel``, eager attention): its
+  ``last_hidden_state``, in this process;
+* with megatron-core's ``CLIPViTModel`` built as pretrain_mm.py builds it
+  (:func:`adaptor.mm.model.build_vision_tower`, the local ViT spec) at ``--tp`` and filled by the same
+  per-rank loader as model.json's ``vision_encoder.ckpt_path`` (:mod:`adaptor.mm.weights`), under
+  torchrun (``ADAPTOR_BACKEND``, default cpu/gloo).
+
+Prints the max abs difference and exits 1 past ``--tolerance``; bad input is one line
+``check_vision_parity.py: error: ...`` and exit 2.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+PROG = "check_vision_parity.py"
+MODEL_IDS = {"clip_vision_model": "clip", "clip": "clip", "siglip_vision_model": "siglip", "siglip": "siglip"}
+
+
+def error(message: str, code: int = 2):
+    print(f"{PROG}: error: {' '.join(str(message).split())}", file=sys.stderr, flush=True)
+    raise SystemExit(code)
+
+
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n\n")[0])
+    parser.add_argument("--hf-dir", required=True, help="Hugging Face CLIP/SigLIP directory (config.json + safetensors)")
+    parser.add_argument("--tp", type=int, default=1, help="tensor parallel size")
+    parser.add_argument("--tolerance", type=float, default=1e-4, help="bound on the max abs difference")
+    parser.add_argument("--batch", type=int, default=2)
+    parser.add_argument("--seed", type=int, default=1234, help="seed of the random image batch")
+    parser.add_argument("--timeout", type=int, default=600, help="seconds for the Megatron run")
+    parser.add_argument("--worker", default=None, help=argparse.SUPPRESS)
+    return parser.parse_args(argv)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def vision_encoder_keys(hf_dir: str, config: dict) -> dict:
+    """model.json's vision_encoder section describing the whole checkpoint's tower."""
+    from adaptor.convert.clip_vision import vision_config, vision_mapping
+
+    model_id = MODEL_IDS.get(config.get("model_type"))
+    if model_id is None:
+        error(f"--hf-dir {hf_dir}: model_type {config.get('model_type')!r} is not a CLIP or SigLIP model")
+    mapping = vision_mapping(model_id, config)
+    if int(vision_config(config).get("num_channels", 3)) != 3:
+        error(f"--hf-dir {hf_dir}: num_channels must be 3 (megatron-core's patch convolution takes RGB)")
+    return {"model_id": model_id, "num_layers": mapping.layers_in_checkpoint, **mapping.model_json_values(),
+            "drop_class_token": False, "hidden_dropout": 0.0, "attention_dropout": 0.0, "freeze": False,
+            "ckpt_path": hf_dir}
+
+
+def hf_output(hf_dir: str, model_id: str, images):
+    import torch
+    from transformers import CLIPVisionModel, SiglipVisionModel
+
+    cls = CLIPVisionModel if model_id == "clip" else SiglipVisionModel
+    model = cls.from_pretrained(hf_dir, dtype=torch.float32, attn_implementation="eager")
+    model.eval()
+    with torch.no_grad():
+        return model(pixel_values=images).last_hidden_state.float()
+
+
+def main(argv=None) -> int:
+    opts = parse_args(argv)
+    if opts.worker:
+        return worker(opts.worker)
+    hf_dir = Path(opts.hf_dir)
+    if not (hf_dir / "config.json").is_file():
+        error(f"--hf-dir {opts.hf_dir}: no config.json there")
+    for name in ("tp", "batch"):
+        if getattr(opts, name) < 1:
+            error(f"--{name} must be at least 1")
+    os.environ.setdefault("ADAPTOR_QUIET", "1")
+    import torch
+
+    from adaptor.convert import ConversionError, HfCheckpoint, Layout
+    from adaptor.convert.clip_vision import vision_mapping
+
+    config = json.loads((hf_dir / "config.json").read_text())
+    try:
+        HfCheckpoint(str(hf_dir)).names()
+        vision = vision_encoder_keys(str(hf_dir.resolve()), config)
+        vision_mapping(vision["model_id"], config).check_layout(Layout(tp=opts.tp))
+    except ConversionError as exc:
+        error(f"--hf-dir {opts.hf_dir}: {str(exc).replace('--tensor-model-parallel-size', '--tp')}")
+    size = vision["image_size"]
+    images = torch.randn(opts.batch, 3, size, size, generator=torch.Generator().manual_seed(opts.seed))
+    with tempfile.TemporaryDirectory(prefix="vision_parity_") as work:
+        spec = {"vision": vision, "tp": opts.tp, "images": str(Path(work) / "images.pt"),
+                "output": str(Path(work) / "output.pt"), "spec_file": str(Path(work) / "spec.json")}
+        torch.save(images, spec["images"])
+        Path(spec["spec_file"]).write_text(json.dumps(spec))
+        run_megatron(spec, opts.tp, opts.timeout)
+        megatron = torch.load(spec["output"])
+    reference = hf_output(str(hf_dir), vision["model_id"], images)
+    if megatron.shape != reference.shape:
+        error(f"output shapes differ: Megatron {tuple(megatron.shape)}, transformers {tuple(reference.shape)}")
+    diff = (megatron - reference).abs().max().item()
+    scale = reference.abs().max().item()
+    verdict = "ok" if diff <= opts.tolerance else "FAILED"
+    print(f"{PROG}: {vision['model_id']} {opts.hf_dir} tp={opts.tp}: max abs difference {diff:.3e} "
+          f"(max |output| {scale:.3e}, tolerance {opts.tolerance:g}, {opts.batch} images {size}x{size}): {verdict}",
+          flush=True)
+    return 0 if diff <= opts.tolerance else 1
+
+
+def run_megatron(spec: dict, nproc: int, timeout: int) -> None:
+    cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}",
+           f"--master_port={free_port()}", str(Path(__file__).resolve()), "--hf-dir", spec["vision"]["ckpt_path"],
+           "--worker", spec["spec_file"]]
+    env = dict(os.environ, PYTHONUNBUFFERED="1", ADAPTOR_QUIET="1")
+    env.setdefault("ADAPTOR_BACKEND", "cpu")
+    env.setdefault("OMP_NUM_THREADS", "1")
+    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
+    if proc.returncode != 0:
+        lines = [line for line in (proc.stdout + proc.stderr).splitlines() if line.strip()]
+        reason = next((line for line in lines if ": error: " in line),
+                      next((line for line in lines if line.startswith("[rank") and "Error" in line),
+                           lines[-1] if lines else ""))
+        sys.stderr.write("\n".join(lines[-40:]) + "\n")
+        error(f"the Megatron run failed (exit {proc.returncode}): {reason}")
+
+
+# ----------------------------------------------------------------------------- torchrun worker
+def worker(spec_file: str) -> int:
+    spec = json.loads(Path(spec_file).read_text())
+    sys.argv = sys.argv[:1]
+    sys.path.insert(0, str(ROOT))
+    import adaptor  # noqa: F401  (patches megatron for this backend)
+
+    import torch
+    from megatron.core import parallel_state
+    from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
+    from megatron.core.transformer.transformer_config import TransformerConfig
+
+    from adaptor.convert import ConversionError
+    from adaptor.errors import fail
+    from adaptor.mm.model import build_vision_tower
+    from adaptor.mm.weights import copy_into, vision_tower_tensors
+
+    backend = adaptor.backend
+    torch.distributed.init_process_group(backend=backend.dist_backend)
+    if backend.name != "cpu":
+        getattr(torch, backend.name).set_device(int(os.environ.get("LOCAL_RANK", 0)))
+    tp = spec["tp"]
+    parallel_state.initialize_model_parallel(tensor_model_parallel_size=tp)
+    model_parallel_cuda_manual_seed(1234)
+    vision = spec["vision"]
+    base = TransformerConfig(
+        num_layers=1, hidden_size=vision["hidden_size"], num_attention_heads=vision["num_attention_heads"],
+        tensor_model_parallel_size=tp, use_cpu_initialization=True, bias_activation_fusion=False,
+        masked_softmax_fusion=False, bias_dropout_fusion=False, gradient_accumulation_fusion=False,
+        persist_layer_norm=False, apply_rope_fusion=False)
+    model = build_vision_tower(argparse.Namespace(transformer_impl="local"), vision, base)
+    try:
+        copy_into(model, vision_tower_tensors(vision["ckpt_path"], vision, tp,
+                                              parallel_state.get_tensor_model_parallel_rank()), "vision tower")
+    except ConversionError as exc:
+        fail(f"--hf-dir {vision['ckpt_path']}: {exc}")
+    device = "cpu" if backend.name == "cpu" else torch.device(backend.name, int(os.environ.get("LOCAL_RANK", 0)))
+    model = model.to(device).eval()
+    with torch.no_grad():
+        output = model(torch.load(spec["images"]).to(device))
+    if torch.distributed.get_rank() == 0:
+        torch.save(output.float().cpu(), spec["output"])
+    torch.distributed.barrier()
+    torch.distributed.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
