@@ -28,6 +28,7 @@ def all_features():
     from patches.npu_device import NpuDevice
     from patches.sequence_parallel_torch_norm import SequenceParallelTorchNorm
     from patches.tensor_type_names import CudaTypeNamesInOptimizers
+    from patches.torch_fsdp2 import TorchFsdp2
 
     return [
         BackendDefaults(),
@@ -53,4 +54,6 @@ def all_features():
         MlaYarnArguments(),
         GlooUnevenCollectives(),
         HfCheckpointFlags(),
+        # FSDP2 (issue 7): --use-torch-fsdp2 on every backend, --fsdp2-config-path.
+        TorchFsdp2(),
     ]
