@@ -24,6 +24,7 @@ def all_features():
     from patches.hf_checkpoint import HfCheckpointFlags
     from patches.hf_tokenizer import TokenizerJsonTokenizer
     from patches.megatron_initialize import AllowNoCuda
+    from patches.memory_report import MemoryReport
     from patches.mla_yarn_arguments import MlaYarnArguments
     from patches.npu_device import NpuDevice
     from patches.sequence_parallel_torch_norm import SequenceParallelTorchNorm
@@ -56,4 +57,5 @@ def all_features():
         HfCheckpointFlags(),
         # FSDP2 (issue 7): --use-torch-fsdp2 on every backend, --fsdp2-config-path.
         TorchFsdp2(),
+        MemoryReport(),
     ]

@@ -19,6 +19,12 @@ Upstream code changed, and why:
   see the user's real values.
 * ``megatron.training.training.get_megatron_ddp_config``: the checked YAML plan rides on the
   FSDP2 config object to the wrapper.
+* ``megatron.core.utils.get_data_parallel_group_if_dtensor``: the gradient norm and the zero count
+  (``optimizer.clip_grads``) fold it over the gradients, and upstream returns None for a plain
+  tensor even when a DTensor before it gave the group, so the last gradient decides whether the
+  sum runs over the data-parallel ranks. With ``ignored_modules`` (plain, replicated gradients,
+  counted on one data-parallel rank only) the ranks then disagree and the all-reduce hangs. A
+  plain tensor now keeps the group found so far.
 * ``megatron.training.training.get_megatron_optimizer_config``: with FSDP2 the sharded parameters
   are already the fp32 master weights, so the optimizer is Megatron's ``FP32Optimizer`` (its bf16
   flag would add a second fp32 copy and a bf16 gradient per parameter: Float16OptimizerWithFloat16Params).
@@ -67,6 +73,13 @@ def _attach_plan(wrapped, instance, args_, kwargs):
     return ddp_config
 
 
+def _keep_data_parallel_group(wrapped, instance, args_, kwargs):
+    found = wrapped(*args_, **kwargs)
+    if found is not None:
+        return found
+    return args_[1] if len(args_) > 1 else kwargs.get("data_parallel_group")
+
+
 def _fp32_optimizer(wrapped, instance, args_, kwargs):
     config, overrides = wrapped(*args_, **kwargs)
     args = args_[0] if args_ else kwargs["args"]
@@ -99,6 +112,7 @@ class TorchFsdp2(Feature):
                                 OWNER)
         pm.register_wrapper("megatron.training.training.get_megatron_ddp_config", _attach_plan, OWNER)
         pm.register_wrapper("megatron.training.training.get_megatron_optimizer_config", _fp32_optimizer, OWNER)
+        pm.register_wrapper("megatron.core.utils.get_data_parallel_group_if_dtensor", _keep_data_parallel_group, OWNER)
 
     def set_defaults(self, args, ctx) -> None:
         # Megatron turns gradient-accumulation fusion on by default where apex has the kernel;

@@ -137,6 +137,8 @@ class FullyShardedModel(TorchFullyShardedDataParallel):
         if self.sum_gradients:
             for unit in units + [root]:
                 unit.set_gradient_divide_factor(1.0)
+                # A factor of 1 would otherwise be NCCL's PREMUL_SUM, which gloo lacks.
+                unit.set_force_sum_reduction_for_comms(True)
 
     def _prepare_ignored(self) -> None:
         self._ignored_params = [p for p in self.plan.ignored_params if p.requires_grad]
