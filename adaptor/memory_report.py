@@ -4,8 +4,8 @@ Used by ``ADAPTOR_REPORT_MEMORY=1`` (``patches/memory_report.py``) to compare da
 schemes: with DDP every rank holds all parameters, gradients and optimizer state; with FSDP2
 each holds a 1/N shard of each. A DTensor counts with its local shard only. Gradients are
 DDP's ``main_grad`` buffers where a parameter has one, else ``.grad``. Optimizer state is every
-tensor in the torch optimizers' ``state`` plus main parameters that are not model parameters
-(the fp32 copies Megatron's Float16 optimizer keeps).
+tensor in the torch optimizers' ``state`` plus main parameters that are copies rather than the
+model's own tensors or views of them (the fp32 copies Megatron's Float16 optimizer keeps).
 """
 from __future__ import annotations
 
@@ -40,10 +40,13 @@ def model_state_bytes(model_chunks, optimizer) -> dict[str, int]:
         counts["parameters"] += _bytes(param)
         grad = getattr(param, "main_grad", None)
         counts["gradients"] += _bytes(grad if grad is not None else param.grad)
+    model_storages = {_local(p).untyped_storage().data_ptr() for p in params.values()}
     for torch_opt in _torch_optimizers(optimizer):
         for group in torch_opt.param_groups:
             for main in group["params"]:
-                if id(main) not in params:
+                # A main parameter that is a view of the model's own storage (fp32 distributed
+                # optimizer) is not a second copy.
+                if id(main) not in params and _local(main).untyped_storage().data_ptr() not in model_storages:
                     counts["optimizer"] += _bytes(main)
         for state in torch_opt.state.values():
             counts["optimizer"] += sum(_bytes(value) for value in state.values())

@@ -78,6 +78,14 @@ def _compute_in_fp32(module: torch.nn.Module, compute_dtype: torch.dtype) -> Non
     module.register_forward_hook(lambda m, args, output: tree_map(_cast_floats(compute_dtype), output))
 
 
+def _names(pairs) -> str:
+    return ", ".join(name for name, _ in pairs) or "none"
+
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).replace("torch.", "")
+
+
 class FullyShardedModel(TorchFullyShardedDataParallel):
     """FSDP2 over the data-parallel group, on the adaptor's backend, following the FSDP2 YAML."""
 
@@ -109,6 +117,17 @@ class FullyShardedModel(TorchFullyShardedDataParallel):
             for key, value in attrs.get(name, {}).items():
                 setattr(param, key, value)
         self._prepare_ignored()
+        if dist.get_rank() == 0:
+            print(self.describe(), flush=True)
+
+    def describe(self) -> str:
+        """One line: what is sharded, ignored and recomputed, and how."""
+        cfg, plan = self.fsdp2_config, self.plan
+        return (f"[megatron-adaptor] fsdp2: mesh {self.device_mesh.device_type} x{self.device_mesh.size()}, "
+                f"units [{_names(plan.units)}] + root, ignored [{_names(plan.ignored)}], "
+                f"recomputed [{_names(plan.recompute)}], reshard_after_forward={cfg.reshard_after_forward}, "
+                f"param_dtype={_dtype_name(cfg.param_dtype)}, reduce_dtype={_dtype_name(cfg.reduce_dtype)}, "
+                f"offload_to_cpu={cfg.offload_to_cpu}, num_to_forward_prefetch={cfg.num_to_forward_prefetch}")
 
     # ------------------------------------------------------------------ sharding
     def _shard(self, root: torch.nn.Module) -> None:
