@@ -7,8 +7,9 @@ Upstream code changed, and why:
   device mesh for "cuda" only and shards fixed module classes; ours uses the backend's device, the
   YAML plan (units, ignored and recomputed modules, prefetch, offload) and fp32 master weights
   under ``--bf16`` (every alias, e.g. ``training.torch_FSDP``, is rebound by the patch manager).
-* ``megatron.training.arguments.validate_args`` asserts, for FSDP2, untied embeddings and
-  ``--ckpt-format torch_dist|torch_dcp`` and (off CUDA too) ``CUDA_DEVICE_MAX_CONNECTIONS`` != 1.
+* ``megatron.training.arguments.validate_args`` asserts, for FSDP2, untied embeddings,
+  ``--ckpt-format torch_dist|torch_dcp`` and ``CUDA_DEVICE_MAX_CONNECTIONS`` != 1 (which the
+  backend defaults set to 1 off CUDA).
   None is fundamental here: tied embeddings work when the shared weight stays in the root unit
   (the plan sees to it); the checkpoint format matters only when saving or loading (we accept
   ``torch_dist`` and ``safetensors``); the connections variable is a CUDA scheduling knob. The
@@ -26,8 +27,9 @@ Upstream code changed, and why:
   counted on one data-parallel rank only) the ranks then disagree and the all-reduce hangs. A
   plain tensor now keeps the group found so far.
 * ``megatron.training.training.get_megatron_optimizer_config``: with FSDP2 the sharded parameters
-  are already the fp32 master weights, so the optimizer is Megatron's ``FP32Optimizer`` (its bf16
-  flag would add a second fp32 copy and a bf16 gradient per parameter: Float16OptimizerWithFloat16Params).
+  are already the fp32 master weights, so under ``--bf16`` nothing is left for Megatron's Float16
+  optimizer to do (it keeps fp32 copies of bf16 parameters); the optimizer config's bf16 is
+  turned off and Megatron builds its plain ``FP32Optimizer``.
 """
 from __future__ import annotations
 
