@@ -27,12 +27,14 @@ def all_features():
     from patches.hf_tokenizer import TokenizerJsonTokenizer
     from patches.megatron_initialize import AllowNoCuda
     from patches.mm_arguments import MultimodalArguments
+    from patches.memory_report import MemoryReport
     from patches.mla_yarn_arguments import MlaYarnArguments
     from patches.npu_device import NpuDevice
     from patches.safetensors_checkpoint import SafetensorsCheckpoint
     from patches.sequence_parallel_torch_norm import SequenceParallelTorchNorm
     from patches.tensor_type_names import CudaTypeNamesInOptimizers
     from patches.vision_norms import VisionTowerNorms
+    from patches.torch_fsdp2 import TorchFsdp2
 
     return [
         BackendDefaults(),
@@ -64,4 +66,7 @@ def all_features():
         # Vision-language pretraining (pretrain_mm.py, issue 8).
         MultimodalArguments(),
         VisionTowerNorms(),
+        # FSDP2 (issue 7): --use-torch-fsdp2 on every backend, --fsdp2-config-path.
+        TorchFsdp2(),
+        MemoryReport(),
     ]

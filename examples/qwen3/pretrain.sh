@@ -22,6 +22,9 @@
 #     exists wins (resume)
 #   HF_SAVE directory to write the trained model to as a Hugging Face directory (--hf-save-dir)
 #     HF_LOAD=/models/Qwen3-0.6B HF_SAVE=out/qwen3-0.6b-cont MODEL_SIZE=0.6b NPROC=8 bash examples/qwen3/pretrain.sh
+#   FSDP2=1 shards parameters, gradients and optimizer state over the data-parallel ranks with
+#     PyTorch FSDP2 (--use-torch-fsdp2) instead of DDP + the distributed optimizer;
+#     FSDP2_CONFIG a YAML plan for it (--fsdp2-config-path: units, offload, recompute, ...)
 #   ADAPTOR_BACKEND npu|cuda|cpu to override detection.
 # Anything after the script's name is passed to pretrain_gpt.py verbatim and wins.
 set -euo pipefail
@@ -127,7 +130,14 @@ TRAIN_ARGS=(
 )
 case "$PRECISION" in bf16) TRAIN_ARGS+=(--bf16) ;; fp16) TRAIN_ARGS+=(--fp16) ;; fp32) ;;
   *) echo "examples/qwen3/pretrain.sh: error: PRECISION must be bf16, fp16 or fp32" >&2; exit 2 ;; esac
-[ "$NPROC" -gt 1 ] || [ "$NNODES" -gt 1 ] && TRAIN_ARGS+=(--use-distributed-optimizer)
+if [ "${FSDP2:-0}" = 1 ]; then
+  TRAIN_ARGS+=(--use-torch-fsdp2)
+  [ -n "${FSDP2_CONFIG:-}" ] && TRAIN_ARGS+=(--fsdp2-config-path "$FSDP2_CONFIG")
+elif [ -n "${FSDP2_CONFIG:-}" ]; then
+  echo "examples/qwen3/pretrain.sh: error: FSDP2_CONFIG needs FSDP2=1" >&2; exit 2
+elif [ "$NPROC" -gt 1 ] || [ "$NNODES" -gt 1 ]; then
+  TRAIN_ARGS+=(--use-distributed-optimizer)
+fi
 [ -n "${SAVE:-}" ] && TRAIN_ARGS+=(--save "$SAVE" --save-interval "${SAVE_INTERVAL:-$TRAIN_ITERS}")
 [ -n "${LOAD:-}" ] && TRAIN_ARGS+=(--load "$LOAD")
 
