@@ -30,6 +30,15 @@ Upstream code changed, and why:
   are already the fp32 master weights, so under ``--bf16`` nothing is left for Megatron's Float16
   optimizer to do (it keeps fp32 copies of bf16 parameters); the optimizer config's bf16 is
   turned off and Megatron builds its plain ``FP32Optimizer``.
+* ``megatron.core.dist_checkpointing.optimizer.get_optim_param_to_id_map`` (checkpoints): it keys
+  the optimizer's parameters by ``id(param.to_local())``, but ``to_local()`` returns a new view
+  each call, so no FSDP2 parameter ever matched the model's checkpoint entries (which hold
+  ``param._local_tensor``) and every save failed ("Param id 0 does not match any model sharded
+  param"). DTensors are keyed by their ``_local_tensor``, the object the model entries hold.
+* ``megatron.core.optimizer.optimizer.FP32Optimizer.load_state_dict``: a checkpoint's optimizer
+  state arrives as each rank's local shard (plain tensors), and torch's ``load_state_dict`` puts
+  them in place of the DTensor state, so the first Adam step after a resume mixed DTensors and
+  tensors and failed. State of a DTensor parameter is given the parameter's mesh and placements.
 """
 from __future__ import annotations
 
@@ -44,6 +53,33 @@ VALIDATE_ARGS = "megatron.training.arguments.validate_args"
 UPSTREAM_CLASS = "megatron.core.distributed.torch_fully_sharded_data_parallel.TorchFullyShardedDataParallel"
 CHECKPOINT_FORMATS = ("torch_dist", "safetensors")
 CONNECTIONS = "CUDA_DEVICE_MAX_CONNECTIONS"
+
+
+def _optim_param_to_id_map(optim_params_iter) -> dict[int, int]:
+    """Optimizer parameter -> its index, keyed by the tensor object the model's checkpoint entries hold."""
+    from torch.distributed.tensor import DTensor
+
+    mapping: dict[int, int] = {}
+    for index, param in enumerate(optim_params_iter):
+        mapping.setdefault(id(param._local_tensor if isinstance(param, DTensor) else param), index)
+    return mapping
+
+
+def _dtensor_optimizer_state(wrapped, instance, args_, kwargs):
+    from torch.distributed.tensor import DTensor
+
+    result = wrapped(*args_, **kwargs)
+    for group in instance.optimizer.param_groups:
+        for param in group["params"]:
+            if not isinstance(param, DTensor):
+                continue
+            state = instance.optimizer.state.get(param, {})
+            for key, value in state.items():
+                if isinstance(value, torch.Tensor) and not isinstance(value, DTensor) \
+                        and value.shape == param._local_tensor.shape:
+                    state[key] = DTensor.from_local(value, param.device_mesh, param.placements, run_check=False,
+                                                    shape=param.shape, stride=param.stride())
+    return result
 
 
 def _lenient_validate_args(original, backend: str):
@@ -115,6 +151,10 @@ class TorchFsdp2(Feature):
         pm.register_wrapper("megatron.training.training.get_megatron_ddp_config", _attach_plan, OWNER)
         pm.register_wrapper("megatron.training.training.get_megatron_optimizer_config", _fp32_optimizer, OWNER)
         pm.register_wrapper("megatron.core.utils.get_data_parallel_group_if_dtensor", _keep_data_parallel_group, OWNER)
+        pm.register_replacement("megatron.core.dist_checkpointing.optimizer.get_optim_param_to_id_map",
+                                _optim_param_to_id_map, OWNER)
+        pm.register_wrapper("megatron.core.optimizer.optimizer.FP32Optimizer.load_state_dict",
+                            _dtensor_optimizer_state, OWNER)
 
     def set_defaults(self, args, ctx) -> None:
         # Megatron turns gradient-accumulation fusion on by default where apex has the kernel;

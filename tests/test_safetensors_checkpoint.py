@@ -222,6 +222,25 @@ def test_weights_only_checkpoint(tmp_path):
     assert tuned.losses[1] < run.losses[1], (tuned.losses, run.losses)
 
 
+# ---------------------------------------------------------------------------------- FSDP2
+def test_fsdp2_resumes_bit_exactly_and_loads_into_ddp_and_back(tmp_path):
+    """FSDP2 at DP=2: the DTensor shards resume to the same end; DDP (one process) and FSDP2 read each other's."""
+    fsdp2 = ["--use-torch-fsdp2"]
+    full = run_pretrain(train_args(tmp_path / "full", *fsdp2), nproc=2)
+    assert full.returncode == 0, tail(full.output)
+    source = at_iteration_4(tmp_path / "full", tmp_path / "from4")
+    resumed = run_pretrain(train_args(tmp_path / "resumed", *fsdp2, "--load", str(source)), nproc=2)
+    assert resumed.returncode == 0, tail(resumed.output)
+    assert sorted(resumed.losses) == [5, 6, 7, 8] and all(resumed.losses[i] == full.losses[i] for i in resumed.losses)
+    assert_same_tensors(global_tensors(tmp_path / "full" / "iter_0000008"),
+                        global_tensors(tmp_path / "resumed" / "iter_0000008"))
+    expected = global_tensors(tmp_path / "full" / "iter_0000004")
+    ddp = reload_and_save(source, tmp_path / "ddp", 1, [])
+    assert_same_tensors(expected, global_tensors(ddp))
+    back = reload_and_save(tmp_path / "ddp", tmp_path / "back", 2, fsdp2)
+    assert_same_tensors(expected, global_tensors(back))
+
+
 # ---------------------------------------------------------------------------------- bad input
 def damaged_copy(reference, tmp_path) -> Path:
     import shutil

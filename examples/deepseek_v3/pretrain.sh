@@ -22,6 +22,7 @@
 #   DISPATCHER alltoall|allgather [alltoall]   GROUPED_GEMM [1]: --moe-grouped-gemm
 #   SEQ_LEN  MBS micro batch  GBS global batch  TRAIN_ITERS  LR  MIN_LR  WARMUP
 #   PRECISION bf16|fp16|fp32 [bf16 for 671b, fp32 for tiny]   SAVE  LOAD  SAVE_INTERVAL
+#   CKPT_FORMAT [safetensors] checkpoint format for SAVE (safetensors, torch_dist, torch)
 #   ADAPTOR_BACKEND npu|cuda|cpu to override detection.
 # Anything after the script's name is passed to pretrain_gpt.py verbatim and wins.
 set -euo pipefail
@@ -115,6 +116,7 @@ case "$PRECISION" in bf16) TRAIN_ARGS+=(--bf16) ;; fp16) TRAIN_ARGS+=(--fp16) ;;
   *) echo "examples/deepseek_v3/pretrain.sh: error: PRECISION must be bf16, fp16 or fp32" >&2; exit 2 ;; esac
 [ "$NPROC" -gt 1 ] || [ "$NNODES" -gt 1 ] && TRAIN_ARGS+=(--use-distributed-optimizer)
 [ -n "${SAVE:-}" ] && TRAIN_ARGS+=(--save "$SAVE" --save-interval "${SAVE_INTERVAL:-$TRAIN_ITERS}")
+TRAIN_ARGS+=(--ckpt-format "${CKPT_FORMAT:-safetensors}")
 [ -n "${LOAD:-}" ] && TRAIN_ARGS+=(--load "$LOAD")
 
 export CUDA_DEVICE_MAX_CONNECTIONS="${CUDA_DEVICE_MAX_CONNECTIONS:-1}"

@@ -16,6 +16,7 @@
 #   MOCK_DATA=1 random tokens instead (NullTokenizer, VOCAB_SIZE [4096 tiny, 151936 otherwise])
 #   SEQ_LEN  MBS micro batch  GBS global batch  TRAIN_ITERS  LR  MIN_LR  WARMUP
 #   PRECISION bf16|fp16|fp32 [bf16 for 0.6b+, fp32 for tiny]   SAVE  LOAD  SAVE_INTERVAL
+#   CKPT_FORMAT [safetensors] checkpoint format for SAVE (safetensors, torch_dist, torch)
 #   HF_LOAD a Hugging Face Qwen3 directory (config.json + safetensors) to start from (--hf-load-dir):
 #     the architecture flags come from its config.json (MODEL_SIZE then picks only the schedule
 #     defaults), its tokenizer is used when TOKENIZER_MODEL is unset, and a LOAD checkpoint that
@@ -139,6 +140,7 @@ elif [ "$NPROC" -gt 1 ] || [ "$NNODES" -gt 1 ]; then
   TRAIN_ARGS+=(--use-distributed-optimizer)
 fi
 [ -n "${SAVE:-}" ] && TRAIN_ARGS+=(--save "$SAVE" --save-interval "${SAVE_INTERVAL:-$TRAIN_ITERS}")
+TRAIN_ARGS+=(--ckpt-format "${CKPT_FORMAT:-safetensors}")
 [ -n "${LOAD:-}" ] && TRAIN_ARGS+=(--load "$LOAD")
 
 export CUDA_DEVICE_MAX_CONNECTIONS="${CUDA_DEVICE_MAX_CONNECTIONS:-1}"
