@@ -7,8 +7,9 @@ vocabulary 151936, tied; 0.6 B parameters, 2.4 GB of fp32 weights) trains one it
 mock data and saves model + Adam state (about 7.2 GB); a second run loads it. The times are
 Megatron's own ``save-checkpoint`` / ``load-checkpoint`` timers (everything from building the
 sharded state dict to the last file, and to the last tensor in the model and optimizer), the
-bytes are what the checkpoint directory holds. The raw disk figure is one file of the same size
-written with ``write`` + ``fsync`` (and read back) in the same run, on the same filesystem.
+bytes are what the checkpoint directory holds. The raw disk figures are one file of the same size
+written with ``write`` + ``fsync`` (and read back) on the same filesystem, before and after the
+formats run (the disk's speed drifts between them).
 """
 from __future__ import annotations
 
@@ -58,6 +59,16 @@ def timer_seconds(out: str, name: str) -> float:
     return float(match.group(2)) / 1000  # the slowest rank
 
 
+def drop_page_cache() -> bool:
+    """Loads then read from the disk, not from memory (needs root; skipped otherwise)."""
+    os.sync()
+    try:
+        Path("/proc/sys/vm/drop_caches").write_text("1\n")
+        return True
+    except OSError:
+        return False
+
+
 def raw_disk(directory: Path, nbytes: int) -> tuple[float, float]:
     """GB/s of writing (write + fsync) and reading back one file of ``nbytes``."""
     path = directory / "raw.bin"
@@ -71,6 +82,7 @@ def raw_disk(directory: Path, nbytes: int) -> tuple[float, float]:
         out.flush()
         os.fsync(out.fileno())
     write = written / (time.perf_counter() - start) / 1e9
+    drop_page_cache()
     start = time.perf_counter()
     buffer = bytearray(64 << 20)
     with open(path, "rb", buffering=0) as src:
@@ -86,29 +98,44 @@ def main() -> None:
     parser.add_argument("--work-dir", required=True)
     parser.add_argument("--nproc", type=int, default=1)
     parser.add_argument("--formats", nargs="+", default=["safetensors", "torch_dist"])
+    parser.add_argument("--repeat", type=int, default=2, help="save+load rounds per format, alternating formats")
     opts = parser.parse_args()
     work = Path(opts.work_dir)
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
-    rows = []
+    rows, raw = [], []
+    size_guess = 7_150_000_000
+    raw.append(raw_disk(work, size_guess))  # before and after the formats: the disk's speed drifts
+    cold = False
+    for _ in range(opts.repeat):
+        for fmt in opts.formats:
+            save = work / fmt
+            out = run(QWEN3_06B + ["--save", str(save), "--save-interval", "1", "--ckpt-format", fmt], opts.nproc)
+            size = du(save)
+            save_s = timer_seconds(out, "save-checkpoint")
+            cold = drop_page_cache()
+            out = run(QWEN3_06B + ["--load", str(save), "--ckpt-format", fmt], opts.nproc)
+            load_s = timer_seconds(out, "load-checkpoint")
+            rows.append((fmt, size, save_s, load_s))
+            print(f"{fmt}: {size / 1e9:.2f} GB, save {save_s:.1f} s = {size / save_s / 1e9:.2f} GB/s, "
+                  f"load {load_s:.1f} s = {size / load_s / 1e9:.2f} GB/s ({'cold' if cold else 'warm'} page cache)",
+                  flush=True)
+            shutil.rmtree(save)
+    raw.append(raw_disk(work, max(size for _, size, _, _ in rows)))
+    for when, (write, read) in zip(("before", "after"), raw):
+        print(f"raw disk {when}: write+fsync {write:.2f} GB/s, read {read:.2f} GB/s (same filesystem, about the same size)")
+    print("\n| format | checkpoint GB | save s (median) | save GB/s | load s (median) | load GB/s |\n"
+          "|---|---|---|---|---|---|")
     for fmt in opts.formats:
-        save = work / fmt
-        out = run(QWEN3_06B + ["--save", str(save), "--save-interval", "1", "--ckpt-format", fmt], opts.nproc)
-        size = du(save)
-        save_s = timer_seconds(out, "save-checkpoint")
-        out = run(QWEN3_06B + ["--load", str(save), "--ckpt-format", fmt], opts.nproc)
-        load_s = timer_seconds(out, "load-checkpoint")
-        rows.append((fmt, size, save_s, load_s))
-        print(f"{fmt}: {size / 1e9:.2f} GB, save {save_s:.1f} s = {size / save_s / 1e9:.2f} GB/s, "
-              f"load {load_s:.1f} s = {size / load_s / 1e9:.2f} GB/s", flush=True)
-        shutil.rmtree(save)
-    write, read = raw_disk(work, max(size for _, size, _, _ in rows))
-    print(f"raw disk: write+fsync {write:.2f} GB/s, read {read:.2f} GB/s (same filesystem, same size)")
-    print("\n| format | checkpoint GB | save s | save GB/s | load s | load GB/s |\n|---|---|---|---|---|---|")
-    for fmt, size, save_s, load_s in rows:
+        mine = [r for r in rows if r[0] == fmt]
+        size = mine[0][1]
+        save_s = sorted(r[2] for r in mine)[len(mine) // 2]
+        load_s = sorted(r[3] for r in mine)[len(mine) // 2]
         print(f"| {fmt} | {size / 1e9:.2f} | {save_s:.1f} | {size / save_s / 1e9:.2f} | {load_s:.1f} | "
               f"{size / load_s / 1e9:.2f} |")
-    print(f"| raw disk (write+fsync / read) | {max(r[1] for r in rows) / 1e9:.2f} | | {write:.2f} | | {read:.2f} |")
+    for when, (write, read) in zip(("before", "after"), raw):
+        print(f"| raw disk {when} (write+fsync / read) | {max(r[1] for r in rows) / 1e9:.2f} | | {write:.2f} | | "
+              f"{read:.2f} |")
 
 
 if __name__ == "__main__":

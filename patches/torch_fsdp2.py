@@ -39,6 +39,12 @@ Upstream code changed, and why:
   state arrives as each rank's local shard (plain tensors), and torch's ``load_state_dict`` puts
   them in place of the DTensor state, so the first Adam step after a resume mixed DTensors and
   tensors and failed. State of a DTensor parameter is given the parameter's mesh and placements.
+* ``megatron.core.utils.make_sharded_tensor_for_checkpoint`` / ``make_tp_sharded_tensor_for_checkpoint``
+  place a rank's FSDP2 shard at ``dp_rank * local_rows`` of ``dp_size * local_rows`` rows, which is
+  only true when the rows divide evenly; a 17-row position embedding over 2 ranks (9 + 8 rows)
+  gave the ranks different global shapes and the save was refused; a tensor with fewer rows than
+  ranks is gathered whole on every rank but still described as one row per rank. The shard's true
+  offset and row count (from the DTensor) are used instead, and a whole tensor is written once.
 """
 from __future__ import annotations
 
@@ -80,6 +86,55 @@ def _dtensor_optimizer_state(wrapped, instance, args_, kwargs):
                     state[key] = DTensor.from_local(value, param.device_mesh, param.placements, run_check=False,
                                                     shape=param.shape, stride=param.stride())
     return result
+
+
+def _true_fsdp2_rows(sh_ten, tensor, tp_axis: int | None, tp_group):
+    """A ShardedTensor of an unevenly sharded FSDP2 DTensor, placed where its rows really are."""
+    import dataclasses
+
+    from torch.distributed.tensor import DTensor
+    from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
+
+    if not getattr(sh_ten, "is_torch_fsdp2_param", False) or not isinstance(tensor, DTensor):
+        return sh_ten
+    rows = tensor.shape[0]
+    dp_size = tensor.device_mesh.size()
+    whole = sh_ten.local_shape[0] == rows and dp_size > 1  # upstream gathered a tensor with fewer rows than ranks
+    if rows % dp_size == 0 and not whole:
+        return sh_ten  # even rows: upstream is right
+    from megatron.core import parallel_state
+    from megatron.core.utils import get_pg_rank, get_pg_size
+
+    group = tp_group if tp_group is not None else parallel_state.get_tensor_model_parallel_group()
+    tp_rank, tp_size = get_pg_rank(group), get_pg_size(group)
+    replica_id = sh_ten.replica_id
+    if whole:  # every rank holds it all: one writes it
+        first_row = 0
+        replica_id = (*tuple(replica_id)[:2], tensor.device_mesh.get_local_rank())
+    else:
+        _, offset = compute_local_shape_and_global_offset(tensor.shape, tensor.device_mesh, tensor.placements)
+        first_row = offset[0]
+    axis = sh_ten.prepend_axis_num
+    shape, start = list(sh_ten.global_shape), list(sh_ten.global_offset)
+    if tp_axis == 0 and tp_size > 1:
+        shape[axis], start[axis] = tp_size * rows, tp_rank * rows + first_row
+    else:
+        shape[axis], start[axis] = rows, first_row
+    fixed = dataclasses.replace(sh_ten, global_shape=tuple(shape), global_offset=tuple(start),
+                                axis_fragmentations=None, replica_id=replica_id)
+    fixed.is_torch_fsdp2_param = True
+    return fixed
+
+
+def _tp_sharded_tensor(wrapped, instance, args_, kwargs):
+    tensor = args_[0] if args_ else kwargs["tensor"]
+    tp_axis = args_[2] if len(args_) > 2 else kwargs.get("tp_axis", 0)
+    return _true_fsdp2_rows(wrapped(*args_, **kwargs), tensor, tp_axis, kwargs.get("tp_group"))
+
+
+def _sharded_tensor(wrapped, instance, args_, kwargs):
+    tensor = args_[0] if args_ else kwargs["tensor"]
+    return _true_fsdp2_rows(wrapped(*args_, **kwargs), tensor, None, kwargs.get("tp_group"))
 
 
 def _lenient_validate_args(original, backend: str):
@@ -155,6 +210,8 @@ class TorchFsdp2(Feature):
                                 _optim_param_to_id_map, OWNER)
         pm.register_wrapper("megatron.core.optimizer.optimizer.FP32Optimizer.load_state_dict",
                             _dtensor_optimizer_state, OWNER)
+        pm.register_wrapper("megatron.core.utils.make_tp_sharded_tensor_for_checkpoint", _tp_sharded_tensor, OWNER)
+        pm.register_wrapper("megatron.core.utils.make_sharded_tensor_for_checkpoint", _sharded_tensor, OWNER)
 
     def set_defaults(self, args, ctx) -> None:
         # Megatron turns gradient-accumulation fusion on by default where apex has the kernel;

@@ -130,7 +130,8 @@ def common_start(tmp_path_factory):
     data_json = example_copy(root / "data", BAD_RECORDS)
     ckpt = root / "ckpt"
     args = ["--mm-model", str(EXAMPLE / "model.json"), "--mm-data", str(data_json), "--mm-skip-bad-records",
-            *TRAIN, "--train-iters", "1", "--lr", "0", "--min-lr", "0", "--save", str(ckpt), "--save-interval", "1"]
+            *TRAIN, "--train-iters", "1", "--lr", "0", "--min-lr", "0", "--save", str(ckpt), "--save-interval", "1",
+            "--ckpt-format", "safetensors"]
     run = run_mm(args)
     assert run.returncode == 0, tail(run.output)
     counts = ("192 records used, 5 skipped (1 corrupt image, 1 empty caption, 1 invalid line, 1 missing image, "
@@ -163,6 +164,10 @@ def worst_rtol(curve, reference):
 LAYOUTS = {
     "tp2": ["--tensor-model-parallel-size", "2"],
     "dp2_distributed_optimizer": ["--use-distributed-optimizer"],
+    "fsdp2_dp2": ["--use-torch-fsdp2"],
+    # The vision tower out of sharding (replicated, its gradients averaged over the ranks), as for a frozen tower.
+    "fsdp2_dp2_tower_ignored": ["--use-torch-fsdp2", "--fsdp2-config-path",
+                                str(EXAMPLE / "fsdp2_frozen_tower.yaml")],
 }
 
 

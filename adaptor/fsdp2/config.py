@@ -28,8 +28,10 @@ PATTERN_KEYS = ("sub_modules_to_wrap", "ignored_modules", "recompute_modules")
 KEYS = PATTERN_KEYS + ("reshard_after_forward", "param_dtype", "reduce_dtype", "offload_to_cpu",
                        "num_to_forward_prefetch")
 
-DEFAULT_WRAP = ("decoder.layers.{*}", "mtp.layers.{*}")
-DEFAULT_WRAP_UNTIED = ("embedding", "output_layer")
+# Every transformer layer, wherever the model keeps it (a GPTModel's ``decoder.layers.3``, a
+# LLaVAModel's ``language_model.decoder.layers.3`` and ``vision_model.decoder.layers.0``).
+DEFAULT_WRAP = ("*decoder.layers.{*}", "*mtp.layers.{*}")
+DEFAULT_WRAP_UNTIED = ("*embedding", "*output_layer")
 
 
 class Fsdp2ConfigError(ValueError):

@@ -47,9 +47,10 @@ def _require_match(key: str, patterns, found, where: str) -> None:
 
 
 def tied_weight(model: torch.nn.Module):
-    """The embedding weight the output layer shares, or None."""
-    if getattr(model, "share_embeddings_and_output_weights", False) and getattr(model, "pre_process", False):
-        return model.shared_embedding_or_output_weight()
+    """The embedding weight an output layer shares (the model's, or a language model's inside it), or None."""
+    for module in model.modules():
+        if getattr(module, "share_embeddings_and_output_weights", False) and getattr(module, "pre_process", False):
+            return module.shared_embedding_or_output_weight()
     return None
 
 

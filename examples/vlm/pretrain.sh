@@ -15,6 +15,9 @@
 #   MBS [8]  GBS [16]  TRAIN_ITERS [150]  LR [2e-3]  MIN_LR [LR/10]  WARMUP [TRAIN_ITERS/10]
 #   PRECISION bf16|fp16|fp32 [fp32]   SAVE  LOAD  SAVE_INTERVAL   LOG_INTERVAL [10]
 #   SKIP_BAD=1 count and skip bad records (--mm-skip-bad-records)
+#   FSDP2=1 shard the model over the data-parallel ranks with FSDP2 (--use-torch-fsdp2) instead of
+#     DDP + the distributed optimizer; FSDP2_CONFIG a YAML plan (--fsdp2-config-path), e.g.
+#     examples/vlm/fsdp2_frozen_tower.yaml leaves a frozen vision tower out of sharding
 #   ADAPTOR_BACKEND npu|cuda|cpu to override detection.
 # Anything after the script's name is passed to pretrain_mm.py verbatim and wins.
 set -euo pipefail
@@ -44,8 +47,16 @@ ARGS=(
 )
 case "$PRECISION" in bf16) ARGS+=(--bf16) ;; fp16) ARGS+=(--fp16) ;; fp32) ;;
   *) echo "examples/vlm/pretrain.sh: error: PRECISION must be bf16, fp16 or fp32" >&2; exit 2 ;; esac
-[ "$NPROC" -gt 1 ] || [ "$NNODES" -gt 1 ] && ARGS+=(--use-distributed-optimizer)
+if [ "${FSDP2:-0}" = 1 ]; then
+  ARGS+=(--use-torch-fsdp2)
+  [ -n "${FSDP2_CONFIG:-}" ] && ARGS+=(--fsdp2-config-path "$FSDP2_CONFIG")
+elif [ -n "${FSDP2_CONFIG:-}" ]; then
+  echo "examples/vlm/pretrain.sh: error: FSDP2_CONFIG needs FSDP2=1" >&2; exit 2
+elif [ "$NPROC" -gt 1 ] || [ "$NNODES" -gt 1 ]; then
+  ARGS+=(--use-distributed-optimizer)
+fi
 [ -n "${SAVE:-}" ] && ARGS+=(--save "$SAVE" --save-interval "${SAVE_INTERVAL:-$TRAIN_ITERS}")
+ARGS+=(--ckpt-format "${CKPT_FORMAT:-safetensors}")
 [ -n "${LOAD:-}" ] && ARGS+=(--load "$LOAD")
 [ "${SKIP_BAD:-0}" = 1 ] && ARGS+=(--mm-skip-bad-records)
 
