@@ -69,6 +69,28 @@ def drop_page_cache() -> bool:
         return False
 
 
+def reader_only(checkpoint: Path) -> float:
+    """GB/s of our reader alone: every saved shard read back (cold page cache), no Megatron around it."""
+    sys.path.insert(0, str(ROOT))
+    os.environ.setdefault("ADAPTOR_QUIET", "1")
+    from megatron.core.dist_checkpointing.mapping import ShardedTensor
+
+    from adaptor.checkpoint.reader import CheckpointIndex
+
+    iteration = (checkpoint / "latest_checkpointed_iteration.txt").read_text().strip()
+    index = CheckpointIndex(checkpoint / f"iter_{int(iteration):07d}")
+    drop_page_cache()
+    start, total = time.perf_counter(), 0
+    for key, shards in index.shards.items():
+        for s in shards:
+            request = ShardedTensor(key, None, s.dtype, s.local_shape, s.global_shape, s.global_offset, None,
+                                    prepend_axis_num=s.prepend_axis_num)
+            if s.flattened_range is not None:
+                continue
+            total += index.load_tensor(request).nbytes
+    return total / (time.perf_counter() - start) / 1e9
+
+
 def raw_disk(directory: Path, nbytes: int) -> tuple[float, float]:
     """GB/s of writing (write + fsync) and reading back one file of ``nbytes``."""
     path = directory / "raw.bin"
@@ -117,6 +139,8 @@ def main() -> None:
             out = run(QWEN3_06B + ["--load", str(save), "--ckpt-format", fmt], opts.nproc)
             load_s = timer_seconds(out, "load-checkpoint")
             rows.append((fmt, size, save_s, load_s))
+            if fmt == "safetensors":
+                print(f"safetensors reader alone (cold page cache): {reader_only(save):.2f} GB/s", flush=True)
             print(f"{fmt}: {size / 1e9:.2f} GB, save {save_s:.1f} s = {size / save_s / 1e9:.2f} GB/s, "
                   f"load {load_s:.1f} s = {size / load_s / 1e9:.2f} GB/s ({'cold' if cold else 'warm'} page cache)",
                   flush=True)
