@@ -28,31 +28,23 @@ def _layout(args):
                   etp=None if etp in (None, tp) else etp)
 
 
-def load_hf_weights(model, args) -> int:
-    """Copy this rank's tensors of the HF directory into ``model``; returns how many were copied."""
+def copy_into(module, tensors, what: str) -> int:
+    """Copy (name, tensor) pairs into ``module``'s parameters; every parameter must be given."""
     import torch
-    from megatron.core import mpu
 
-    from adaptor.convert import ConversionError, HfCheckpoint, megatron_rank_tensors
+    from adaptor.convert import ConversionError
 
-    chunks = _unwrapped(model)
-    if len(chunks) != 1:
-        raise ConversionError("virtual pipeline stages are not supported by --hf-load-dir")
-    target = {name: tensor for name, tensor in chunks[0].state_dict(keep_vars=True).items()
-              if not name.endswith("_extra_state")}
-    hf = HfCheckpoint(args.hf_load_dir)
+    target = {n: t for n, t in module.state_dict(keep_vars=True).items() if not n.endswith("_extra_state")}
     copied = set()
-    tensors = megatron_rank_tensors(
-        hf, args.model_type_hf, _layout(args), mpu.get_tensor_model_parallel_rank(),
-        mpu.get_pipeline_model_parallel_rank(), mpu.get_expert_model_parallel_rank(),
-        padded_vocab_size=args.padded_vocab_size)
     with torch.no_grad():
         for name, tensor in tensors:
+            if name.endswith("_extra_state") or tensor is None:
+                continue
             if name not in target:
-                raise ConversionError(f"tensor {name} has no place in this rank's model")
+                raise ConversionError(f"tensor {name} has no place in the {what}")
             if tuple(target[name].shape) != tuple(tensor.shape):
-                raise ConversionError(f"tensor {name}: shape {tuple(tensor.shape)} from the checkpoint, "
-                                      f"{tuple(target[name].shape)} in the model")
+                raise ConversionError(f"tensor {name}: shape {tuple(tensor.shape)} in the checkpoint, "
+                                      f"{tuple(target[name].shape)} in the {what}")
             target[name].data.copy_(tensor)
             copied.add(name)
     missing = sorted(set(target) - copied)
@@ -60,6 +52,23 @@ def load_hf_weights(model, args) -> int:
         raise ConversionError(f"the checkpoint gives no value for {missing[0]}"
                               + (f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""))
     return len(copied)
+
+
+def load_hf_weights(model, args) -> int:
+    """Copy this rank's tensors of the HF directory into ``model``; returns how many were copied."""
+    from megatron.core import mpu
+
+    from adaptor.convert import ConversionError, HfCheckpoint, megatron_rank_tensors
+
+    chunks = _unwrapped(model)
+    if len(chunks) != 1:
+        raise ConversionError("virtual pipeline stages are not supported by --hf-load-dir")
+    hf = HfCheckpoint(args.hf_load_dir)
+    tensors = megatron_rank_tensors(
+        hf, args.model_type_hf, _layout(args), mpu.get_tensor_model_parallel_rank(),
+        mpu.get_pipeline_model_parallel_rank(), mpu.get_expert_model_parallel_rank(),
+        padded_vocab_size=args.padded_vocab_size)
+    return copy_into(chunks[0], tensors, "this rank's model")
 
 
 def write_rank_state(model, args, legacy_dir: Path, iteration: int) -> None:

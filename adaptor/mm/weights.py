@@ -18,31 +18,9 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-import torch
 
 from adaptor.convert import ConversionError, HfCheckpoint, Layout, megatron_rank_tensors
-
-
-def copy_into(module: torch.nn.Module, tensors, what: str) -> int:
-    """Copy (name, tensor) pairs into ``module``'s parameters; every parameter must be given."""
-    target = {n: t for n, t in module.state_dict(keep_vars=True).items() if not n.endswith("_extra_state")}
-    copied = set()
-    with torch.no_grad():
-        for name, tensor in tensors:
-            if name.endswith("_extra_state") or tensor is None:
-                continue
-            if name not in target:
-                raise ConversionError(f"tensor {name} has no place in the {what}")
-            if tuple(target[name].shape) != tuple(tensor.shape):
-                raise ConversionError(f"tensor {name}: shape {tuple(tensor.shape)} in the checkpoint, "
-                                      f"{tuple(target[name].shape)} in the {what}")
-            target[name].data.copy_(tensor)
-            copied.add(name)
-    missing = sorted(set(target) - copied)
-    if missing:
-        raise ConversionError(f"the checkpoint gives no value for {missing[0]}"
-                              + (f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""))
-    return len(copied)
+from adaptor.convert.online import copy_into
 
 
 def _check_decoder_config(args, hf_config: dict) -> None:
