@@ -69,18 +69,17 @@ def _checkpoint_operation(args, saving: bool):
             args.ckpt_format = FORMAT
 
 
-def _fail_on_checkpoint_error(where: str):
+@contextlib.contextmanager
+def _one_line_errors(where: str):
+    """A bad checkpoint (or state that cannot be stored) ends the run with one line naming file and tensor."""
     from adaptor.checkpoint.errors import CheckpointError
     from adaptor.checkpoint.object_codec import EncodeError
     from adaptor.errors import fail
 
-    @contextlib.contextmanager
-    def guard():
-        try:
-            yield
-        except (CheckpointError, EncodeError) as exc:
-            fail(f"{where}: {exc}")
-    return guard()
+    try:
+        yield
+    except (CheckpointError, EncodeError) as exc:
+        fail(f"{where}: {exc}")
 
 
 def _save_checkpoint(wrapped, instance, args_, kwargs):
@@ -96,7 +95,7 @@ def _save_checkpoint(wrapped, instance, args_, kwargs):
 
         maybe_finalize_async_save(blocking=True)  # the next save waits for the previous one
     _pending_request = None
-    with _fail_on_checkpoint_error(f"saving a checkpoint to {args.save}"), _checkpoint_operation(args, saving=True):
+    with _one_line_errors(f"saving a checkpoint to {args.save}"), _checkpoint_operation(args, saving=True):
         result = wrapped(*args_, **kwargs)
     request, _pending_request = _pending_request, None
     if args.keep_checkpoint_max and not kwargs.get("non_persistent_ckpt", False):
@@ -117,7 +116,7 @@ def _load_checkpoint(wrapped, instance, args_, kwargs):
     from megatron.training import get_args
 
     args = get_args()
-    with _fail_on_checkpoint_error(f"loading the checkpoint under {args.load}"), _checkpoint_operation(args, saving=False):
+    with _one_line_errors(f"loading the checkpoint under {args.load}"), _checkpoint_operation(args, saving=False):
         return wrapped(*args_, **kwargs)
 
 

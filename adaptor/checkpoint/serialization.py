@@ -10,6 +10,7 @@ from __future__ import annotations
 import functools
 import math
 import sys
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -50,6 +51,10 @@ def _finalize(checkpoint_dir: str) -> None:
     """After every rank has written: rank 0 makes the checkpoint visible, everyone waits for it."""
     if dist.get_rank() == 0:
         files.commit(checkpoint_dir)
+        size = sum(p.stat().st_size for p in Path(checkpoint_dir).iterdir())
+        # Megatron's own line says "torch_dist": its sharded path runs, and the storage is ours.
+        print(f"[megatron-adaptor] {checkpoint_dir}: stored as safetensors, {dist.get_world_size()} rank files, "
+              f"{size / 1e9:.3f} GB", flush=True)
     dist.barrier()
 
 
