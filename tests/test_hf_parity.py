@@ -22,9 +22,9 @@ import sys
 import pytest
 import torch
 
-from tests.hf_fixtures import make_tiny_deepseek_v3, make_tiny_qwen3
-from tests.megatron_runs import ROOT, run_pretrain, tail
-from tests.test_bad_input import child_frames
+from hf_fixtures import make_tiny_deepseek_v3, make_tiny_qwen3
+from megatron_runs import ROOT, run_pretrain, tail
+from test_bad_input import child_frames
 
 # Measured max abs logit differences are 0.8e-6 to 1.0e-6 with logits up to 1.8 (fp32: the sums
 # run in a different order — fused QKV, TP-split matmuls, vocab-parallel output). 1e-4 is the
