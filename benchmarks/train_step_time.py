@@ -40,12 +40,13 @@ _MS = re.compile(r"elapsed time per iteration \(ms\): ([0-9.]+)")
 TOKENS_PER_ITERATION = 16 * 128  # the tiny example's global batch x sequence length
 
 
-def measure(nproc, extra_env, extra_args, iters, warmup, backend):
+def measure(nproc, extra_env, extra_args, iters, warmup, backend, script="examples/qwen3/pretrain.sh"):
+    """Median "elapsed time per iteration" (ms) after `warmup` iterations of one run of `script`."""
     env = dict(os.environ, ADAPTOR_BACKEND=backend, NPROC=str(nproc), TRAIN_ITERS=str(iters),
                LOG_INTERVAL="1", MASTER_PORT=str(free_port()),
                OMP_NUM_THREADS=str(max(1, (os.cpu_count() or 1) // nproc)),
                PATH=os.path.dirname(sys.executable) + os.pathsep + os.environ["PATH"], **extra_env)
-    out = subprocess.run(["bash", "examples/qwen3/pretrain.sh", *extra_args], cwd=ROOT, env=env,
+    out = subprocess.run(["bash", script, *extra_args], cwd=ROOT, env=env,
                          capture_output=True, text=True)
     times = [float(x) for x in _MS.findall(out.stdout + out.stderr)]
     if out.returncode != 0 or len(times) < iters:

@@ -15,17 +15,14 @@ import argparse
 import json
 import os
 import platform
-import re
-import statistics
-import subprocess
 import sys
 import tempfile
 from datetime import date
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "tests"))
-from megatron_runs import free_port  # noqa: E402
+sys.path.insert(0, str(ROOT / "benchmarks"))
+from train_step_time import measure  # noqa: E402
 
 GLOBAL_BATCH = 16  # examples/vlm/pretrain.sh's default: one image per sample
 
@@ -46,19 +43,6 @@ CONFIGS = {  # name: (processes, extra environment for the example script)
     "TP=2 fp32": (2, {"TP": "2"}),
     "DP=2 fp32 + distributed optimizer": (2, {}),
 }
-_MS = re.compile(r"elapsed time per iteration \(ms\): ([0-9.]+)")
-
-
-def measure(nproc, extra_env, iters, warmup, backend):
-    env = dict(os.environ, ADAPTOR_BACKEND=backend, NPROC=str(nproc), TRAIN_ITERS=str(iters),
-               LOG_INTERVAL="1", MASTER_PORT=str(free_port()),
-               OMP_NUM_THREADS=str(max(1, (os.cpu_count() or 1) // nproc)),
-               PATH=os.path.dirname(sys.executable) + os.pathsep + os.environ["PATH"], **extra_env)
-    out = subprocess.run(["bash", "examples/vlm/pretrain.sh"], cwd=ROOT, env=env, capture_output=True, text=True)
-    times = [float(x) for x in _MS.findall(out.stdout + out.stderr)]
-    if out.returncode != 0 or len(times) < iters:
-        raise SystemExit(f"run failed ({extra_env or 'baseline'}):\n{(out.stdout + out.stderr)[-3000:]}")
-    return statistics.median(times[warmup:])
 
 
 def main():
@@ -76,7 +60,7 @@ def main():
             if a.only and name not in a.only:
                 continue
             extra = {k: (frozen_model_json(work) if v == "frozen" else v) for k, v in extra.items()}
-            ms = measure(nproc, extra, a.iters, a.warmup, a.backend)
+            ms = measure(nproc, extra, [], a.iters, a.warmup, a.backend, script="examples/vlm/pretrain.sh")
             print(f"| {name} | {ms:.1f} | {GLOBAL_BATCH / ms * 1000:.0f} |", flush=True)
 
 
