@@ -6,6 +6,7 @@ import re
 import socket
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -77,6 +78,17 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def side_by_side(*jobs):
+    """Run independent jobs two at a time and return their results in order.
+
+    Our runs use one thread per process (OMP_NUM_THREADS=1), so a one-process run leaves the second
+    core idle; pairing two of them roughly halves their wall time. Each job is a no-argument callable.
+    """
+    with ThreadPoolExecutor(2) as pool:
+        futures = [pool.submit(job) for job in jobs]
+        return [f.result() for f in futures]
 
 
 def run_pretrain(args: list[str], nproc: int = 1, env: dict | None = None, timeout: int = 600,

@@ -20,7 +20,7 @@ from adaptor.convert import (
     megatron_rank_tensors,
 )
 from hf_fixtures import make_tiny_deepseek_v3, make_tiny_qwen3
-from megatron_runs import ROOT, TINY_DEEPSEEK_V3, TINY_QWEN3, run_pretrain, tail
+from megatron_runs import ROOT, TINY_DEEPSEEK_V3, TINY_QWEN3, run_pretrain, side_by_side, tail
 
 sys.path.insert(0, str(ROOT / "tools"))
 import convert_ckpt  # noqa: E402
@@ -163,23 +163,28 @@ def test_pretrain_loads_converted_checkpoint_same_loss_as_single_process(hf_mode
     config = json.loads((hf_models[key] / "config.json").read_text())
     extra, layout, parallel = LOAD_LAYOUTS[key]
     flags = megatron_args_from_hf_config(model_type(key), config) + TRAIN + extra
-    runs = {}
-    for name, lay, par in (("single", Layout(), []), ("parallel", layout, parallel)):
-        ckpt = tmp_path / name
-        convert_hf_to_megatron(hf_models[key], ckpt, model_type(key), lay)
-        run = run_pretrain(flags + par + ["--load", str(ckpt), "--ckpt-format", "torch"],
-                           nproc=lay.tp * lay.pp * lay.ep)
+
+    def loaded_runs():
+        runs = {}
+        for name, lay, par in (("single", Layout(), []), ("parallel", layout, parallel)):
+            ckpt = tmp_path / name
+            convert_hf_to_megatron(hf_models[key], ckpt, model_type(key), lay)
+            runs[name] = run_pretrain(flags + par + ["--load", str(ckpt), "--ckpt-format", "torch"],
+                                      nproc=lay.tp * lay.pp * lay.ep)
+        return runs
+
+    # qwen3_tied also trains from a fresh init (one process, beside the loaded runs)
+    runs, fresh = side_by_side(loaded_runs, lambda: run_pretrain(flags) if key == "qwen3_tied" else None)
+    for run in runs.values():
         assert run.returncode == 0, tail(run.output)
         assert "successfully loaded checkpoint" in run.output
         # Megatron retries a failed strict load non-strictly and prints load_return: names and shapes must match.
         assert "load_return" not in run.output, tail(run.output)
-        runs[name] = run
     # fp32 on CPU; TP/PP change only the order of partial sums: agreement to 1e-4 relative.
     assert runs["parallel"].losses[1] == pytest.approx(runs["single"].losses[1], rel=1e-4)
     if runs["single"].mtp_losses:
         assert runs["parallel"].mtp_losses[1] == pytest.approx(runs["single"].mtp_losses[1], rel=1e-4)
-    if key == "qwen3_tied":
-        fresh = run_pretrain(flags, nproc=1)
+    if fresh is not None:
         assert fresh.returncode == 0, tail(fresh.output)
         assert abs(runs["single"].losses[1] - fresh.losses[1]) > 1e-3  # the loaded weights, not a fresh init
 

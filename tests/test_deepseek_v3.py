@@ -26,7 +26,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from megatron_runs import TINY_DEEPSEEK_V3, run_pretrain, tail
+from megatron_runs import TINY_DEEPSEEK_V3, run_pretrain, side_by_side, tail
 
 ROOT = Path(__file__).resolve().parents[1]
 ITERS = 10
@@ -44,19 +44,41 @@ def common_start(tmp_path_factory):
     return ckpt
 
 
-def train_from(ckpt, nproc=1, extra=()):
+def launch(ckpt, nproc=1, extra=()):
     args = TINY_DEEPSEEK_V3 + ["--train-iters", str(ITERS), "--load", str(ckpt),
                                "--finetune", "--no-load-optim", "--no-load-rng", *extra]
-    run = run_pretrain(args, nproc=nproc)
+    return run_pretrain(args, nproc=nproc)
+
+
+def checked(run):
     assert run.returncode == 0, tail(run.output)
     assert sorted(run.losses) == list(range(1, ITERS + 1)), tail(run.output)
     assert sorted(run.mtp_losses) == list(range(1, ITERS + 1)), tail(run.output)
     return run
 
 
+LAYOUTS = {
+    "tp2": (2, ["--tensor-model-parallel-size", "2", "--sequence-parallel"]),
+    "pp2": (2, ["--pipeline-model-parallel-size", "2"]),
+    "ep2": (2, ["--expert-model-parallel-size", "2"]),
+    "allgather_dispatcher": (1, ["--moe-token-dispatcher-type", "allgather"]),
+    "grouped_experts": (1, ["--moe-grouped-gemm"]),
+}
+WRONG_LR = ["--lr", "1.1e-3"]
+
+
 @pytest.fixture(scope="module")
-def reference(common_start):
-    return train_from(common_start)
+def one_process_runs(common_start):
+    """The reference and every one-process variant, launched two at a time (one thread each)."""
+    variants = {"reference": [], "wrong_lr": WRONG_LR}
+    variants.update({name: extra for name, (nproc, extra) in LAYOUTS.items() if nproc == 1})
+    runs = side_by_side(*[lambda extra=extra: launch(common_start, extra=extra) for extra in variants.values()])
+    return dict(zip(variants, runs))
+
+
+@pytest.fixture(scope="module")
+def reference(one_process_runs):
+    return checked(one_process_runs["reference"])
 
 
 def curves(run):
@@ -80,25 +102,18 @@ def assert_same_curves(run, reference):
         assert worst <= RTOL, f"{name} loss: max relative difference {worst:.2e} > {RTOL}\n{ours}\n{ref}"
 
 
-LAYOUTS = {
-    "tp2": (2, ["--tensor-model-parallel-size", "2", "--sequence-parallel"]),
-    "pp2": (2, ["--pipeline-model-parallel-size", "2"]),
-    "ep2": (2, ["--expert-model-parallel-size", "2"]),
-    "allgather_dispatcher": (1, ["--moe-token-dispatcher-type", "allgather"]),
-    "grouped_experts": (1, ["--moe-grouped-gemm"]),
-}
-
-
 @pytest.mark.parametrize("layout", LAYOUTS)
-def test_layout_reproduces_single_process_curve(layout, common_start, reference):
+def test_layout_reproduces_single_process_curve(layout, common_start, one_process_runs, reference):
     nproc, extra = LAYOUTS[layout]
-    assert_same_curves(train_from(common_start, nproc=nproc, extra=extra), reference)
+    run = one_process_runs[layout] if nproc == 1 else launch(common_start, nproc=nproc, extra=extra)
+    assert_same_curves(checked(run), reference)
 
 
-def test_tolerance_detects_a_wrong_run(common_start, reference):
+def test_tolerance_detects_a_wrong_run(one_process_runs, reference):
     """A run that differs in one hyperparameter (lr 1e-3 -> 1.1e-3) must fail the comparison."""
+    wrong = checked(one_process_runs["wrong_lr"])
     with pytest.raises(AssertionError):
-        assert_same_curves(train_from(common_start, extra=["--lr", "1.1e-3"]), reference)
+        assert_same_curves(wrong, reference)
 
 
 def test_layer_spec_picks_mla_core_attention():

@@ -20,7 +20,7 @@ import math
 
 import pytest
 
-from megatron_runs import TINY_QWEN3, run_pretrain, tail
+from megatron_runs import TINY_QWEN3, run_pretrain, side_by_side, tail
 
 FUSED = ["--use-fused-rmsnorm", "--use-fused-swiglu", "--use-fused-rotary-pos-emb", "--use-flash-attn",
          "--cross-entropy-loss-fusion"]
@@ -28,23 +28,36 @@ ITERS = ["--train-iters", "10"]
 RTOL = 2e-5
 
 
-@pytest.fixture(scope="module")
-def unfused():
-    run = run_pretrain(TINY_QWEN3 + ITERS)
+def _curve(run):
     assert run.returncode == 0, tail(run.output)
     assert sorted(run.losses) == list(range(1, 11)), tail(run.output)
     return run.curve()
+
+
+@pytest.fixture(scope="module")
+def runs():
+    """Unfused, fused, and fused with a 1% larger learning rate: three one-process runs, two at a time."""
+    lr = TINY_QWEN3[TINY_QWEN3.index("--lr") + 1]
+    unfused, fused, changed = side_by_side(
+        lambda: run_pretrain(TINY_QWEN3 + ITERS),
+        lambda: run_pretrain(TINY_QWEN3 + ITERS + FUSED),
+        lambda: run_pretrain(TINY_QWEN3 + ITERS + FUSED + ["--lr", repr(float(lr) * 1.01)]))
+    return {"unfused": unfused, "fused": fused, "changed": changed}
+
+
+@pytest.fixture(scope="module")
+def unfused(runs):
+    return _curve(runs["unfused"])
 
 
 def relative_gaps(a, b):
     return [abs(x - y) / abs(y) for x, y in zip(a, b)]
 
 
-def test_all_fused_flags_reproduce_the_unfused_curve(unfused):
-    run = run_pretrain(TINY_QWEN3 + ITERS + FUSED)
-    assert run.returncode == 0, tail(run.output)
-    fused = run.curve()
-    assert len(fused) == 10 and all(math.isfinite(x) for x in fused), tail(run.output)
+def test_all_fused_flags_reproduce_the_unfused_curve(runs, unfused):
+    run = runs["fused"]
+    fused = _curve(run)
+    assert all(math.isfinite(x) for x in fused), tail(run.output)
     for owner in ("patches.fused_swiglu", "patches.fused_rope", "patches.fused_cross_entropy"):
         assert f"[megatron-adaptor]   {owner}:" in run.output, f"{owner} not applied\n{tail(run.output)}"
     assert "fused_rmsnorm" in run.output and "flash_attention" in run.output
@@ -52,8 +65,6 @@ def test_all_fused_flags_reproduce_the_unfused_curve(unfused):
     assert max(gaps) < RTOL, f"max relative gap {max(gaps):.2e}\nfused   {fused}\nunfused {unfused}"
 
 
-def test_tolerance_catches_a_small_change(unfused):
-    lr = TINY_QWEN3[TINY_QWEN3.index("--lr") + 1]
-    run = run_pretrain(TINY_QWEN3 + ITERS + FUSED + ["--lr", repr(float(lr) * 1.01)])
-    assert run.returncode == 0, tail(run.output)
-    assert max(relative_gaps(run.curve(), unfused)) > 5 * RTOL, run.curve()
+def test_tolerance_catches_a_small_change(runs, unfused):
+    changed = _curve(runs["changed"])
+    assert max(relative_gaps(changed, unfused)) > 5 * RTOL, changed

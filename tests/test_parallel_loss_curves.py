@@ -20,7 +20,7 @@ import math
 
 import pytest
 
-from megatron_runs import TINY_QWEN3, run_pretrain, tail
+from megatron_runs import TINY_QWEN3, run_pretrain, side_by_side, tail
 
 ITERS = 10
 RTOL = 2e-5
@@ -48,8 +48,16 @@ def train_from(ckpt, nproc=1, extra=()):
 
 
 @pytest.fixture(scope="module")
-def reference(common_start):
-    curve = train_from(common_start)
+def one_process_curves(common_start):
+    """The reference and the wrong-learning-rate run: one process each, side by side."""
+    reference, wrong_lr = side_by_side(lambda: train_from(common_start),
+                                       lambda: train_from(common_start, extra=["--lr", "1.1e-3"]))
+    return {"reference": reference, "wrong_lr": wrong_lr}
+
+
+@pytest.fixture(scope="module")
+def reference(one_process_curves):
+    curve = one_process_curves["reference"]
     assert all(math.isfinite(x) for x in curve)
     assert curve[-1] < curve[0], f"loss did not fall: {curve}"
     return curve
@@ -74,8 +82,8 @@ def test_layout_reproduces_single_process_curve(layout, common_start, reference)
     assert_same_curve(curve, reference)
 
 
-def test_tolerance_detects_a_wrong_run(common_start, reference):
+def test_tolerance_detects_a_wrong_run(one_process_curves, reference):
     """A run that differs in one hyperparameter (lr 1e-3 -> 1.1e-3) must fail the comparison."""
-    curve = train_from(common_start, extra=["--lr", "1.1e-3"])
+    curve = one_process_curves["wrong_lr"]
     with pytest.raises(AssertionError):
         assert_same_curve(curve, reference)

@@ -6,7 +6,7 @@ import os
 import subprocess
 import sys
 
-from megatron_runs import ROOT, TINY_QWEN3, _LOSS, free_port, run_pretrain, tail
+from megatron_runs import ROOT, TINY_QWEN3, _LOSS, free_port, run_pretrain, side_by_side, tail
 
 
 def test_example_script_trains_tiny_qwen3_and_loss_falls(tmp_path):
@@ -38,8 +38,7 @@ def test_bf16_trains_on_cpu_and_tracks_fp32():
     a loose bound that still catches a run that does not train (the loss moves ~0.2).
     """
     args = TINY_QWEN3 + ["--train-iters", "10"]
-    fp32 = run_pretrain(args)
-    bf16 = run_pretrain(args + ["--bf16"])
+    fp32, bf16 = side_by_side(lambda: run_pretrain(args), lambda: run_pretrain(args + ["--bf16"]))
     for run in (fp32, bf16):
         assert run.returncode == 0, tail(run.output)
         assert sorted(run.losses) == list(range(1, 11)), tail(run.output)
