@@ -91,16 +91,25 @@ def side_by_side(*jobs):
         return [f.result() for f in futures]
 
 
-def run_pretrain(args: list[str], nproc: int = 1, env: dict | None = None, timeout: int = 600,
-                 script: str = "pretrain_gpt.py") -> Run:
+def _launch(args: list[str], nproc: int, env: dict | None, script: str) -> tuple[list[str], dict]:
+    """The torchrun command line and environment of one pretrain run on CPU."""
     cmd = TORCHRUN + [f"--nproc_per_node={nproc}", f"--master_port={free_port()}", str(ROOT / script)] + args
     full_env = dict(os.environ, ADAPTOR_BACKEND="cpu", OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
     full_env.update(env or {})
-    proc = subprocess.run(cmd, cwd=ROOT, env=full_env, capture_output=True, text=True, timeout=timeout)
-    output = proc.stdout + proc.stderr
+    return cmd, full_env
+
+
+def _parsed(returncode: int, output: str) -> Run:
     losses = {int(i): float(v) for i, v in _LOSS.findall(output)}
     mtp_losses = {int(i): float(v) for i, v in _MTP_LOSS.findall(output)}
-    return Run(proc.returncode, output, losses, mtp_losses)
+    return Run(returncode, output, losses, mtp_losses)
+
+
+def run_pretrain(args: list[str], nproc: int = 1, env: dict | None = None, timeout: int = 600,
+                 script: str = "pretrain_gpt.py") -> Run:
+    cmd, full_env = _launch(args, nproc, env, script)
+    proc = subprocess.run(cmd, cwd=ROOT, env=full_env, capture_output=True, text=True, timeout=timeout)
+    return _parsed(proc.returncode, proc.stdout + proc.stderr)
 
 
 def tail(text: str, n: int = 60) -> str:
@@ -118,9 +127,7 @@ class LiveRun:
         import queue
         import threading
 
-        cmd = TORCHRUN + [f"--nproc_per_node={nproc}", f"--master_port={free_port()}", str(ROOT / script)] + args
-        full_env = dict(os.environ, ADAPTOR_BACKEND="cpu", OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
-        full_env.update(env or {})
+        cmd, full_env = _launch(args, nproc, env, script)
         self.proc = subprocess.Popen(cmd, cwd=ROOT, env=full_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                      text=True, start_new_session=True)
         self.lines: list[str] = []
@@ -172,7 +179,4 @@ class LiveRun:
             if line is None:
                 break
             self.lines.append(line)
-        output = "".join(self.lines)
-        losses = {int(i): float(v) for i, v in _LOSS.findall(output)}
-        mtp_losses = {int(i): float(v) for i, v in _MTP_LOSS.findall(output)}
-        return Run(self.proc.returncode, output, losses, mtp_losses)
+        return _parsed(self.proc.returncode, "".join(self.lines))

@@ -19,6 +19,7 @@ import pytest
 import torch
 
 from megatron_runs import TINY_DEEPSEEK_V3, TINY_QWEN3, LiveRun, run_pretrain, tail
+from test_bad_input import error_lines
 
 ITERS = 8
 DP2_DISTOPT = ["--use-distributed-optimizer"]
@@ -132,9 +133,8 @@ LAYOUTS = {
 
 
 def reload_and_save(source, target, nproc, layout):
-    args = TINY_QWEN3 + ["--train-iters", "4", "--load", str(source), "--save", str(target),
-                         "--save-interval", "1000", "--ckpt-format", "safetensors",
-                         "--use-checkpoint-opt_param-scheduler", *layout]
+    args = train_args(target, "--load", str(source), "--use-checkpoint-opt_param-scheduler", *layout,
+                      iters=4, interval=1000)
     run = run_pretrain(args, nproc=nproc)
     assert run.returncode == 0, tail(run.output)
     return target / "iter_0000004"
@@ -314,7 +314,7 @@ def test_bad_checkpoint_ends_the_run_in_one_line_and_is_left_as_it_was(reference
     before = {p.name: p.read_bytes() for p in (load / "iter_0000004").iterdir()}
     run = run_pretrain(train_args(load, "--load", str(load)))
     assert run.returncode != 0
-    errors = [line for line in run.output.splitlines() if line.startswith("megatron-adaptor: error:")]
+    errors = error_lines(run.output)
     assert len(errors) == 1 and "rank_00001.safetensors: truncated" in errors[0], tail(run.output)
     assert {p.name: p.read_bytes() for p in (load / "iter_0000004").iterdir()} == before
     assert (load / "latest_checkpointed_iteration.txt").read_text() == "4"

@@ -33,10 +33,7 @@ from __future__ import annotations
 
 import argparse
 import math
-import os
 import re
-import subprocess
-import sys
 
 import pytest
 
@@ -44,13 +41,13 @@ from adaptor.backend import Backend
 from adaptor.features import ArgumentError, FeatureContext
 from adaptor.fsdp2.config import KEYS, Fsdp2ConfigError, load_config, resolve_config
 from adaptor.fsdp2.patterns import compile_pattern
-from megatron_runs import ROOT, TINY_QWEN3, free_port, run_pretrain, tail
+from megatron_runs import ROOT, TINY_QWEN3, run_pretrain, tail
 from patches.torch_fsdp2 import TorchFsdp2
+from test_bad_input import error_lines, run_python
 
 ITERS = 10
 RTOL_FP32 = 2e-5
 RTOL_BF16 = 5e-5
-PREFIX = "megatron-adaptor: error:"
 UNTIED = ["--untie-embeddings-and-output-weights", "--hidden-dropout", "0.1", "--attention-dropout", "0.1"]
 FSDP2 = ["--use-torch-fsdp2"]
 REPORT = {"ADAPTOR_REPORT_MEMORY": "1"}
@@ -169,17 +166,8 @@ def test_tensor_parallel_times_fsdp2_with_tied_embeddings():
 
 
 # ----------------------------------------------------------------------------- bad configurations
-def run_single_process(args):
-    """pretrain_gpt.py as one process with the rendezvous variables torchrun would set (no launcher)."""
-    env = dict(os.environ, ADAPTOR_BACKEND="cpu", OMP_NUM_THREADS="1", RANK="0", LOCAL_RANK="0", WORLD_SIZE="1",
-               LOCAL_WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
-    proc = subprocess.run([sys.executable, str(ROOT / "pretrain_gpt.py"), *args], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=300)
-    return proc.returncode, proc.stdout + proc.stderr
-
-
 def assert_one_error_line(returncode, output, *words):
-    lines = [line for line in output.splitlines() if line.startswith(PREFIX)]
+    lines = error_lines(output)
     assert returncode != 0 and len(lines) == 1, tail(output)
     assert all(w in lines[0] for w in words), lines[0]
     assert "Traceback" not in output, tail(output)
@@ -195,9 +183,9 @@ def test_bad_configuration_is_one_line(tmp_path, yaml_text, words):
     """Through pretrain_gpt.py: a YAML error at argument validation, two more when the model is wrapped."""
     config = tmp_path / "fsdp2.yaml"
     config.write_text(yaml_text)
-    returncode, output = run_single_process(TINY_QWEN3 + ["--train-iters", "1", "--use-torch-fsdp2",
-                                                          "--fsdp2-config-path", str(config)])
-    assert_one_error_line(returncode, output, *words)
+    proc = run_python(TINY_QWEN3 + ["--train-iters", "1", "--use-torch-fsdp2", "--fsdp2-config-path", str(config)],
+                      ROOT)
+    assert_one_error_line(proc.returncode, proc.stdout + proc.stderr, *words)
 
 
 # In-process checks of the same code the runs above go through: the YAML reader and the
