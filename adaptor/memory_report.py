@@ -13,9 +13,7 @@ import resource
 
 import torch
 
-
-def _local(tensor: torch.Tensor) -> torch.Tensor:
-    return tensor._local_tensor if hasattr(tensor, "_local_tensor") else tensor
+from adaptor.fsdp2.wrapper import local as _local
 
 
 def _bytes(tensor) -> int:

@@ -11,6 +11,7 @@ is a JSON header and raw little-endian bytes.
 from __future__ import annotations
 
 import json
+import math
 import mmap
 import os
 import struct
@@ -59,7 +60,6 @@ class SafetensorsFile:
                 raise ValueError("the header is not a JSON object")
         except (UnicodeDecodeError, ValueError) as exc:
             raise SafetensorsError(f"{self.path}: corrupt safetensors header ({exc})") from exc
-        self.size = size
         self.data_start = 8 + header_len
         self.metadata: dict[str, str] = header.pop("__metadata__", None) or {}
         self.tensors: dict[str, tuple[torch.dtype, tuple[int, ...], int, int]] = {}
@@ -72,9 +72,7 @@ class SafetensorsFile:
                 raise SafetensorsError(f"{self.path}: corrupt header entry for tensor {name}") from exc
             if dtype is None:
                 raise SafetensorsError(f"{self.path}: tensor {name} has unsupported dtype {entry.get('dtype')!r}")
-            numel = 1
-            for dim in shape:
-                numel *= dim
+            numel = math.prod(shape)
             if begin < 0 or end - begin != numel * dtype.itemsize:
                 raise SafetensorsError(f"{self.path}: corrupt header: tensor {name} {list(shape)} {entry['dtype']} "
                                        f"spans {end - begin} bytes")
@@ -121,10 +119,7 @@ def header_bytes(entries: Iterable[tuple[str, torch.dtype, tuple[int, ...]]],
     header: dict = {"__metadata__": dict(metadata or {"format": "pt"})}
     position = 0
     for name, dtype, shape in entries:
-        numel = 1
-        for dim in shape:
-            numel *= dim
-        nbytes = numel * dtype.itemsize
+        nbytes = math.prod(shape) * dtype.itemsize
         header[name] = {"dtype": DTYPE_NAMES[dtype], "shape": list(shape), "data_offsets": [position, position + nbytes]}
         position += nbytes
     raw = json.dumps(header, separators=(",", ":")).encode()
@@ -152,8 +147,7 @@ def fsync_dir(path) -> None:
         os.close(fd)
 
 
-def write_file(path, tensors: list[tuple[str, torch.Tensor]], metadata: dict[str, str] | None = None,
-               fsync: bool = True) -> int:
+def write_file(path, tensors: list[tuple[str, torch.Tensor]], metadata: dict[str, str] | None = None) -> int:
     """Write one safetensors file atomically: a hidden temporary beside ``path``, fsync, rename.
 
     A reader therefore sees either no file or the whole file. Returns the bytes written.
@@ -167,13 +161,11 @@ def write_file(path, tensors: list[tuple[str, torch.Tensor]], metadata: dict[str
             for _, tensor in tensors:
                 out.write(tensor_bytes(tensor))
             out.flush()
-            if fsync:
-                os.fsync(out.fileno())
+            os.fsync(out.fileno())
             written = out.tell()
         os.replace(tmp, path)
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
-    if fsync:
-        fsync_dir(path.parent)
+    fsync_dir(path.parent)
     return written

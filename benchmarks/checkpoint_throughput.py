@@ -83,10 +83,10 @@ def reader_only(checkpoint: Path) -> float:
     start, total = time.perf_counter(), 0
     for key, shards in index.shards.items():
         for s in shards:
-            request = ShardedTensor(key, None, s.dtype, s.local_shape, s.global_shape, s.global_offset, None,
-                                    prepend_axis_num=s.prepend_axis_num)
             if s.flattened_range is not None:
                 continue
+            request = ShardedTensor(key, None, s.dtype, s.local_shape, s.global_shape, s.global_offset, None,
+                                    prepend_axis_num=s.prepend_axis_num)
             total += index.load_tensor(request).nbytes
     return total / (time.perf_counter() - start) / 1e9
 

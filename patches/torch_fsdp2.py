@@ -63,11 +63,11 @@ CONNECTIONS = "CUDA_DEVICE_MAX_CONNECTIONS"
 
 def _optim_param_to_id_map(optim_params_iter) -> dict[int, int]:
     """Optimizer parameter -> its index, keyed by the tensor object the model's checkpoint entries hold."""
-    from torch.distributed.tensor import DTensor
+    from adaptor.fsdp2.wrapper import local
 
     mapping: dict[int, int] = {}
     for index, param in enumerate(optim_params_iter):
-        mapping.setdefault(id(param._local_tensor if isinstance(param, DTensor) else param), index)
+        mapping.setdefault(id(local(param)), index)
     return mapping
 
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import math
 import os
 import shutil
 import subprocess
@@ -120,7 +121,7 @@ def replay_argv(recorded: list[str], layout: dict[str, int], load: Path, out: Pa
 
 def split(args) -> Path:
     from adaptor.checkpoint.errors import CheckpointError
-    from adaptor.checkpoint.unified import SIDE_FILE, to_release
+    from adaptor.checkpoint.unified import SIDE_FILE, publish, refuse_nonempty, to_release
 
     layout = {k: getattr(args, k) for k in ("tensor_model_parallel_size", "pipeline_model_parallel_size",
                                             "expert_model_parallel_size") if getattr(args, k)}
@@ -148,11 +149,8 @@ def split(args) -> Path:
             reason = next((line for line in lines if line.startswith("megatron-adaptor: error:")), None) or next(
                 (line for line in reversed(lines) if "Error" in line), "no output")
             raise CheckpointError(f"re-saving at {layout} failed (exit {proc.returncode}): {reason}")
-        if save_dir.exists() and (not save_dir.is_dir() or any(save_dir.iterdir())):
-            raise CheckpointError(f"--save-dir {save_dir} exists and is not empty (refusing to overwrite)")
-        if save_dir.exists():
-            save_dir.rmdir()
-        (work / "converted" / "safetensors").rename(save_dir)
+        refuse_nonempty(save_dir)
+        publish(work / "converted" / "safetensors", save_dir)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     return save_dir
@@ -163,19 +161,12 @@ def info(args) -> str:
 
     tensors = GlobalTensors(args.load_dir, model_only=False)
     doc = tensors.index.doc
-    size = sum(t.dtype.itemsize * _numel(t.shape) for t in tensors.tensors.values())
+    size = sum(t.dtype.itemsize * math.prod(t.shape) for t in tensors.tensors.values())
     model = [t for t in tensors.tensors.values() if not t.key.startswith("optimizer.")]
     return (f"{tensors.index.dir}: iteration {doc.get('iteration')}, world size {doc.get('world_size')}, "
             f"layout {doc.get('parallel')}, {len(doc.get('files', []))} rank files, "
             f"{len(model)} model tensors, {len(tensors.tensors) - len(model)} optimizer tensors, "
             f"{size / 1e9:.3f} GB of tensors")
-
-
-def _numel(shape) -> int:
-    out = 1
-    for d in shape:
-        out *= d
-    return out
 
 
 def main(argv=None) -> int:

@@ -83,16 +83,21 @@ def prepare_staging(checkpoint_dir) -> Path:
     return staging
 
 
+def write_json(path: Path, doc: dict, **dump_kwargs) -> None:
+    """Write a JSON document durably under a hidden temporary name, then rename it into place."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    with open(tmp, "w") as out:
+        json.dump(doc, out, **dump_kwargs)
+        out.flush()
+        os.fsync(out.fileno())
+    os.replace(tmp, path)
+
+
 def commit(checkpoint_dir) -> None:
     """Rank 0, after every rank's files are durable: marker, then rename the staging directory into place."""
     final = Path(checkpoint_dir)
     staging = staging_dir(final)
-    marker_tmp = staging / f".{MARKER}.tmp"
-    with open(marker_tmp, "w") as out:
-        json.dump({"sharded_backend": BACKEND, "sharded_backend_version": BACKEND_VERSION}, out)
-        out.flush()
-        os.fsync(out.fileno())
-    os.replace(marker_tmp, staging / MARKER)
+    write_json(staging / MARKER, {"sharded_backend": BACKEND, "sharded_backend_version": BACKEND_VERSION})
     fsync_dir(staging)
     old = None
     if final.exists() or final.is_symlink():

@@ -148,10 +148,7 @@ def decode(value: Any, get_tensor: Callable[[str], torch.Tensor]) -> Any:
     if tag == "__bytesio__":
         return io.BytesIO(get_tensor(body).numpy().tobytes())
     if tag == "__dtype__":
-        dtype = getattr(torch, str(body), None)
-        if not isinstance(dtype, torch.dtype):
-            raise ValueError(f"unknown dtype {body!r}")
-        return dtype
+        return dtype_from_name(str(body))
     if tag == "__enum__":
         cls = _enum_class(body)
         name = value.get("name")
@@ -167,3 +164,11 @@ def _hashable(key: Any) -> Any:
     if isinstance(key, list):
         return tuple(_hashable(k) for k in key)
     return key
+
+
+def dtype_from_name(name: str) -> torch.dtype:
+    """``torch.float32`` from ``"float32"``; anything that is not a torch dtype is refused."""
+    dtype = getattr(torch, name, None)
+    if not isinstance(dtype, torch.dtype):
+        raise ValueError(f"unknown dtype {name!r}")
+    return dtype

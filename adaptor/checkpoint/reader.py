@@ -19,7 +19,7 @@ import torch
 
 from adaptor.checkpoint import files
 from adaptor.checkpoint.errors import CheckpointError
-from adaptor.checkpoint.object_codec import decode
+from adaptor.checkpoint.object_codec import decode, dtype_from_name
 from adaptor.safetensors_file import SafetensorsError, SafetensorsFile
 
 
@@ -124,7 +124,7 @@ class CheckpointIndex:
             objects = json.loads(file.metadata["objects"])
             for entry in table:
                 shard = SavedShard(
-                    file=name, name=entry["name"], key=entry["key"], dtype=_dtype(entry["dtype"]),
+                    file=name, name=entry["name"], key=entry["key"], dtype=dtype_from_name(entry["dtype"]),
                     global_shape=tuple(entry["global_shape"]), global_offset=tuple(entry["global_offset"]),
                     local_shape=tuple(entry["local_shape"]), prepend_axis_num=int(entry["prepend_axis_num"]),
                     flattened_range=None if entry["flattened_range"] is None else tuple(entry["flattened_range"]),
@@ -265,19 +265,11 @@ class CheckpointIndex:
                     covered += math.prod(overlap[1])
                 continue
             if saved_box == box:  # same chunk, saved as flat pieces: fill it directly
-                view = out.view(-1)
-                for piece in pieces:
-                    lo, hi = piece.flattened_range
-                    view[lo:hi].copy_(self._files[piece.file].get(piece.name))
-                    covered += hi - lo
+                covered += self._fill_flat(pieces, 0, out.numel(), dtype, out=out.view(-1))[1]
                 continue
             # Another chunk (the layout changed): rebuild it from its flat pieces, then copy the overlap.
             chunk = torch.empty(saved_box[1], dtype=dtype)
-            chunk_view, filled = chunk.view(-1), 0
-            for piece in pieces:
-                lo, hi = piece.flattened_range
-                chunk_view[lo:hi].copy_(self._files[piece.file].get(piece.name))
-                filled += hi - lo
+            filled = self._fill_flat(pieces, 0, chunk.numel(), dtype, out=chunk.view(-1))[1]
             if filled != chunk.numel():
                 raise CheckpointError(f"{self.dir}: tensor {pieces[0].key}: the saved chunk at {list(saved_box[0])} "
                                       f"has {filled} of {chunk.numel()} elements (a rank file is missing data)")
@@ -310,9 +302,3 @@ class CheckpointIndex:
         for file in self._files.values():
             file.close()
 
-
-def _dtype(name: str) -> torch.dtype:
-    dtype = getattr(torch, name, None)
-    if not isinstance(dtype, torch.dtype):
-        raise ValueError(f"unknown dtype {name!r}")
-    return dtype

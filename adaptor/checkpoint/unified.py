@@ -117,9 +117,13 @@ def _module_name(name: str) -> str:
     return name
 
 
-def _atomic_dir(save_dir: Path):
+def refuse_nonempty(save_dir: Path) -> None:
     if save_dir.exists() and (not save_dir.is_dir() or any(save_dir.iterdir())):
         raise CheckpointError(f"--save-dir {save_dir} exists and is not empty (refusing to overwrite)")
+
+
+def _atomic_dir(save_dir: Path):
+    refuse_nonempty(save_dir)
     save_dir.parent.mkdir(parents=True, exist_ok=True)
     temp = save_dir.with_name(f".{save_dir.name}.partial")
     if temp.exists():
@@ -130,7 +134,8 @@ def _atomic_dir(save_dir: Path):
     return temp
 
 
-def _publish(temp: Path, save_dir: Path) -> None:
+def publish(temp: Path, save_dir: Path) -> None:
+    """Rename a finished directory onto ``save_dir`` (which may exist, empty)."""
     if save_dir.exists():
         save_dir.rmdir()
     temp.rename(save_dir)
@@ -160,7 +165,7 @@ def merge(load, save_dir, model_type_hf: str | None = None, max_shard_bytes: int
                 "parallel": source.index.doc.get("parallel"),
                 "tensors": {t.name: {"key": t.key, "index": list(t.index)} for t in source.tensors.values()}}
         (temp / SIDE_FILE).write_text(json.dumps(side, indent=1) + "\n")
-        _publish(temp, save_dir)
+        publish(temp, save_dir)
     finally:
         shutil.rmtree(temp, ignore_errors=True)
         source.index.close()
@@ -199,7 +204,7 @@ def to_release(unified_dir, save_dir) -> Path:
     Megatron loads it at any layout (``--load``; resharded on load); ``tools/safetensors_ckpt.py
     split`` saves it again at a given layout.
     """
-    from adaptor.checkpoint.writer import FilePayload, write_payload
+    from adaptor.checkpoint.writer import FilePayload, rank_metadata, write_payload
 
     unified_dir, save_dir = Path(unified_dir), Path(save_dir)
     side_path = unified_dir / SIDE_FILE
@@ -234,9 +239,7 @@ def to_release(unified_dir, save_dir) -> Path:
     try:
         release = temp / "release"
         staging = files.prepare_staging(release)
-        rank = FilePayload(files.rank_file(0), tensors, {
-            "format": files.FORMAT_NAME, "version": str(files.BACKEND_VERSION), "rank": "0",
-            "shards": json.dumps(shards), "objects": "{}"})
+        rank = FilePayload(files.rank_file(0), tensors, rank_metadata(0, shards, {}))
         common = FilePayload("", [], {}, json_name=files.COMMON_JSON, json_doc={
             "format": files.FORMAT_NAME, "version": files.BACKEND_VERSION, "iteration": 0, "world_size": 1,
             "files": [files.rank_file(0)], "source": str(unified_dir), "command_line": side.get("command_line"),
@@ -245,7 +248,7 @@ def to_release(unified_dir, save_dir) -> Path:
         write_payload(str(staging), [rank, common])
         files.commit(release)
         (temp / TRACKER).write_text("release")
-        _publish(temp, save_dir)
+        publish(temp, save_dir)
     finally:
         import shutil
 

@@ -7,7 +7,6 @@ checkpoint worker, so it is a module-level function over plain data.
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -27,9 +26,6 @@ class FilePayload:
     metadata: dict[str, str] = field(default_factory=dict)
     json_name: str | None = None  # a JSON document written beside it (common.json)
     json_doc: dict | None = None
-
-    def nbytes(self) -> int:
-        return sum(t.numel() * t.element_size() for _, t in self.tensors)
 
 
 def _path_name(path: tuple) -> str:
@@ -85,12 +81,17 @@ def rank_payload(sharded_part, rank: int, snapshot: bool) -> FilePayload:
         else:
             raise CheckpointError(f"internal: unexpected {type(item).__name__} at {name} in the sharded state dict")
     payload.tensors.extend(encoder.tensors.items())
-    payload.metadata = {
+    payload.metadata = rank_metadata(rank, shards, objects)
+    return payload
+
+
+def rank_metadata(rank: int, shards: list, objects: dict) -> dict[str, str]:
+    """A rank file's ``__metadata__``: format, version, rank, and its shard and object tables as JSON."""
+    return {
         "format": files.FORMAT_NAME, "version": str(files.BACKEND_VERSION), "rank": str(rank),
         "shards": json.dumps(shards, separators=(",", ":")),
         "objects": json.dumps(objects, separators=(",", ":")),
     }
-    return payload
 
 
 def common_payload(common_state: dict, layout: dict, snapshot: bool) -> FilePayload:
@@ -118,9 +119,4 @@ def write_payload(directory: str, payloads: list[FilePayload]) -> None:
         if payload.name:
             write_file(directory / payload.name, payload.tensors, payload.metadata)
         if payload.json_name:
-            tmp = directory / f".{payload.json_name}.tmp"
-            with open(tmp, "w") as out:
-                json.dump(payload.json_doc, out, indent=1, allow_nan=False)
-                out.flush()
-                os.fsync(out.fileno())
-            tmp.replace(directory / payload.json_name)
+            files.write_json(directory / payload.json_name, payload.json_doc, indent=1, allow_nan=False)

@@ -71,11 +71,10 @@ def _cast_floats(dtype):
 
 def _compute_in_fp32(module: torch.nn.Module, compute_dtype: torch.dtype) -> None:
     """An ignored module keeps fp32 weights: widen its inputs, narrow its outputs back."""
-    module.register_forward_pre_hook(
-        lambda m, args, kwargs: (tree_map(_cast_floats(torch.float32), args),
-                                 tree_map(_cast_floats(torch.float32), kwargs)),
-        with_kwargs=True)
-    module.register_forward_hook(lambda m, args, output: tree_map(_cast_floats(compute_dtype), output))
+    widen, narrow = _cast_floats(torch.float32), _cast_floats(compute_dtype)
+    module.register_forward_pre_hook(lambda m, args, kwargs: (tree_map(widen, args), tree_map(widen, kwargs)),
+                                     with_kwargs=True)
+    module.register_forward_hook(lambda m, args, output: tree_map(narrow, output))
 
 
 def _names(pairs) -> str:
@@ -186,8 +185,11 @@ class FullyShardedModel(TorchFullyShardedDataParallel):
             grad.copy_(synced)
 
     def scale_gradients(self, scaling_factor) -> None:
+        factors = {}  # one copy of a tensor factor per device, not per parameter
         for param in self.module.parameters():
             if param.grad is not None:
                 grad = local(param.grad)
-                factor = scaling_factor.to(grad.device) if isinstance(scaling_factor, torch.Tensor) else scaling_factor
-                grad.mul_(factor)
+                if grad.device not in factors:
+                    factors[grad.device] = (scaling_factor.to(grad.device) if isinstance(scaling_factor, torch.Tensor)
+                                            else scaling_factor)
+                grad.mul_(factors[grad.device])
