@@ -13,7 +13,11 @@ on the ``npu`` backend:
 * reads and writes Megatron's tensor-parallel RNG tracker state through
   ``torch.npu`` (upstream ``_get/_set_cuda_rng_state`` index
   ``torch.cuda.default_generators``);
-* maps literal ``backend='nccl'`` in process-group creation to ``hccl``.
+* maps literal ``backend='nccl'`` in process-group creation to ``hccl``;
+* runs ``torch.compile``d functions eagerly (``torch._dynamo.config.disable``): Megatron's
+  ``jit_fuser`` is ``torch.compile``, already applied to its fusions at import, and inductor has
+  no Ascend target in a plain torch_npu install (Megatron's own ``--disable-jit-fuser`` only
+  affects modules imported after it is read, which is too late for those).
 
 Verified against a stand-in torch_npu (tests/npu_standin), not on Ascend hardware.
 """
@@ -73,3 +77,4 @@ class NpuDevice(Feature):
         pm.register_replacement("torch.nn.Module.cuda", _module_cuda, OWNER)
         pm.register_replacement("megatron.core.tensor_parallel.random._get_cuda_rng_state", _get_rng_state, OWNER)
         pm.register_replacement("megatron.core.tensor_parallel.random._set_cuda_rng_state", _set_rng_state, OWNER)
+        pm.register_replacement("torch._dynamo.config.disable", True, OWNER)

@@ -25,9 +25,9 @@ import pytest
 import torch
 
 from megatron_runs import TINY_QWEN3, run_pretrain, tail
+from npu_contract import standin_env
 
 ROOT = Path(__file__).resolve().parents[1]
-STANDIN = Path(__file__).resolve().parent / "npu_standin"
 FP32_TOL = 1e-5
 BF16_TOL = 2e-2
 
@@ -236,7 +236,7 @@ def _free_port():
 def _child(npu: bool, saved: Path):
     env = dict(os.environ, ADAPTOR_QUIET="1", OMP_NUM_THREADS="1")
     if npu:
-        env["PYTHONPATH"] = os.pathsep.join([str(STANDIN), str(ROOT)])
+        env = standin_env(env)
         env.pop("ADAPTOR_BACKEND", None)
     else:
         env["PYTHONPATH"] = str(ROOT)

@@ -40,9 +40,9 @@ from megatron_runs import TINY_QWEN3, run_pretrain, tail
 from patches.fused_rmsnorm import FusedRmsNorm
 from patches.fused_rope import FusedRope
 from patches.fused_swiglu import FusedSwiglu
+from npu_contract import standin_env
 
 ROOT = Path(__file__).resolve().parents[1]
-STANDIN = Path(__file__).resolve().parent / "npu_standin"
 TOL = {torch.float32: dict(rtol=1e-5, atol=1e-5), torch.bfloat16: dict(rtol=2e-2, atol=2e-2)}
 DTYPES = [torch.float32, torch.bfloat16]
 FLAGS = ["--use-fused-rmsnorm", "--use-fused-swiglu", "--use-fused-rotary-pos-emb"]
@@ -309,7 +309,7 @@ print("FACTS" + json.dumps(facts))
 
 @pytest.fixture(scope="module")
 def npu_child():
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(STANDIN), str(ROOT)]), ADAPTOR_QUIET="1")
+    env = standin_env(ADAPTOR_QUIET="1")
     env.pop("ADAPTOR_BACKEND", None)
     out = subprocess.run([sys.executable, "-c", NPU_CHILD], cwd=ROOT, env=env, capture_output=True, text=True,
                          timeout=180)

@@ -18,9 +18,9 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from npu_contract import standin_env
 
 ROOT = Path(__file__).resolve().parents[1]
-STANDIN = Path(__file__).resolve().parent / "npu_standin"
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 os.environ.setdefault("ADAPTOR_BACKEND", "cpu")
@@ -266,7 +266,7 @@ def test_pretrain_moe_with_both_flags_matches_without():
 @pytest.fixture(scope="module", autouse=True)
 def npu_child():
     """Started first, checked last (the final test): it runs while the other tests do."""
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(STANDIN), str(ROOT)]), OMP_NUM_THREADS="1")
+    env = standin_env(OMP_NUM_THREADS="1")
     env.pop("ADAPTOR_BACKEND", None)
     code = f"PORT = {_free_port()}\n" + NPU_CHILD
     proc = subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, env=env, stdout=subprocess.PIPE,

@@ -14,9 +14,9 @@ import sys
 from pathlib import Path
 
 import pytest
+from npu_contract import standin_env
 
 ROOT = Path(__file__).resolve().parents[1]
-STANDIN = Path(__file__).resolve().parent / "npu_standin"
 
 CHILD = r"""
 import json, sys, torch
@@ -33,6 +33,9 @@ torch_npu.calls.clear()
 torch.cuda.set_device(1)
 facts["current_device"] = torch.cuda.current_device()
 facts["available"] = torch.cuda.is_available()
+torch.cuda.manual_seed(7)  # the current device's generator only, as torch_npu documents
+facts["rng_per_device"] = [torch.equal(torch.npu.get_rng_state(1), mp_random._get_cuda_rng_state()),
+                           torch.equal(torch.npu.get_rng_state(0), torch.npu.get_rng_state(1))]
 state = mp_random._get_cuda_rng_state()
 mp_random._set_cuda_rng_state(state)
 t = torch.ones(2).cuda(non_blocking=True)
@@ -56,7 +59,7 @@ print("FACTS" + json.dumps(facts))
 @pytest.fixture(scope="module")
 def child():
     """One subprocess for all checks: importing megatron costs ~10 s here."""
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(STANDIN), str(ROOT)]))
+    env = standin_env()
     env.pop("ADAPTOR_BACKEND", None)
     out = subprocess.run([sys.executable, "-c", CHILD], cwd=ROOT, env=env, capture_output=True, text=True, timeout=180)
     assert out.returncode == 0, out.stderr[-3000:]
@@ -72,7 +75,10 @@ def test_npu_backend_maps_cuda_calls_to_torch_npu(child):
     names = [c[0] for c in facts["calls"]]
     # torch.cuda.set_device(1) reached torch.npu.set_device with the same index.
     assert ["set_device", ["1"], {}] in facts["calls"]
-    assert facts["current_device"] == 0 and "current_device" in names
+    # The stand-in keeps a current device index, as torch_npu does: set_device(1) makes it 1.
+    assert facts["current_device"] == 1 and "current_device" in names
+    # Megatron's RNG tracker reads the current device's generator; device 0 kept its own state.
+    assert facts["rng_per_device"] == [True, False]
     assert facts["available"] is True
     # The TP RNG tracker reads and writes the NPU generator.
     assert "get_rng_state" in names and "set_rng_state" in names

@@ -7,7 +7,10 @@ for all local experts:
 
 * NPU: ``torch_npu.npu_grouped_matmul`` (one x, one y: split_item=2,
   group_type=0, cumulative int64 group_list); weight grads with group_type=2
-  (groups split the K axis, which is the token axis there).
+  (groups split the K axis, which is the token axis there). The kernel takes
+  fp16/bf16, and fp32 only when x, weight and y are single tensors: fp32
+  experts (training without ``--bf16``/``--fp16``, as MindSpeed keeps fp32 for
+  master weights only) take the loop below, said once in the log.
 * CUDA: ``torch._grouped_mm`` (bf16, sm90+, 16-byte aligned rows), else the loop.
 * CPU: one autograd node that loops ``torch.mm`` over contiguous row blocks,
   writing into one output (no split/cat, no per-expert module calls).
@@ -102,13 +105,29 @@ def _cuda_grouped_mm_ok(x: torch.Tensor, weights) -> bool:
     return x.shape[1] % 8 == 0 and weights[0].shape[0] % 8 == 0
 
 
+_said: set = set()
+
+
+def _say_once(line: str) -> None:
+    if line not in _said:
+        _said.add(line)
+        from adaptor.errors import is_rank0
+
+        if is_rank0():
+            print(f"[megatron-adaptor] {line}", flush=True)
+
+
 def grouped_matmul(x: torch.Tensor, weights, counts) -> torch.Tensor:
     """``cat_e(x_e @ weights[e].t())`` for row groups of sizes ``counts``."""
     weights = list(weights)
     if len(weights) == 1:
         return x @ weights[0].t()
     backend = adaptor.backend.name
-    if backend == "npu":
+    if backend == "npu" and x.dtype == torch.float32:
+        _say_once("--moe-grouped-gemm on NPU: npu_grouped_matmul takes float32 only as single x/weight/y "
+                  "tensors, not one weight per expert; fp32 experts run one matmul each (use --bf16 for the "
+                  "grouped kernel)")
+    elif backend == "npu":
         counts_t = counts if torch.is_tensor(counts) else torch.tensor(counts)
         group_list = torch.cumsum(counts_t.to(torch.int64), 0).to(x.device)
         return _NpuGroupedMatmul.apply(x, group_list, *weights)

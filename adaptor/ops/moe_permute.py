@@ -17,9 +17,18 @@ own: ``flat[i] = expert * num_tokens + token`` for permuted row ``i``.
 NPU: ``torch_npu.npu_moe_token_permute(tokens, indices[T, k], num_out_tokens,
 padded_mode=False)`` and ``npu_moe_token_unpermute(permuted, sorted_indices,
 probs[T, k], padded_mode=False, restore_shape)``, with ``indices`` each
-token's experts in ascending order (so the kernels' order is megatron's),
-used when every token has the same number ``k`` of experts
-(``num_out_tokens == T * k``, i.e. no capacity dropping).
+token's experts in ascending order (so the kernels' order is megatron's).
+The kernels' contract shapes what we pass:
+
+* they route a fixed ``k`` experts per token. With the alltoall dispatcher
+  every token has ``--moe-router-topk`` of them; with the allgather dispatcher
+  and EP > 1 the routing map holds only this rank's experts, so a token has 0
+  to k of them. Those calls take the index path below (said once in the log),
+  never the kernels with a wrong ``k``;
+* ``sorted_indices`` is int32 (what ``npu_moe_token_permute`` itself returns);
+* unpermute without ``probs`` takes k = 1 and returns ``T * k`` rows, so the
+  probability-free merge megatron's dispatchers ask for passes ones of shape
+  ``[T, k]``.
 """
 from __future__ import annotations
 
@@ -40,17 +49,34 @@ def expert_major_order(routing_map: torch.Tensor, num_out_tokens: int) -> torch.
     return order[:num_out_tokens]
 
 
-def _npu_k(num_tokens: int, num_out: int):
+_said_uneven = False
+
+
+def _npu_k(routed_per_token: torch.Tensor, num_tokens: int, num_out: int):
+    """k when the NPU kernels can route these tokens: every token has exactly k experts."""
     if adaptor.backend.name != "npu" or num_tokens == 0 or num_out % num_tokens:
         return None
-    return num_out // num_tokens
+    k = num_out // num_tokens
+    low, high = routed_per_token.aminmax()
+    if (int(low), int(high)) == (k, k):
+        return k
+    global _said_uneven
+    if not _said_uneven:
+        _said_uneven = True
+        from adaptor.errors import is_rank0
+
+        if is_rank0():
+            print("[megatron-adaptor] --moe-permute-fusion: tokens have 0..k of this rank's experts (allgather "
+                  "dispatcher with EP > 1); npu_moe_token_permute routes a fixed k per token, so these calls "
+                  "use the index-based permute", flush=True)
+    return None
 
 
 def _npu_layout(flat: torch.Tensor, num_tokens: int, k: int):
-    """(order, indices): the kernels' sorted_indices and each token's experts, ascending."""
+    """(order, indices): the kernels' int32 sorted_indices and each token's experts, ascending."""
     order = torch.argsort(flat % num_tokens, stable=True)
     indices = (flat // num_tokens)[order].view(num_tokens, k)
-    return order, indices
+    return order.to(torch.int32), indices.to(torch.int32)
 
 
 def _uniform_k_cpu(token: torch.Tensor, num_tokens: int):
@@ -108,7 +134,7 @@ def permute(tokens, routing_map, probs=None, num_out_tokens=None):
     permuted_probs = None
     if probs is not None:
         permuted_probs = probs.reshape(-1).index_select(0, token * num_experts + flat // num_tokens)
-    k = _npu_k(num_tokens, num_out)
+    k = _npu_k(routing_map.sum(1), num_tokens, num_out) if adaptor.backend.name == "npu" else None
     if k is not None:
         import torch_npu
 
@@ -129,16 +155,20 @@ def unpermute(permuted_tokens, row_id_map, restore_shape, probs=None):
     num_tokens, hidden = restore_shape
     flat = row_id_map
     input_dtype = permuted_tokens.dtype
-    k = _npu_k(num_tokens, flat.numel())
-    if k is not None:
-        import torch_npu
-
-        order, indices = _npu_layout(flat, num_tokens, k)
-        probs_k = probs.gather(1, indices) if probs is not None else None
-        return torch_npu.npu_moe_token_unpermute(
-            permuted_tokens, order, probs=probs_k, padded_mode=False, restore_shape=restore_shape
-        )
     token = flat % num_tokens
+    if adaptor.backend.name == "npu":
+        k = _npu_k(torch.bincount(token, minlength=num_tokens), num_tokens, flat.numel())
+        if k is not None:
+            import torch_npu
+
+            order, indices = _npu_layout(flat, num_tokens, k)
+            if probs is None:  # the kernel's own default is k = 1
+                probs_k = permuted_tokens.new_ones(num_tokens, k)
+            else:
+                probs_k = probs.gather(1, indices.long())
+            return torch_npu.npu_moe_token_unpermute(
+                permuted_tokens, order, probs=probs_k, padded_mode=False, restore_shape=list(restore_shape)
+            )
     if probs is not None:
         permuted_probs = probs.reshape(-1).index_select(0, token * probs.shape[1] + flat // num_tokens)
         # As upstream: the product is in the promoted dtype, summed there, then cast back.

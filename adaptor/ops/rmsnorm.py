@@ -63,7 +63,8 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     if adaptor.backend.name == "npu":
         import torch_npu
 
-        return torch_npu.npu_rms_norm(x, weight, epsilon=eps)[0]
+        # The kernel takes gamma in x's dtype (fp32 weights with bf16 activations are refused).
+        return torch_npu.npu_rms_norm(x, weight.to(x.dtype), epsilon=eps)[0]
     return _RMSNormFunction.apply(x, weight, eps)
 
 

@@ -1,97 +1,44 @@
-"""STAND-IN for torch_npu — NOT Ascend's library. Used only by the tests.
+"""STAND-IN for torch_npu, NOT Ascend's library: the tests import it where no Ascend device exists.
 
-No NPU exists on the machines this project is tested on. This package takes
-torch_npu's place on ``sys.path`` in test subprocesses so the adaptor's NPU
-code paths can run: it registers the ``npu`` device name with torch (as
-torch_npu does, through the PrivateUse1 mechanism), installs ``torch.npu``
-with the functions Megatron's calls are mapped to, and records every call in
-``torch_npu.calls`` as ``(name, args, kwargs)``. Results are reference values
-computed on the CPU (the CPU RNG state, index 0, ...), and ``Tensor.npu`` /
-``Module.npu`` return the CPU object unchanged after recording the call.
+It takes torch_npu's place on ``sys.path`` in test subprocesses so that the adaptor's NPU code
+paths, and whole training runs on the ``npu`` backend, run on a CPU. Every ``torch_npu.npu_*``
+operator the project calls is held to torch_npu's own contract, loaded from the files the pinned
+torch_npu wheel ships (``tests/npu_contract.py`` fetches them): the real schema, the real meta
+function (output shapes and dtypes), and the documented rules neither file states
+(``_rules``, each with its source). Only then does a CPU reference (``_reference``) compute the
+result. No Ascend kernel runs here: what passes proves the calls are ones torch_npu accepts and
+what they return is what it returns, not how fast or how exactly a device computes it.
+
+``torch_npu.calls`` records every call as ``(name, args, kwargs)``, ``torch_npu.counts`` counts them.
 """
 from __future__ import annotations
 
-import time
-import types
-
 import torch
 
-calls: list[tuple[str, tuple, dict]] = []
-__version__ = "0.0.0+standin"
+from torch_npu import _contract, _device, _reference, _rules
+from torch_npu._calls import calls, counts
 
-torch.utils.rename_privateuse1_backend("npu")
+CONTRACT_VERSION = "2.14.0"
+__version__ = f"{CONTRACT_VERSION}+standin"
 
+ContractViolation = _contract.ContractViolation
+StandinError = _contract.StandinError
 
-def _recorded(name, result):
-    def fn(*args, **kwargs):
-        calls.append((name, args, kwargs))
-        return result(*args, **kwargs) if callable(result) else result
+npu = _device.install()
 
-    fn.__name__ = fn.__qualname__ = name
-    return fn
-
-
-class Event:
-    def __init__(self, *args, **kwargs):
-        calls.append(("Event", args, kwargs))
-        self.t = None
-
-    def record(self, stream=None):
-        self.t = time.perf_counter()
-
-    def synchronize(self):
-        pass
-
-    def elapsed_time(self, end):
-        return (end.t - self.t) * 1000.0
+#: The operators the project calls, each with the documented rules it must also pass.
+OPERATORS = {
+    "npu_rms_norm": _rules.RMS_NORM,
+    "npu_swiglu": _rules.SWIGLU,
+    "npu_rotary_mul": _rules.ROTARY_MUL,
+    "npu_fusion_attention": _rules.FUSION_ATTENTION,
+    "npu_grouped_matmul": _rules.GROUPED_MATMUL,
+    "npu_moe_token_permute": _rules.MOE_TOKEN_PERMUTE,
+    "npu_moe_token_unpermute": _rules.MOE_TOKEN_UNPERMUTE,
+}
+for _name, _op_rules in OPERATORS.items():
+    globals()[_name] = _contract.checked(_name, getattr(_reference, _name), _op_rules)
 
 
-class Stream:
-    def __init__(self, *args, **kwargs):
-        calls.append(("Stream", args, kwargs))
-
-    def wait_stream(self, other):
-        pass
-
-    def synchronize(self):
-        pass
-
-
-npu = types.ModuleType("torch_npu.npu")
-npu.is_available = _recorded("is_available", True)
-npu.device_count = _recorded("device_count", 1)
-npu.current_device = _recorded("current_device", 0)
-npu.set_device = _recorded("set_device", None)
-npu.synchronize = _recorded("synchronize", None)
-npu.empty_cache = _recorded("empty_cache", None)
-npu.get_rng_state = _recorded("get_rng_state", lambda *a, **k: torch.get_rng_state())
-npu.set_rng_state = _recorded("set_rng_state", lambda state, *a, **k: torch.set_rng_state(state))
-npu.manual_seed = _recorded("manual_seed", lambda seed: torch.default_generator.manual_seed(int(seed)))
-npu.manual_seed_all = _recorded("manual_seed_all", None)
-npu.memory_allocated = _recorded("memory_allocated", 0)
-npu.max_memory_allocated = _recorded("max_memory_allocated", 0)
-npu.current_stream = _recorded("current_stream", lambda *a, **k: Stream())
-npu.Stream = Stream
-npu.Event = Event
-
-torch.npu = npu
-
-
-def _tensor_npu(self, device=None, non_blocking=False, **kwargs):
-    calls.append(("Tensor.npu", (device,), {"non_blocking": non_blocking, **kwargs}))
-    return self
-
-
-def _module_npu(self, device=None):
-    calls.append(("Module.npu", (device,), {}))
-    return self
-
-
-torch.Tensor.npu = _tensor_npu
-torch.nn.Module.npu = _module_npu
-
-# Fused operators (torch_npu.npu_*), one stand-in file per group; each checks its arguments.
-from torch_npu._standin_elementwise import *  # noqa: E402,F401,F403
-from torch_npu._standin_attention import *  # noqa: E402,F401,F403
-from torch_npu._standin_loss import *  # noqa: E402,F401,F403
-from torch_npu._standin_moe import *  # noqa: E402,F401,F403
+__all__ = ["npu", "calls", "counts", "ContractViolation", "StandinError", *OPERATORS]
+del torch

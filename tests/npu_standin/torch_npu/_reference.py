@@ -1,0 +1,171 @@
+"""CPU reference results of the torch_npu operators the project calls, in plain torch (so autograd works).
+
+Each function takes the schema's argument names (``self`` included) with every default filled
+in, and returns what torch_npu's meta function says the op returns: the same number of outputs,
+shapes and dtypes (``_contract`` checks this on every call). ``None`` marks an output the
+reference does not model. Arguments were already checked by the schema, the meta rule and
+``_rules``; nothing here re-checks them.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+MAX_TOKENS = 2147483647
+COMPRESSED_MASK = 2048  # sparse_mode 2/3/4 take this square upper-triangular mask
+
+
+def npu_rms_norm(self, gamma, epsilon):
+    dims = tuple(range(self.dim() - gamma.dim(), self.dim()))
+    xf = self.float()
+    rstd = torch.rsqrt(xf.pow(2).mean(dims, keepdim=True) + epsilon)
+    return (xf * rstd * gamma.float()).to(self.dtype), rstd
+
+
+def npu_swiglu(self, dim):
+    a, b = self.float().chunk(2, dim)
+    return (F.silu(a) * b).to(self.dtype)
+
+
+def npu_rotary_mul(self, r1, r2, rotary_mode, rotate):
+    x = self
+    if rotary_mode == "half":
+        x1, x2 = x.chunk(2, -1)
+        rotated = torch.cat((-x2, x1), dim=-1)
+    else:
+        rotated = torch.stack((-x[..., 1::2], x[..., ::2]), dim=-1).flatten(-2)
+    return (x.float() * r1.float() + rotated.float() * r2.float()).to(x.dtype)
+
+
+# ------------------------------------------------------------------------------------ attention
+def _to_bnsd(x, layout, d):
+    if layout == "BSH":
+        return x.reshape(x.size(0), x.size(1), -1, d).transpose(1, 2)
+    if layout == "SBH":
+        return x.reshape(x.size(0), x.size(1), -1, d).permute(1, 2, 0, 3)
+    if layout == "BSND":
+        return x.transpose(1, 2)
+    return x  # BNSD
+
+
+def _from_bnsd(x, layout):
+    if layout == "BSH":
+        return x.transpose(1, 2).flatten(2)
+    if layout == "SBH":
+        return x.permute(2, 0, 1, 3).flatten(2)
+    if layout == "BSND":
+        return x.transpose(1, 2)
+    return x
+
+
+def _band(s1, s2, pre, nxt):
+    """True = masked: key j is visible to query i when i - pre <= j <= i + nxt."""
+    i = torch.arange(s1)[:, None]
+    j = torch.arange(s2)[None, :]
+    return (j > i + nxt) | (j < i - pre)
+
+
+def visible_mask(sparse_mode, atten_mask, s1, s2, pre, nxt):
+    """The [.., s1, s2] bool mask (True = masked) a sparse_mode and its arguments stand for."""
+    if sparse_mode == 2:  # leftUpCausal
+        return _band(s1, s2, MAX_TOKENS, 0)
+    if sparse_mode == 3:  # rightDownCausal
+        return _band(s1, s2, MAX_TOKENS, s2 - s1)
+    if sparse_mode == 4:  # band, counted from the bottom-right corner
+        return _band(s1, s2, pre, nxt + s2 - s1)
+    if sparse_mode == 1:  # allMask: the full mask as given
+        return atten_mask.bool()
+    band = _band(s1, s2, pre, nxt)  # defaultMask: the given mask and the pre/next band
+    return band if atten_mask is None else atten_mask.bool() | band
+
+
+def _attend(q, k, v, mask, scale, keep_prob, invalid_rows_zero):
+    """q [b, n1, s1, d], k/v [b, n2, s2, d], mask broadcastable to [b, n1, s1, s2], True = masked.
+
+    A query row whose every key is masked is undefined on the device unless the call asked for
+    row-invalid correction; here it is NaN then, so a caller that relies on it shows at once.
+    """
+    n1, n2 = q.size(1), k.size(1)
+    k = k.repeat_interleave(n1 // n2, dim=1)
+    v = v.repeat_interleave(n1 // n2, dim=1)
+    scores = torch.matmul(q.float(), k.float().transpose(-1, -2)) * scale
+    scores = scores.masked_fill(mask, float("-inf"))
+    probs = torch.softmax(scores, dim=-1)
+    dead = mask.all(-1, keepdim=True).expand(probs.shape[:-1] + (1,))
+    probs = probs.masked_fill(dead, 0.0)
+    if keep_prob < 1.0:
+        probs = F.dropout(probs, p=1.0 - keep_prob)
+    out = torch.matmul(probs, v.float())
+    if not invalid_rows_zero:
+        out = out.masked_fill(dead, float("nan"))
+    return out.to(q.dtype)
+
+
+def npu_fusion_attention(query, key, value, head_num, input_layout, pse, padding_mask, atten_mask, scale,
+                         keep_prob, pre_tockens, next_tockens, inner_precise, prefix, actual_seq_qlen,
+                         actual_seq_kvlen, sparse_mode, gen_mask_parallel, sync, softmax_layout, sink,
+                         dropout_mask, seed, offset):
+    invalid_rows_zero = inner_precise == 2
+    if input_layout == "TND":
+        outs = []
+        for q0, q1, k0, k1 in zip([0] + actual_seq_qlen[:-1], actual_seq_qlen,
+                                  [0] + actual_seq_kvlen[:-1], actual_seq_kvlen):
+            mask = visible_mask(sparse_mode, atten_mask, q1 - q0, k1 - k0, pre_tockens, next_tockens)
+            o = _attend(query[q0:q1].transpose(0, 1)[None], key[k0:k1].transpose(0, 1)[None],
+                        value[k0:k1].transpose(0, 1)[None], mask, scale, keep_prob, invalid_rows_zero)
+            outs.append(o[0].transpose(0, 1))
+        out = torch.cat(outs)
+    else:
+        if input_layout in ("BSH", "SBH"):
+            d = query.size(2) // head_num
+            dv = value.size(2) * d // key.size(2)
+        else:
+            d, dv = query.size(3), value.size(3)
+        q = _to_bnsd(query, input_layout, d)
+        k = _to_bnsd(key, input_layout, d)
+        v = _to_bnsd(value, input_layout, dv)
+        mask = visible_mask(sparse_mode, atten_mask, q.size(2), k.size(2), pre_tockens, next_tockens)
+        out = _from_bnsd(_attend(q, k, v, mask, scale, keep_prob, invalid_rows_zero), input_layout)
+    return out, None, None, None, 0, 0, 0
+
+
+# ------------------------------------------------------------------------------------------ MoE
+def npu_grouped_matmul(x, weight, bias, scale, offset, antiquant_scale, antiquant_offset, per_token_scale,
+                       group_list, activation_input, activation_quant_scale, activation_quant_offset,
+                       split_item, group_type, group_list_type, act_type, tuning_config, output_dtype,
+                       x_dtype, weight_dtype, scale_dtype, per_token_scale_dtype):
+    (a,) = x
+    counts = group_list.tolist() if group_list_type == 1 else torch.diff(group_list, prepend=group_list.new_zeros(1)).tolist()
+    off = [0]
+    for c in counts:
+        off.append(off[-1] + c)
+    if group_type == 0:  # groups split x's rows (M)
+        ws = list(weight[0]) if len(weight) == 1 and weight[0].dim() == 3 else weight
+        out = a.new_zeros(a.shape[0], ws[0].shape[1])
+        for e, w in enumerate(ws):
+            out[off[e]:off[e + 1]] = a[off[e]:off[e + 1]] @ w
+        return [out]
+    (b,) = weight  # group_type 2: groups split K, which is x's columns and weight's rows
+    return [torch.stack([a[:, off[e]:off[e + 1]] @ b[off[e]:off[e + 1]] for e in range(len(counts))])]
+
+
+def npu_moe_token_permute(tokens, indices, num_out_tokens, padded_mode):
+    """Rows sorted by expert id (stable); sorted_indices[t * topk + j] is the row of token t's j-th pick."""
+    topk = 1 if indices.dim() == 1 else indices.shape[1]
+    flat = indices.reshape(-1)
+    n = flat.numel()
+    num = num_out_tokens or 0
+    keep = min(num, n) if num > 0 else n + num
+    first = torch.argsort(flat, stable=True)
+    sorted_indices = torch.argsort(first, stable=True).to(torch.int32)
+    return tokens.index_select(0, first[:keep] // topk), sorted_indices
+
+
+def npu_moe_token_unpermute(permuted_tokens, sorted_indices, probs, padded_mode, restore_shape):
+    """out[t] = sum_j probs[t, j] * permuted[sorted_indices[t * topk + j]]; without probs topk is 1."""
+    topk = 1 if probs is None else probs.size(1)
+    rows = permuted_tokens.index_select(0, sorted_indices.long())
+    rows = rows.view(sorted_indices.numel() // topk, topk, -1)
+    if probs is None:
+        return rows.sum(1)
+    return (rows.float() * probs.float().unsqueeze(-1)).sum(1).to(permuted_tokens.dtype)

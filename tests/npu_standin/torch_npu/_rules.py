@@ -1,0 +1,211 @@
+"""Documented rules of the torch_npu operators that neither the schema file nor the meta file holds.
+
+Each rule takes the call's bound arguments (schema names, defaults filled in) and returns None or
+one line saying what a device would refuse. The comment above each group names its source: the
+operator's page in Ascend's torch_npu API reference (``docs/api`` of the op-plugin repository,
+also published on hiascend.com as the "torch_npu API" reference of Ascend Extension for PyTorch).
+Where the documentation leaves a case undefined (attention rows with every key masked), the
+reference makes the result NaN instead of refusing the call: see ``_reference``.
+"""
+from __future__ import annotations
+
+import torch
+
+LOW = (torch.float16, torch.bfloat16)
+FLOATS = (torch.float16, torch.bfloat16, torch.float32)
+
+
+def _dtype(name, allowed):
+    def rule(a):
+        t = a[name]
+        if t is not None and t.dtype not in allowed:
+            return f"{name} is {t.dtype}; the kernel takes {', '.join(str(d) for d in allowed)}"
+
+    return rule
+
+
+def _same_dtype(name, other):
+    def rule(a):
+        if a[name] is not None and a[name].dtype != a[other].dtype:
+            return f"{name} is {a[name].dtype} but {other} is {a[other].dtype}; they must match"
+
+    return rule
+
+
+def _check(predicate, message):
+    def rule(a):
+        if not predicate(a):
+            return message(a) if callable(message) else message
+
+    return rule
+
+
+# torch_npu-npu_rms_norm.md: x fp16/bf16/fp32; gamma the same dtype as x, its shape x's last dims.
+RMS_NORM = (
+    _dtype("self", FLOATS),
+    _same_dtype("gamma", "self"),
+    _check(lambda a: a["gamma"].dim() >= 1 and tuple(a["self"].shape[-a["gamma"].dim():]) == tuple(a["gamma"].shape),
+           lambda a: f"gamma {tuple(a['gamma'].shape)} must equal the last dims of x {tuple(a['self'].shape)}"),
+)
+
+# torch_npu-npu_swiglu.md: x fp16/bf16/fp32, the split dim even (the two halves are a and b).
+SWIGLU = (
+    _dtype("self", FLOATS),
+    _check(lambda a: a["self"].shape[a["dim"]] % 2 == 0,
+           lambda a: f"x.shape[{a['dim']}] = {a['self'].shape[a['dim']]} must be even"),
+)
+
+# torch_npu-npu_rotary_mul.md: x, r1, r2 4-D, one dtype (fp16/bf16/fp32); D even and at most 896
+# (half mode); r1/r2 broadcast to x with D in full; rotary_mode 'half' or 'interleave'.
+ROTARY_MUL = (
+    _dtype("self", FLOATS),
+    _same_dtype("r1", "self"),
+    _same_dtype("r2", "self"),
+    _check(lambda a: a["rotary_mode"] in ("half", "interleave"), lambda a: f"rotary_mode {a['rotary_mode']!r}"),
+    _check(lambda a: all(a[n].dim() == 4 for n in ("self", "r1", "r2")),
+           lambda a: f"x, r1, r2 must be 4-D, got {a['self'].dim()}, {a['r1'].dim()}, {a['r2'].dim()}"),
+    _check(lambda a: a["self"].shape[-1] % 2 == 0 and a["self"].shape[-1] <= 896,
+           lambda a: f"D = {a['self'].shape[-1]} must be even and at most 896"),
+    _check(lambda a: a["r1"].shape == a["r2"].shape and a["r1"].shape[-1] == a["self"].shape[-1]
+           and all(r in (1, n) for r, n in zip(a["r1"].shape[:3], a["self"].shape[:3])),
+           lambda a: f"r1/r2 {tuple(a['r1'].shape)} do not broadcast to x {tuple(a['self'].shape)}"),
+)
+
+# torch_npu-npu_fusion_attention.md: q/k/v fp16 or bf16 (fp32 only ... see below), one dtype; head
+# dim D at most 512 (and the same for key and value); N1 a multiple of N2 (GQA); B at most 2M,
+# N at most 256; atten_mask bool (True = masked) with shape SS, B1SS, BNSS or 11SS for sparse_mode 0/1,
+# the 2048x2048 compressed upper triangle for 2/3/4; TND needs actual_seq_qlen/kvlen as ascending
+# host lists ending at T and takes sparse_mode 0, 2, 3, 4 (and 7, 8); other layouts take none.
+LAYOUTS = ("BSH", "SBH", "BSND", "BNSD", "TND")
+COMPRESSED = 2048
+
+
+def _heads_and_dims(a):
+    """(n1, n2, d_qk, d_v) of the call."""
+    q, k, v, n1, layout = a["query"], a["key"], a["value"], a["head_num"], a["input_layout"]
+    if layout in ("BSH", "SBH"):
+        d = q.size(2) // n1
+        return n1, k.size(2) // d, d, v.size(2) // (k.size(2) // d)
+    head_dim = {"BSND": 2, "BNSD": 1, "TND": 1}[layout]
+    return q.size(head_dim), k.size(head_dim), q.size(-1), v.size(-1)
+
+
+def _attention_mask_problem(a):
+    mode, mask = a["sparse_mode"], a["atten_mask"]
+    if mode not in (0, 1, 2, 3, 4, 5, 6, 7, 8):
+        return f"sparse_mode {mode} is not one of 0..8"
+    if mode in (2, 3, 4):
+        if mask is None or tuple(mask.shape) != (COMPRESSED, COMPRESSED) or mask.dtype != torch.bool:
+            return f"sparse_mode {mode} takes the {COMPRESSED}x{COMPRESSED} bool compressed mask"
+        if not torch.equal(mask, torch.ones(COMPRESSED, COMPRESSED, dtype=torch.bool).triu(1)):
+            return "the compressed mask must be the upper triangle above the diagonal (True = masked)"
+    if mode == 1 and mask is None:
+        return "sparse_mode 1 needs the full atten_mask"
+    if mask is not None and mode in (0, 1):
+        if mask.dtype not in (torch.bool, torch.uint8):
+            return f"atten_mask is {mask.dtype}; it must be bool or uint8 (1 = masked)"
+        if mask.dim() not in (2, 4):
+            return f"atten_mask must be SS, B1SS, BNSS or 11SS, got {tuple(mask.shape)}"
+
+
+def _tnd_problem(a):
+    qlen, kvlen = a["actual_seq_qlen"], a["actual_seq_kvlen"]
+    if a["input_layout"] != "TND":
+        if qlen is not None or kvlen is not None:
+            return "actual_seq_qlen/actual_seq_kvlen are for the TND layout only"
+        return None
+    if qlen is None or kvlen is None:
+        return "TND needs actual_seq_qlen and actual_seq_kvlen"
+    if len(qlen) != len(kvlen):
+        return f"actual_seq_qlen has {len(qlen)} entries, actual_seq_kvlen {len(kvlen)}"
+    for name, seq, total in (("actual_seq_qlen", qlen, a["query"].size(0)), ("actual_seq_kvlen", kvlen, a["key"].size(0))):
+        if any(y <= x for x, y in zip([0] + list(seq), seq)) or seq[-1] != total:
+            return f"{name} must be cumulative (ascending) and end at T = {total}, got {list(seq)}"
+    if a["sparse_mode"] not in (0, 2, 3, 4, 7, 8):
+        return f"TND takes sparse_mode 0, 2, 3, 4, 7 or 8, not {a['sparse_mode']}"
+
+
+FUSION_ATTENTION = (
+    _check(lambda a: a["input_layout"] in LAYOUTS, lambda a: f"input_layout {a['input_layout']!r} not in {LAYOUTS}"),
+    _dtype("query", FLOATS),
+    _same_dtype("key", "query"),
+    _same_dtype("value", "query"),
+    _check(lambda a: all(a[n].dim() == (3 if a["input_layout"] in ("BSH", "SBH", "TND") else 4)
+                         for n in ("query", "key", "value")),
+           lambda a: f"{a['input_layout']} takes {3 if a['input_layout'] in ('BSH', 'SBH', 'TND') else 4}-D q/k/v"),
+    _check(lambda a: _heads_and_dims(a)[0] == a["head_num"] or a["input_layout"] in ("BSH", "SBH"),
+           lambda a: f"head_num {a['head_num']} is not the query's head count {_heads_and_dims(a)[0]}"),
+    _check(lambda a: _heads_and_dims(a)[1] > 0 and _heads_and_dims(a)[0] % _heads_and_dims(a)[1] == 0,
+           lambda a: "query heads {} are not a multiple of key/value heads {}".format(*_heads_and_dims(a)[:2])),
+    _check(lambda a: _heads_and_dims(a)[2] == _heads_and_dims(a)[3],
+           lambda a: "value head dim {3} differs from query/key head dim {2}".format(*_heads_and_dims(a))),
+    _check(lambda a: 0 < _heads_and_dims(a)[2] <= 512,
+           lambda a: f"head dim {_heads_and_dims(a)[2]} must be 1..512"),
+    _check(lambda a: 0.0 < a["keep_prob"] <= 1.0, lambda a: f"keep_prob {a['keep_prob']} must be in (0, 1]"),
+    _check(lambda a: a["pse"] is None and a["padding_mask"] is None and a["prefix"] is None,
+           "pse, padding_mask and prefix are not modelled by the stand-in"),
+    _attention_mask_problem,
+    _tnd_problem,
+)
+
+
+# torch_npu-npu_grouped_matmul.md: x/weight/y fp16 or bf16 (fp32 only with one tensor each for x,
+# weight and y); group_list int64, ascending (group_list_type 0, cumulative) or counts (1);
+# group_type 0 splits M, 2 splits K (with a single x and weight); at most 128 groups.
+def _grouped_matmul_problem(a):
+    x, w = a["x"], a["weight"]
+    if a["bias"] is not None or a["scale"] is not None or a["act_type"]:
+        return "bias, quantisation and fused activations are not modelled by the stand-in"
+    dtypes = {t.dtype for t in list(x) + list(w)}
+    if len(dtypes) != 1 or not dtypes <= set(FLOATS):
+        return f"x and weight must share one float dtype, got {sorted(str(d) for d in dtypes)}"
+    if torch.float32 in dtypes and not (len(x) == 1 and len(w) == 1 and a["split_item"] in (2, 3)):
+        return (f"float32 needs a single x, weight and y tensor; got {len(x)} x and {len(w)} weight tensors "
+                f"(split_item {a['split_item']})")
+    gl = a["group_list"]
+    if gl is None or gl.dtype != torch.int64 or gl.dim() != 1:
+        return f"group_list must be a 1-D int64 tensor, got {None if gl is None else (gl.dtype, tuple(gl.shape))}"
+    if a["group_list_type"] not in (0, 1):
+        return f"group_list_type {a['group_list_type']} is not 0 (cumulative) or 1 (counts)"
+    if gl.numel() > 128:
+        return f"{gl.numel()} groups; the kernel takes at most 128"
+    counts = gl if a["group_list_type"] == 1 else torch.diff(gl, prepend=gl.new_zeros(1))
+    if bool((counts < 0).any()):
+        return f"group_list {gl.tolist()} is not {'ascending' if a['group_list_type'] == 0 else 'non-negative'}"
+    axis = x[0].shape[0] if a["group_type"] == 0 else x[0].shape[1]
+    if int(counts.sum()) != axis:
+        return f"group_list covers {int(counts.sum())} rows, the split axis has {axis}"
+    if a["group_type"] == 0:
+        weights = list(w[0]) if len(w) == 1 and w[0].dim() == 3 else list(w)
+        if len(weights) != gl.numel():
+            return f"{len(weights)} weights for {gl.numel()} groups"
+        if any(t.dim() != 2 or t.shape[0] != x[0].shape[1] for t in weights):
+            return f"weights {[tuple(t.shape) for t in weights]} do not take x's K = {x[0].shape[1]}"
+    elif len(w) != 1 or w[0].dim() != 2 or w[0].shape[0] != x[0].shape[1]:
+        return "group_type 2 takes one x [K_out, M] and one weight [M, N]"
+
+
+GROUPED_MATMUL = (_grouped_matmul_problem,)
+
+
+# torch_npu-npu_moe_token_permute.md: tokens fp16/bf16/fp32 [T, H]; indices int32 or int64,
+# [T] or [T, topk] with topk at most 512; padded_mode False (True is not supported).
+MOE_TOKEN_PERMUTE = (
+    _dtype("tokens", FLOATS),
+    _dtype("indices", (torch.int32, torch.int64)),
+    _check(lambda a: a["indices"].dim() == 1 or a["indices"].shape[-1] <= 512,
+           lambda a: f"topk {a['indices'].shape[-1]} must be at most 512"),
+    _check(lambda a: not a["padded_mode"], "padded_mode=True is not supported"),
+)
+
+# torch_npu-npu_moe_token_unpermute.md: permuted_tokens fp16/bf16/fp32; sorted_indices int32 only,
+# 1-D; probs (if given) [T, topk] in permuted_tokens' dtype; without probs topk is 1.
+MOE_TOKEN_UNPERMUTE = (
+    _dtype("permuted_tokens", FLOATS),
+    _dtype("sorted_indices", (torch.int32,)),
+    _same_dtype("probs", "permuted_tokens"),
+    _check(lambda a: a["probs"] is None or a["probs"].numel() == a["sorted_indices"].numel(),
+           lambda a: f"probs {tuple(a['probs'].shape)} must have one entry per sorted index "
+                     f"({a['sorted_indices'].numel()})"),
+    _check(lambda a: not a["padded_mode"], "padded_mode=True is not supported"),
+)

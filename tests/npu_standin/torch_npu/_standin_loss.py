@@ -1,4 +1,0 @@
-"""STAND-IN torch_npu fused operators (loss): check each call's arguments, return CPU reference results."""
-from __future__ import annotations
-
-__all__: list[str] = []
