@@ -7,7 +7,8 @@ FlashAttention calls one fused kernel instead:
   tensors (a view, and the output is already [s, b, heads*dim]), BSND when the input is
   batch-major, TND for packed sequences; causal through ``sparse_mode=2`` with the 2048x2048
   compressed upper-triangular mask, other masks as ``atten_mask`` (True = masked out, as in
-  Megatron); dropout through ``keep_prob``; GQA by passing K/V with fewer heads.
+  Megatron) with ``inner_precise=2`` so that fully masked rows are defined; dropout through
+  ``keep_prob``; GQA by passing K/V with fewer heads.
 * CUDA and CPU: ``torch.nn.functional.scaled_dot_product_attention`` (torch picks its flash /
   memory-efficient kernel), ``is_causal`` instead of a mask where possible, ``enable_gqa``.
 
@@ -40,6 +41,7 @@ from megatron.core.utils import divide
 NPU_CAUSAL_MASK_SIZE = 2048  # npu_fusion_attention's compressed causal mask for sparse_mode 2/3/4
 NPU_SPARSE_DEFAULT, NPU_SPARSE_CAUSAL = 0, 2
 NPU_SPARSE_VARLEN_CAUSAL = 3  # TND: causal within each packed sequence
+NPU_INVALID_ROW_CORRECTION = 2  # inner_precise: fully masked query rows give 0
 _MAX_TOKENS = 2147483647
 
 
@@ -210,7 +212,9 @@ class FlashAttention(MegatronModule):
             )[0]
             return out[..., :dv].reshape(q.size(0), -1)
         if mask is not None:
-            kwargs.update(atten_mask=mask, sparse_mode=NPU_SPARSE_DEFAULT)
+            # A row with every key masked (padding) is only defined, as 0, with inner_precise=2
+            # ("invalid row" correction); causal modes never have such rows here.
+            kwargs.update(atten_mask=mask, sparse_mode=NPU_SPARSE_DEFAULT, inner_precise=NPU_INVALID_ROW_CORRECTION)
         elif causal:
             kwargs.update(atten_mask=npu_causal_mask(q.device), sparse_mode=NPU_SPARSE_CAUSAL,
                           pre_tockens=_MAX_TOKENS, next_tockens=0)

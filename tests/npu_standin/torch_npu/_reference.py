@@ -105,14 +105,19 @@ def npu_fusion_attention(query, key, value, head_num, input_layout, pse, padding
                          keep_prob, pre_tockens, next_tockens, inner_precise, prefix, actual_seq_qlen,
                          actual_seq_kvlen, sparse_mode, gen_mask_parallel, sync, softmax_layout, sink,
                          dropout_mask, seed, offset):
-    invalid_rows_zero = inner_precise == 2
+    def rows_defined(s1, s2):
+        # torch_npu-npu_fusion_attention.md, inner_precise: 2 turns on invalid-row computation (rows
+        # with every key masked give 0); the kernel turns it on itself where such rows must exist
+        # (sparse_mode 3 with Sq > Skv). Elsewhere those rows are undefined.
+        return inner_precise == 2 or (sparse_mode == 3 and s1 > s2)
+
     if input_layout == "TND":
         outs = []
         for q0, q1, k0, k1 in zip([0] + actual_seq_qlen[:-1], actual_seq_qlen,
                                   [0] + actual_seq_kvlen[:-1], actual_seq_kvlen):
             mask = visible_mask(sparse_mode, atten_mask, q1 - q0, k1 - k0, pre_tockens, next_tockens)
             o = _attend(query[q0:q1].transpose(0, 1)[None], key[k0:k1].transpose(0, 1)[None],
-                        value[k0:k1].transpose(0, 1)[None], mask, scale, keep_prob, invalid_rows_zero)
+                        value[k0:k1].transpose(0, 1)[None], mask, scale, keep_prob, rows_defined(q1 - q0, k1 - k0))
             outs.append(o[0].transpose(0, 1))
         out = torch.cat(outs)
     else:
@@ -125,7 +130,7 @@ def npu_fusion_attention(query, key, value, head_num, input_layout, pse, padding
         k = _to_bnsd(key, input_layout, d)
         v = _to_bnsd(value, input_layout, dv)
         mask = visible_mask(sparse_mode, atten_mask, q.size(2), k.size(2), pre_tockens, next_tockens)
-        out = _from_bnsd(_attend(q, k, v, mask, scale, keep_prob, invalid_rows_zero), input_layout)
+        out = _from_bnsd(_attend(q, k, v, mask, scale, keep_prob, rows_defined(q.size(2), k.size(2))), input_layout)
     return out, None, None, None, 0, 0, 0
 
 
