@@ -28,7 +28,7 @@ The kernels' contract shapes what we pass:
 * ``sorted_indices`` is int32 (what ``npu_moe_token_permute`` itself returns);
 * unpermute without ``probs`` takes k = 1 and returns ``T * k`` rows, so the
   probability-free merge megatron's dispatchers ask for passes ones of shape
-  ``[T, k]``.
+  ``[T, k]``; ``probs`` are passed in the tokens' dtype, as the kernel takes them.
 """
 from __future__ import annotations
 
@@ -165,7 +165,7 @@ def unpermute(permuted_tokens, row_id_map, restore_shape, probs=None):
             if probs is None:  # the kernel's own default is k = 1
                 probs_k = permuted_tokens.new_ones(num_tokens, k)
             else:
-                probs_k = probs.gather(1, indices.long())
+                probs_k = probs.gather(1, indices.long()).to(permuted_tokens.dtype)  # the kernel's one dtype
             return torch_npu.npu_moe_token_unpermute(
                 permuted_tokens, order, probs=probs_k, padded_mode=False, restore_shape=list(restore_shape)
             )
