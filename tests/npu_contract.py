@@ -107,6 +107,7 @@ def standin_env(base: dict | None = None, **extra: str) -> dict:
 
         pytest.skip(reason)
     env = dict(os.environ if base is None else base)
+    env.pop("ADAPTOR_BACKEND", None)  # the child detects the npu backend itself, unless told below
     env["PYTHONPATH"] = os.pathsep.join([str(STANDIN), str(ROOT)])
     env[ENV_DIR] = str(contract_dir())
     env.update(extra)

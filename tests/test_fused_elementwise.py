@@ -328,9 +328,9 @@ def test_npu_path_calls_torch_npu_kernels_with_documented_arguments(npu_child):
     assert calls[1] == ["npu_swiglu", [[8, 2, 96]], {"dim": "-1"}]
     assert calls[2] == ["npu_swiglu", [[16, 96]], {"dim": "-1"}]
     # SBND input, S11D cos/sin, only the rotary part (rotary_percent 0.5: 16 of 32 channels).
-    assert calls[3] == ["npu_rotary_mul", [[16, 2, 4, 16], [16, 1, 1, 16], [16, 1, 1, 16]], {"rotary_mode": "'half'"}]
+    assert calls[3] == ["npu_rotary_mul", [[16, 2, 4, 16], [16, 1, 1, 16], [16, 1, 1, 16]], {"rotary_mode": "'half'", "rotate": "None"}]
     # Packed sequences: T1ND input with per-token angles.
-    assert calls[4] == ["npu_rotary_mul", [[16, 1, 4, 32], [16, 1, 1, 32], [16, 1, 1, 32]], {"rotary_mode": "'half'"}]
+    assert calls[4] == ["npu_rotary_mul", [[16, 1, 4, 32], [16, 1, 1, 32], [16, 1, 1, 32]], {"rotary_mode": "'half'", "rotate": "None"}]
     assert len(calls) == 5, calls  # the references are plain torch
     for name, diff in facts["diffs"].items():
         assert diff <= 1e-5, (name, diff)

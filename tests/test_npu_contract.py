@@ -48,6 +48,7 @@ facts["cases"] = {
     "wrong_argument_name": outcome(lambda: torch_npu.npu_rms_norm(x, w, eps=1e-6)),
     "wrong_argument_type": outcome(lambda: torch_npu.npu_fusion_attention(q, kv, kv, 4.0, "SBH")),
     "fp32_gamma_bf16_x": outcome(lambda: torch_npu.npu_rms_norm(x, w.float(), epsilon=1e-6)),
+    "bf16_gamma_fp32_x": outcome(lambda: torch_npu.npu_rms_norm(x.float(), w, epsilon=1e-6)),
     "int64_sorted_indices": outcome(lambda: torch_npu.npu_moe_token_unpermute(
         permuted, order, torch.rand(T, K, generator=g).bfloat16(), restore_shape=[T, H])),
     "meta_rule_group_type": outcome(lambda: torch_npu.npu_grouped_matmul(
@@ -121,12 +122,14 @@ def test_the_contract_comes_from_the_wheel(facts):
 
 def test_a_correct_call_passes(facts):
     assert facts["cases"]["good_rms_norm"] == ["ok", ""]
+    # fp32 gamma with bf16 x is one of the pairs the A2/A3 dtype table lists.
+    assert facts["cases"]["fp32_gamma_bf16_x"] == ["ok", ""]
 
 
 @pytest.mark.parametrize("case, kind, says", [
     ("wrong_argument_name", "ContractViolation", "Unknown keyword argument 'eps'"),
     ("wrong_argument_type", "ContractViolation", "head_num"),
-    ("fp32_gamma_bf16_x", "ContractViolation", "gamma is torch.float32 but self is torch.bfloat16"),
+    ("bf16_gamma_fp32_x", "ContractViolation", "gamma is torch.bfloat16 with self torch.float32"),
     ("int64_sorted_indices", "ContractViolation", "sorted_indices is torch.int64"),
     ("meta_rule_group_type", "ContractViolation", "group_type only supports -1, 0 and 2"),
     ("fp32_grouped_matmul_per_expert", "ContractViolation", "float32 needs a single x, weight and y"),

@@ -28,7 +28,8 @@ The kernels' contract shapes what we pass:
 * ``sorted_indices`` is int32 (what ``npu_moe_token_permute`` itself returns);
 * unpermute without ``probs`` takes k = 1 and returns ``T * k`` rows, so the
   probability-free merge megatron's dispatchers ask for passes ones of shape
-  ``[T, k]``; ``probs`` are passed in the tokens' dtype, as the kernel takes them.
+  ``[T, k]``; tokens and ``probs`` go in one dtype (the promoted one, as upstream
+  multiplies them), the result back in the tokens' dtype.
 """
 from __future__ import annotations
 
@@ -164,11 +165,13 @@ def unpermute(permuted_tokens, row_id_map, restore_shape, probs=None):
             order, indices = _npu_layout(flat, num_tokens, k)
             if probs is None:  # the kernel's own default is k = 1
                 probs_k = permuted_tokens.new_ones(num_tokens, k)
-            else:
-                probs_k = probs.gather(1, indices.long()).to(permuted_tokens.dtype)  # the kernel's one dtype
+            else:  # one dtype for both; as upstream, the product in the promoted dtype, then cast back
+                probs_k = probs.gather(1, indices.long())
+                permuted_tokens = permuted_tokens.to(torch.promote_types(permuted_tokens.dtype, probs.dtype))
+                probs_k = probs_k.to(permuted_tokens.dtype)
             return torch_npu.npu_moe_token_unpermute(
                 permuted_tokens, order, probs=probs_k, padded_mode=False, restore_shape=list(restore_shape)
-            )
+            ).to(input_dtype)
     if probs is not None:
         permuted_probs = probs.reshape(-1).index_select(0, token * probs.shape[1] + flat // num_tokens)
         # As upstream: the product is in the promoted dtype, summed there, then cast back.

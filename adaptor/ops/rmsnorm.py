@@ -17,6 +17,7 @@ import adaptor
 _KERNEL = {"npu": "torch_npu.npu_rms_norm", "cuda": "autograd function", "cpu": "autograd function"}
 
 _announced = False
+_LOW = (torch.float16, torch.bfloat16)
 
 
 def _announce(what: str) -> None:
@@ -63,8 +64,11 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     if adaptor.backend.name == "npu":
         import torch_npu
 
-        # The kernel takes gamma in x's dtype (fp32 weights with bf16 activations are refused).
-        return torch_npu.npu_rms_norm(x, weight.to(x.dtype), epsilon=eps)[0]
+        # The kernel takes gamma in x's dtype, or fp32 with fp16/bf16 x; never a low-precision
+        # gamma with fp32 x (e.g. --fp32-residual-connection under --bf16).
+        if weight.dtype != x.dtype and not (weight.dtype == torch.float32 and x.dtype in _LOW):
+            weight = weight.to(x.dtype)
+        return torch_npu.npu_rms_norm(x, weight, epsilon=eps)[0]
     return _RMSNormFunction.apply(x, weight, eps)
 
 

@@ -1,6 +1,7 @@
 """The stand-in's ``torch.npu`` device API, its ``npu`` tensors and its ``hccl`` process groups.
 
-Device API, as torch_npu documents it (it mirrors ``torch.cuda``): ``device_count()`` devices
+Device API, as torch_npu documents it (``docs/context/NPU-Device.md`` and
+``Random-Number-Generator.md`` of Ascend/op-plugin; it mirrors ``torch.cuda``): ``device_count()`` devices
 (``STANDIN_NPU_DEVICE_COUNT``, default 8 as on an Atlas 800T A2), a current device index that
 ``set_device`` changes and ``current_device`` reports, and one RNG state per device index:
 ``get_rng_state(device='npu')`` / ``set_rng_state(state, device='npu')`` / ``manual_seed`` act on
@@ -23,10 +24,9 @@ import types
 
 import torch
 
-DEFAULT_DEVICE_COUNT = 8
-
-
 from torch_npu._calls import record as _record
+
+DEFAULT_DEVICE_COUNT = 8
 
 
 class _Devices:
@@ -175,6 +175,17 @@ def manual_seed_all(seed):
 
 
 @_recorded
+def get_rng_state_all():
+    return [DEVICES.get_state(i) for i in range(DEVICES.count)]
+
+
+@_recorded
+def set_rng_state_all(new_states):
+    for index, state in enumerate(new_states):
+        DEVICES.set_state(index, state)
+
+
+@_recorded
 def synchronize(device=None):
     pass
 
@@ -196,7 +207,8 @@ def _zero(*args, **kwargs):
 def _module() -> types.ModuleType:
     npu = types.ModuleType("torch_npu.npu")
     for fn in (is_available, device_count, current_device, set_device, get_rng_state, set_rng_state,
-               manual_seed, manual_seed_all, synchronize, empty_cache, current_stream):
+               get_rng_state_all, set_rng_state_all, manual_seed, manual_seed_all, synchronize, empty_cache,
+               current_stream):
         setattr(npu, fn.__name__, fn)
     npu.default_stream = current_stream
     npu.stream = lambda stream=None: stream or Stream()

@@ -67,6 +67,8 @@ def _band(s1, s2, pre, nxt):
 
 def visible_mask(sparse_mode, atten_mask, s1, s2, pre, nxt):
     """The [.., s1, s2] bool mask (True = masked) a sparse_mode and its arguments stand for."""
+    if atten_mask is None:  # the attention page: without atten_mask, sparse_mode and the band do not apply
+        return torch.zeros(s1, s2, dtype=torch.bool)
     if sparse_mode == 2:  # leftUpCausal
         return _band(s1, s2, MAX_TOKENS, 0)
     if sparse_mode == 3:  # rightDownCausal
@@ -75,8 +77,7 @@ def visible_mask(sparse_mode, atten_mask, s1, s2, pre, nxt):
         return _band(s1, s2, pre, nxt + s2 - s1)
     if sparse_mode == 1:  # allMask: the full mask as given
         return atten_mask.bool()
-    band = _band(s1, s2, pre, nxt)  # defaultMask: the given mask and the pre/next band
-    return band if atten_mask is None else atten_mask.bool() | band
+    return atten_mask.bool() | _band(s1, s2, pre, nxt)  # defaultMask: the mask and the pre/next band
 
 
 def _attend(q, k, v, mask, scale, keep_prob, invalid_rows_zero):

@@ -1,11 +1,18 @@
 """Documented rules of the torch_npu operators that neither the schema file nor the meta file holds.
 
 Each rule takes the call's bound arguments (schema names, defaults filled in) and returns None or
-one line saying what a device would refuse. The comment above each group names its source: the
-operator's page in Ascend's torch_npu API reference (``docs/api`` of the op-plugin repository,
-also published on hiascend.com as the "torch_npu API" reference of Ascend Extension for PyTorch).
-Where the documentation leaves a case undefined (attention rows with every key masked), the
-reference makes the result NaN instead of refusing the call: see ``_reference``.
+one line saying what a device would refuse. The comment above each group names its source:
+
+* OP-PLUGIN: the operator's page under ``docs/context/`` of the Ascend/op-plugin repository
+  (torch_npu's operator reference, e.g. ``torch_npu-npu_fusion_attention.md``);
+* PTA-7.0.0: the "torch_npu" API reference of Ascend Extension for PyTorch 7.0.0 on hiascend.com
+  (``Pytorch/700/apiref/apilist/ptaoplist_000880.html`` for ``npu_grouped_matmul``).
+
+The stand-in models an Atlas A2 training device (SoC Ascend910B1), so where a page gives a table
+per product the A2 row applies. Where the documentation leaves a result undefined (attention rows
+with every key masked), the reference makes it NaN instead of refusing the call (``_reference``).
+Rules we could not find written down are not invented: no batch or sequence limit is checked
+beyond those the attention page states.
 """
 from __future__ import annotations
 
@@ -40,23 +47,30 @@ def _check(predicate, message):
     return rule
 
 
-# torch_npu-npu_rms_norm.md: x fp16/bf16/fp32; gamma the same dtype as x, its shape x's last dims.
+# OP-PLUGIN torch_npu.npu_rms_norm page: self fp16/bf16/fp32; gamma's shape is self's last dims;
+# on Atlas A2/A3 the (self, gamma) dtype pairs are (fp16, fp16), (bf16, bf16), (fp32, fp32),
+# (fp16, fp32) and (bf16, fp32): fp32 activations never take a low-precision gamma.
+RMS_NORM_PAIRS = {(torch.float16, torch.float16), (torch.bfloat16, torch.bfloat16), (torch.float32, torch.float32),
+                  (torch.float16, torch.float32), (torch.bfloat16, torch.float32)}
 RMS_NORM = (
     _dtype("self", FLOATS),
-    _same_dtype("gamma", "self"),
+    _check(lambda a: (a["self"].dtype, a["gamma"].dtype) in RMS_NORM_PAIRS,
+           lambda a: f"gamma is {a['gamma'].dtype} with self {a['self'].dtype}: not a dtype pair the kernel takes"),
     _check(lambda a: a["gamma"].dim() >= 1 and tuple(a["self"].shape[-a["gamma"].dim():]) == tuple(a["gamma"].shape),
            lambda a: f"gamma {tuple(a['gamma'].shape)} must equal the last dims of x {tuple(a['self'].shape)}"),
 )
 
-# torch_npu-npu_swiglu.md: x fp16/bf16/fp32, the split dim even (the two halves are a and b).
+# npu_swiglu splits ``dim`` into the two halves a and b (torch_npu's meta function halves it):
+# the dim must be even. Float dtypes as the other elementwise kernels.
 SWIGLU = (
     _dtype("self", FLOATS),
     _check(lambda a: a["self"].shape[a["dim"]] % 2 == 0,
            lambda a: f"x.shape[{a['dim']}] = {a['self'].shape[a['dim']]} must be even"),
 )
 
-# torch_npu-npu_rotary_mul.md: x, r1, r2 4-D, one dtype (fp16/bf16/fp32); D even and at most 896
-# (half mode); r1/r2 broadcast to x with D in full; rotary_mode 'half' or 'interleave'.
+# OP-PLUGIN: on Atlas A2/A3 rotary_mode is 'half' or 'interleave' (op-plugin's graph converter for
+# npu_rotary_mul); x, r1 and r2 share one 4-D layout, r1 and r2 the same shape, whose B/N dims may
+# be 1 (its DTensor sharding rule); D is not split.
 ROTARY_MUL = (
     _dtype("self", FLOATS),
     _same_dtype("r1", "self"),
@@ -64,18 +78,18 @@ ROTARY_MUL = (
     _check(lambda a: a["rotary_mode"] in ("half", "interleave"), lambda a: f"rotary_mode {a['rotary_mode']!r}"),
     _check(lambda a: all(a[n].dim() == 4 for n in ("self", "r1", "r2")),
            lambda a: f"x, r1, r2 must be 4-D, got {a['self'].dim()}, {a['r1'].dim()}, {a['r2'].dim()}"),
-    _check(lambda a: a["self"].shape[-1] % 2 == 0 and a["self"].shape[-1] <= 896,
-           lambda a: f"D = {a['self'].shape[-1]} must be even and at most 896"),
+    _check(lambda a: a["self"].shape[-1] % 2 == 0, lambda a: f"D = {a['self'].shape[-1]} must be even"),
     _check(lambda a: a["r1"].shape == a["r2"].shape and a["r1"].shape[-1] == a["self"].shape[-1]
            and all(r in (1, n) for r, n in zip(a["r1"].shape[:3], a["self"].shape[:3])),
            lambda a: f"r1/r2 {tuple(a['r1'].shape)} do not broadcast to x {tuple(a['self'].shape)}"),
 )
 
-# torch_npu-npu_fusion_attention.md: q/k/v fp16 or bf16 (fp32 only ... see below), one dtype; head
-# dim D at most 512 (and the same for key and value); N1 a multiple of N2 (GQA); B at most 2M,
-# N at most 256; atten_mask bool (True = masked) with shape SS, B1SS, BNSS or 11SS for sparse_mode 0/1,
-# the 2048x2048 compressed upper triangle for 2/3/4; TND needs actual_seq_qlen/kvlen as ascending
-# host lists ending at T and takes sparse_mode 0, 2, 3, 4 (and 7, 8); other layouts take none.
+# OP-PLUGIN docs/context/torch_npu-npu_fusion_attention.md: query, key, value (and pse) of one
+# dtype, fp16/bf16/fp32; key and value of one shape; Dq = Dk >= Dv, D in 1..768; Nq in 1..256 and a
+# multiple of Nkv; B in 1..2M (TND: 1..2K); atten_mask bool or uint8 (1 = masked) shaped BNSS,
+# B1SS, 11SS or SS (TND: SS only), and under TND no row of it fully masked; sparse_mode 0..8, where
+# 2/3/4 take the 2048x2048 compressed mask here, 5 is not for TND and 7/8 are TND only;
+# actual_seq_qlen/kvlen are cumulative lengths ending at T (trailing zeros leave batches out).
 LAYOUTS = ("BSH", "SBH", "BSND", "BNSD", "TND")
 COMPRESSED = 2048
 
@@ -90,10 +104,21 @@ def _heads_and_dims(a):
     return q.size(head_dim), k.size(head_dim), q.size(-1), v.size(-1)
 
 
+def _batch(a):
+    q, layout = a["query"], a["input_layout"]
+    if layout == "TND":
+        return len([x for x in a["actual_seq_qlen"] or [] if x])
+    return q.size(1) if layout == "SBH" else q.size(0)
+
+
 def _attention_mask_problem(a):
-    mode, mask = a["sparse_mode"], a["atten_mask"]
-    if mode not in (0, 1, 2, 3, 4, 5, 6, 7, 8):
+    mode, mask, tnd = a["sparse_mode"], a["atten_mask"], a["input_layout"] == "TND"
+    if mode not in range(9):
         return f"sparse_mode {mode} is not one of 0..8"
+    if mode in (7, 8) and not tnd:
+        return f"sparse_mode {mode} is for the TND layout only"
+    if mode == 5 and tnd:
+        return "sparse_mode 5 is not for the TND layout"
     if mode in (2, 3, 4):
         if mask is None or tuple(mask.shape) != (COMPRESSED, COMPRESSED) or mask.dtype != torch.bool:
             return f"sparse_mode {mode} takes the {COMPRESSED}x{COMPRESSED} bool compressed mask"
@@ -104,8 +129,10 @@ def _attention_mask_problem(a):
     if mask is not None and mode in (0, 1):
         if mask.dtype not in (torch.bool, torch.uint8):
             return f"atten_mask is {mask.dtype}; it must be bool or uint8 (1 = masked)"
-        if mask.dim() not in (2, 4):
-            return f"atten_mask must be SS, B1SS, BNSS or 11SS, got {tuple(mask.shape)}"
+        if mask.dim() not in ((2,) if tnd else (2, 4)):
+            return f"atten_mask must be {'SS' if tnd else 'SS, B1SS, BNSS or 11SS'}, got {tuple(mask.shape)}"
+        if tnd and bool(mask.bool().all(-1).any()):
+            return "under TND no row of atten_mask may be fully masked"
 
 
 def _tnd_problem(a):
@@ -119,10 +146,11 @@ def _tnd_problem(a):
     if len(qlen) != len(kvlen):
         return f"actual_seq_qlen has {len(qlen)} entries, actual_seq_kvlen {len(kvlen)}"
     for name, seq, total in (("actual_seq_qlen", qlen, a["query"].size(0)), ("actual_seq_kvlen", kvlen, a["key"].size(0))):
-        if any(y <= x for x, y in zip([0] + list(seq), seq)) or seq[-1] != total:
-            return f"{name} must be cumulative (ascending) and end at T = {total}, got {list(seq)}"
-    if a["sparse_mode"] not in (0, 2, 3, 4, 7, 8):
-        return f"TND takes sparse_mode 0, 2, 3, 4, 7 or 8, not {a['sparse_mode']}"
+        used = list(seq)
+        while used and used[-1] == 0:
+            used.pop()
+        if not used or any(y < x for x, y in zip([0] + used, used)) or used[-1] != total:
+            return f"{name} must be cumulative (non-decreasing) and end at T = {total}, got {list(seq)}"
 
 
 FUSION_ATTENTION = (
@@ -133,14 +161,17 @@ FUSION_ATTENTION = (
     _check(lambda a: all(a[n].dim() == (3 if a["input_layout"] in ("BSH", "SBH", "TND") else 4)
                          for n in ("query", "key", "value")),
            lambda a: f"{a['input_layout']} takes {3 if a['input_layout'] in ('BSH', 'SBH', 'TND') else 4}-D q/k/v"),
+    _check(lambda a: a["key"].shape == a["value"].shape,
+           lambda a: f"key {tuple(a['key'].shape)} and value {tuple(a['value'].shape)} must have one shape"),
     _check(lambda a: _heads_and_dims(a)[0] == a["head_num"] or a["input_layout"] in ("BSH", "SBH"),
            lambda a: f"head_num {a['head_num']} is not the query's head count {_heads_and_dims(a)[0]}"),
+    _check(lambda a: 1 <= a["head_num"] <= 256, lambda a: f"head_num {a['head_num']} must be 1..256"),
     _check(lambda a: _heads_and_dims(a)[1] > 0 and _heads_and_dims(a)[0] % _heads_and_dims(a)[1] == 0,
            lambda a: "query heads {} are not a multiple of key/value heads {}".format(*_heads_and_dims(a)[:2])),
-    _check(lambda a: _heads_and_dims(a)[2] == _heads_and_dims(a)[3],
-           lambda a: "value head dim {3} differs from query/key head dim {2}".format(*_heads_and_dims(a))),
-    _check(lambda a: 0 < _heads_and_dims(a)[2] <= 512,
-           lambda a: f"head dim {_heads_and_dims(a)[2]} must be 1..512"),
+    _check(lambda a: 1 <= _heads_and_dims(a)[2] <= 768,
+           lambda a: f"head dim {_heads_and_dims(a)[2]} must be 1..768"),
+    _check(lambda a: 1 <= _batch(a) <= (2048 if a["input_layout"] == "TND" else 2 * 1024 * 1024),
+           lambda a: f"batch {_batch(a)} out of range for {a['input_layout']}"),
     _check(lambda a: 0.0 < a["keep_prob"] <= 1.0, lambda a: f"keep_prob {a['keep_prob']} must be in (0, 1]"),
     _check(lambda a: a["pse"] is None and a["padding_mask"] is None and a["prefix"] is None,
            "pse, padding_mask and prefix are not modelled by the stand-in"),
@@ -149,9 +180,9 @@ FUSION_ATTENTION = (
 )
 
 
-# torch_npu-npu_grouped_matmul.md: x/weight/y fp16 or bf16 (fp32 only with one tensor each for x,
-# weight and y); group_list int64, ascending (group_list_type 0, cumulative) or counts (1);
-# group_type 0 splits M, 2 splits K (with a single x and weight); at most 128 groups.
+# PTA-7.0.0 torch_npu.npu_grouped_matmul: x/weight/y fp16, bf16 or fp32, where fp32 holds "only
+# when x, weight and y are all single tensors"; at most 128 tensors in a list; group_list as a
+# tensor is int64, cumulative (group_list_type 0) or counts (1); group_type 0 splits M, 2 splits K.
 def _grouped_matmul_problem(a):
     x, w = a["x"], a["weight"]
     if a["bias"] is not None or a["scale"] is not None or a["act_type"]:
@@ -168,7 +199,7 @@ def _grouped_matmul_problem(a):
     if a["group_list_type"] not in (0, 1):
         return f"group_list_type {a['group_list_type']} is not 0 (cumulative) or 1 (counts)"
     if gl.numel() > 128:
-        return f"{gl.numel()} groups; the kernel takes at most 128"
+        return f"{gl.numel()} groups; the kernel takes lists of at most 128"
     counts = gl if a["group_list_type"] == 1 else torch.diff(gl, prepend=gl.new_zeros(1))
     if bool((counts < 0).any()):
         return f"group_list {gl.tolist()} is not {'ascending' if a['group_list_type'] == 0 else 'non-negative'}"
@@ -188,8 +219,9 @@ def _grouped_matmul_problem(a):
 GROUPED_MATMUL = (_grouped_matmul_problem,)
 
 
-# torch_npu-npu_moe_token_permute.md: tokens fp16/bf16/fp32 [T, H]; indices int32 or int64,
-# [T] or [T, topk] with topk at most 512; padded_mode False (True is not supported).
+# torch_npu's meta function returns sorted_indices as int32, and torch_npu's own tests of
+# permute/unpermute feed int32 sorted indices back; padded_mode True is not supported. Tokens
+# fp16/bf16/fp32, indices int32 or int64, topk at most 512.
 MOE_TOKEN_PERMUTE = (
     _dtype("tokens", FLOATS),
     _dtype("indices", (torch.int32, torch.int64)),
@@ -198,8 +230,9 @@ MOE_TOKEN_PERMUTE = (
     _check(lambda a: not a["padded_mode"], "padded_mode=True is not supported"),
 )
 
-# torch_npu-npu_moe_token_unpermute.md: permuted_tokens fp16/bf16/fp32; sorted_indices int32 only,
-# 1-D; probs (if given) [T, topk] in permuted_tokens' dtype; without probs topk is 1.
+# npu_moe_token_unpermute takes sorted_indices int32 only (what permute returns), 1-D; probs, when
+# given, [T, topk] in the tokens' dtype (MindSpeed casts the tokens to the probs' dtype before the
+# kernel for this reason); without probs topk is 1 (torch_npu's meta function).
 MOE_TOKEN_UNPERMUTE = (
     _dtype("permuted_tokens", FLOATS),
     _dtype("sorted_indices", (torch.int32,)),
