@@ -9,6 +9,7 @@ def all_features():
     from patches.all_to_all_split_sizes import AllToAllSplitSizes
     from patches.argument_checks import ArgumentChecks
     from patches.backend_defaults import BackendDefaults
+    from patches.checkpoint_shapes import CheckpointShapes
     from patches.clip_grads import DeviceAgnosticClipGrads
     from patches.cpu_device import CpuDevice
     from patches.dataset_helpers import PrebuiltDatasetHelpers
@@ -32,12 +33,14 @@ def all_features():
     from patches.npu_device import NpuDevice
     from patches.safetensors_checkpoint import SafetensorsCheckpoint
     from patches.sequence_parallel_torch_norm import SequenceParallelTorchNorm
+    from patches.single_process_launch import SingleProcessLaunch
     from patches.tensor_type_names import CudaTypeNamesInOptimizers
     from patches.vision_norms import VisionTowerNorms
     from patches.torch_fsdp2 import TorchFsdp2
 
     return [
         BackendDefaults(),
+        SingleProcessLaunch(),
         ArgumentChecks(),
         AllowNoCuda(),
         PrebuiltDatasetHelpers(),
@@ -63,6 +66,7 @@ def all_features():
         GlooUnevenCollectives(),
         HfCheckpointFlags(),
         SafetensorsCheckpoint(),
+        CheckpointShapes(),
         # Vision-language pretraining (pretrain_mm.py, issue 8).
         MultimodalArguments(),
         VisionTowerNorms(),
