@@ -53,6 +53,8 @@ def model_provider(pre_process=True, post_process=True, vp_stage=None, config=No
         rotary_percent=args.rotary_percent,
         rotary_base=args.rotary_base,
         rope_scaling=args.use_rope_scaling,
+        rope_scaling_factor=args.rope_scaling_factor,
+        seq_len_interpolation_factor=args.rotary_seq_len_interpolation_factor,
         mtp_block_spec=gpt_mtp_block_spec(args, config, layer_spec, vp_stage=vp_stage),
         vp_stage=vp_stage,
         pg_collection=pg_collection,

@@ -9,7 +9,7 @@ def all_features():
     from patches.all_to_all_split_sizes import AllToAllSplitSizes
     from patches.argument_checks import ArgumentChecks
     from patches.backend_defaults import BackendDefaults
-    from patches.checkpoint_shapes import CheckpointShapes
+    from patches.checkpoint_fit import CheckpointFit
     from patches.clip_grads import DeviceAgnosticClipGrads
     from patches.cpu_device import CpuDevice
     from patches.dataset_helpers import PrebuiltDatasetHelpers
@@ -66,7 +66,7 @@ def all_features():
         GlooUnevenCollectives(),
         HfCheckpointFlags(),
         SafetensorsCheckpoint(),
-        CheckpointShapes(),
+        CheckpointFit(),
         # Vision-language pretraining (pretrain_mm.py, issue 8).
         MultimodalArguments(),
         VisionTowerNorms(),

@@ -69,8 +69,12 @@ def write_safetensors_shards(path: Path, tensors: dict[str, torch.Tensor], shard
         {"metadata": {"total_size": total}, "weight_map": weight_map}, indent=2))
 
 
-def make_tiny_qwen3(path, tied: bool = True, shards: int = 1, seed: int = 0, vocab_size: int = VOCAB_SIZE) -> Path:
-    """A 4-layer Qwen3ForCausalLM: GQA 4 heads / 2 groups, head_dim 32 != 64/4, qk-norm, rope 1e6."""
+def make_tiny_qwen3(path, tied: bool = True, shards: int = 1, seed: int = 0, vocab_size: int = VOCAB_SIZE,
+                    rope_scaling: dict | None = None) -> Path:
+    """A 4-layer Qwen3ForCausalLM: GQA 4 heads / 2 groups, head_dim 32 != 64/4, qk-norm, rope 1e6.
+
+    ``rope_scaling``: extra RoPE parameters, e.g. YaRN's ``{"rope_type": "yarn", "factor": 4.0, ...}``.
+    """
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
     path = Path(path)
@@ -78,7 +82,8 @@ def make_tiny_qwen3(path, tied: bool = True, shards: int = 1, seed: int = 0, voc
     config = Qwen3Config(
         vocab_size=vocab_size, hidden_size=HIDDEN_SIZE, intermediate_size=192, num_hidden_layers=4,
         num_attention_heads=4, num_key_value_heads=2, head_dim=32, max_position_embeddings=64,
-        rms_norm_eps=1e-6, rope_parameters={"rope_type": "default", "rope_theta": 1000000.0},
+        rms_norm_eps=1e-6,
+        rope_parameters={"rope_type": "default", "rope_theta": 1000000.0, **(rope_scaling or {})},
         tie_word_embeddings=tied, attention_bias=False, hidden_act="silu",
         bos_token_id=0, eos_token_id=1,
     )

@@ -91,10 +91,18 @@ def side_by_side(*jobs):
         return [f.result() for f in futures]
 
 
-def _launch(args: list[str], nproc: int, env: dict | None, script: str) -> tuple[list[str], dict]:
-    """The torchrun command line and environment of one pretrain run on CPU."""
-    cmd = TORCHRUN + [f"--nproc_per_node={nproc}", f"--master_port={free_port()}", str(ROOT / script)] + args
+def _launch(args: list[str], nproc: int, env: dict | None, script: str,
+            torchrun: bool = True) -> tuple[list[str], dict]:
+    """The command line (torchrun, or plain python for one process) and environment of one pretrain run on CPU."""
+    if torchrun:
+        cmd = TORCHRUN + [f"--nproc_per_node={nproc}", f"--master_port={free_port()}", str(ROOT / script)] + args
+    else:
+        assert nproc == 1, "plain python runs one process"
+        cmd = [sys.executable, str(ROOT / script)] + args
     full_env = dict(os.environ, ADAPTOR_BACKEND="cpu", OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+    if not torchrun:  # as a user's shell would have it: no launcher variables
+        for name in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
+            full_env.pop(name, None)
     full_env.update(env or {})
     return cmd, full_env
 
@@ -106,8 +114,8 @@ def _parsed(returncode: int, output: str) -> Run:
 
 
 def run_pretrain(args: list[str], nproc: int = 1, env: dict | None = None, timeout: int = 600,
-                 script: str = "pretrain_gpt.py") -> Run:
-    cmd, full_env = _launch(args, nproc, env, script)
+                 script: str = "pretrain_gpt.py", torchrun: bool = True) -> Run:
+    cmd, full_env = _launch(args, nproc, env, script, torchrun)
     proc = subprocess.run(cmd, cwd=ROOT, env=full_env, capture_output=True, text=True, timeout=timeout)
     return _parsed(proc.returncode, proc.stdout + proc.stderr)
 

@@ -6,6 +6,9 @@ converter did, with --make-vocab-size-divisible-by 128 by default).
 """
 from __future__ import annotations
 
+import math
+
+from adaptor.convert.errors import ConversionError
 from adaptor.convert.mapping import model_mapping
 
 
@@ -17,6 +20,60 @@ def _rope_parameters(config: dict) -> dict:
     return rope
 
 
+def _rope_type(rope: dict) -> str:
+    return rope.get("rope_type", rope.get("type")) or "default"
+
+
+def _yarn_flags(config: dict, rope: dict) -> list[str]:
+    """YaRN as transformers computes it (``_compute_yarn_parameters``), in Megatron's flags.
+
+    Megatron's YarnRotaryEmbedding blends the same interpolated and extrapolated frequencies and
+    scales cos/sin by get_mscale(factor, --mscale) / get_mscale(factor, --mscale-all-dim), with
+    get_mscale(s, m) = 0.1 m ln(s) + 1. transformers uses that ratio when both mscales are given,
+    else get_mscale(factor, 1), which is --mscale 1 --mscale-all-dim 0; an explicit
+    ``attention_factor`` a is get_mscale(factor, m) with m = (a - 1) / (0.1 ln factor).
+    """
+    original = int(rope.get("original_max_position_embeddings") or config.get("max_position_embeddings") or 4096)
+    factor = rope.get("factor")
+    factor = float(factor) if factor is not None else config["max_position_embeddings"] / original
+    mscale, mscale_all_dim = 1.0, 0.0
+    if rope.get("attention_factor") is not None:
+        wanted = float(rope["attention_factor"])
+        if factor <= 1:
+            if wanted != 1.0:
+                raise ConversionError(f"rope_scaling: attention_factor {wanted:g} with factor {factor:g} <= 1 has "
+                                      f"no Megatron equivalent (Megatron scales only when the factor is above 1)")
+        else:
+            mscale = (wanted - 1.0) / (0.1 * math.log(factor))
+    elif rope.get("mscale") and rope.get("mscale_all_dim"):
+        mscale, mscale_all_dim = float(rope["mscale"]), float(rope["mscale_all_dim"])
+    flags = ["--rotary-scaling-factor", f"{factor:g}", "--yarn-original-max-position-embeddings", str(original),
+             "--yarn-beta-fast", f"{float(rope.get('beta_fast') or 32):g}",
+             "--yarn-beta-slow", f"{float(rope.get('beta_slow') or 1):g}",
+             "--mscale", repr(mscale), "--mscale-all-dim", repr(mscale_all_dim)]
+    if rope.get("truncate", True) is False:
+        flags.append("--no-yarn-correction-range-round-to-int")
+    return flags
+
+
+def _position_flags(config: dict) -> list[str]:
+    """A standard attention model's RoPE: plain, linear position interpolation, or YaRN; others refused."""
+    rope = _rope_parameters(config)
+    kind = _rope_type(rope)
+    if kind == "default":
+        return ["--position-embedding-type", "rope"]
+    if kind == "linear":
+        factor = float(rope["factor"])
+        if not factor.is_integer():
+            raise ConversionError(f"config.json: linear rope_scaling factor {factor:g} is not a whole number, which "
+                                  f"Megatron's --rotary-seq-len-interpolation-factor needs")
+        return ["--position-embedding-type", "rope", "--rotary-seq-len-interpolation-factor", str(int(factor))]
+    if kind == "yarn":
+        return ["--position-embedding-type", "yarn"] + _yarn_flags(config, rope)
+    raise ConversionError(f"config.json: rope_scaling type {kind!r} has no Megatron equivalent here "
+                          f"(supported: default, linear, yarn)")
+
+
 def _common(config: dict, mapping) -> list[str]:
     flags = [
         "--num-layers", str(mapping.num_layers), "--hidden-size", str(config["hidden_size"]),
@@ -24,7 +81,7 @@ def _common(config: dict, mapping) -> list[str]:
         "--num-attention-heads", str(config["num_attention_heads"]),
         "--max-position-embeddings", str(config.get("max_position_embeddings", 4096)),
         "--normalization", "RMSNorm", "--norm-epsilon", str(config.get("rms_norm_eps", 1e-6)),
-        "--swiglu", "--disable-bias-linear", "--position-embedding-type", "rope",
+        "--swiglu", "--disable-bias-linear",
         "--rotary-base", str(int(float(_rope_parameters(config).get("rope_theta", 10000.0)))),
         "--vocab-size", str(mapping.vocab_size),
     ]
@@ -34,20 +91,20 @@ def _common(config: dict, mapping) -> list[str]:
 
 
 def _qwen3(config: dict, mapping) -> list[str]:
-    return _common(config, mapping) + [
+    return _common(config, mapping) + _position_flags(config) + [
         "--group-query-attention", "--num-query-groups", str(mapping.groups),
         "--kv-channels", str(mapping.head_dim), "--qk-layernorm",
     ]
 
 
 def _deepseek3(config: dict, mapping) -> list[str]:
-    flags = _common(config, mapping) + [
+    flags = _common(config, mapping) + ["--position-embedding-type", "rope",
         "--multi-latent-attention", "--q-lora-rank", str(mapping.q_lora_rank),
         "--kv-lora-rank", str(mapping.kv_lora_rank), "--qk-head-dim", str(mapping.nope_dim),
         "--qk-pos-emb-head-dim", str(mapping.rope_dim), "--v-head-dim", str(mapping.v_dim), "--qk-layernorm",
     ]
     rope = _rope_parameters(config)
-    if rope.get("rope_type", rope.get("type")) == "yarn":
+    if _rope_type(rope) == "yarn":
         flags += ["--rope-type", "yarn", "--rotary-scaling-factor", f"{float(rope.get('factor', 1.0)):g}"]
         for key, flag in (("original_max_position_embeddings", "--yarn-original-max-position-embeddings"),
                           ("mscale", "--mscale"), ("mscale_all_dim", "--mscale-all-dim"),
@@ -55,8 +112,11 @@ def _deepseek3(config: dict, mapping) -> list[str]:
             if rope.get(key) is not None:
                 value = rope[key]
                 flags += [flag, str(int(value)) if key == "original_max_position_embeddings" else f"{float(value):g}"]
-    else:
+    elif _rope_type(rope) == "default":
         flags += ["--rope-type", "rope"]
+    else:
+        raise ConversionError(f"config.json: rope_scaling type {_rope_type(rope)!r} has no Megatron equivalent for "
+                              f"multi-latent attention (supported: default, yarn)")
     freq = [1 if mapping.is_moe(i) else 0 for i in range(mapping.num_layers)]
     scoring = config.get("scoring_func", "sigmoid")
     flags += [

@@ -8,6 +8,7 @@ tensor (:func:`convert_megatron_to_hf`).
 from __future__ import annotations
 
 import json
+import math
 import os
 import shutil
 from pathlib import Path
@@ -88,6 +89,27 @@ def write_rank_state(model, args, legacy_dir: Path, iteration: int) -> None:
     torch.save({"model": state, "checkpoint_version": 3.0, "iteration": iteration}, path)
 
 
+def _get_mscale(scale: float, mscale: float) -> float:
+    return 1.0 if scale <= 1 else 0.1 * mscale * math.log(scale) + 1.0
+
+
+def _rope_parameters(args) -> dict:
+    """transformers' rope_parameters for a standard-attention model: plain, linear or YaRN RoPE."""
+    rope = {"rope_type": "default", "rope_theta": float(args.rotary_base)}
+    if args.position_embedding_type == "yarn":
+        factor = float(args.rotary_scaling_factor)
+        rope.update(rope_type="yarn", factor=factor,
+                    original_max_position_embeddings=args.yarn_original_max_position_embeddings or 4096,
+                    beta_fast=float(args.yarn_beta_fast or 32.0), beta_slow=float(args.yarn_beta_slow or 1.0))
+        if (args.mscale, args.mscale_all_dim) != (1.0, 0.0):  # transformers' default is get_mscale(factor, 1)
+            rope["attention_factor"] = _get_mscale(factor, args.mscale) / _get_mscale(factor, args.mscale_all_dim)
+        if args.yarn_correction_range_round_to_int is False:
+            rope["truncate"] = False
+    elif args.rotary_seq_len_interpolation_factor:
+        rope.update(rope_type="linear", factor=float(args.rotary_seq_len_interpolation_factor))
+    return rope
+
+
 def hf_config_from_args(args) -> dict:
     """A transformers config.json for the model the flags build (qwen3 or deepseek3)."""
     common = {
@@ -103,8 +125,7 @@ def hf_config_from_args(args) -> dict:
                 "num_key_value_heads": args.num_query_groups if args.group_query_attention
                 else args.num_attention_heads,
                 "head_dim": args.kv_channels, "attention_bias": bool(args.add_qkv_bias),
-                "rope_theta": float(args.rotary_base),
-                "rope_parameters": {"rope_type": "default", "rope_theta": float(args.rotary_base)}}
+                "rope_theta": float(args.rotary_base), "rope_parameters": _rope_parameters(args)}
     freq = normalized_value("moe_layer_freq", args.moe_layer_freq, args)
     first_dense = next((i for i, f in enumerate(freq) if f), args.num_layers)
     rope = {"rope_type": "default", "rope_theta": float(args.rotary_base)}

@@ -1,4 +1,5 @@
-"""The padded vocabulary a checkpoint was written with, and one line for any shape it cannot load into.
+"""Does a ``--load`` checkpoint fit the model these flags build? Its padded vocabulary, its recorded
+architecture, and one line for any tensor shape it cannot load into.
 
 A Hugging Face model's embedding often has more rows than its tokenizer has tokens (Qwen3: 151,936
 rows, 151,669 tokens). Megatron pads the *tokenizer's* size (``--make-vocab-size-divisible-by`` x
@@ -17,7 +18,11 @@ with fewer rows than the tokenizer has tokens left the missing rows at zero). Th
   compares every tensor's global shape with the checkpoint's before reading; a vocabulary tensor
   may differ in padding rows only (both sizes cover the tokenizer), anything else is one line;
 * ``megatron.training.checkpointing.load_checkpoint`` (``torch``): torch's ``size mismatch``
-  error becomes the same one line. Each line names the tensor, both shapes and the flag to change.
+  error becomes the same one line. Each line names the tensor, both shapes and the flag to change;
+* a checkpoint written by ``tools/convert_ckpt.py`` keeps the Hugging Face config.json under
+  ``hf/``: after Megatron's ``validate_args`` the flags it implies are compared with the command
+  line, as ``--hf-load-dir`` does, so settings no tensor shape shows (RoPE base and YaRN scaling,
+  router scaling, tied embeddings) cannot silently differ from the model that was converted.
 """
 from __future__ import annotations
 
@@ -28,7 +33,7 @@ from pathlib import Path
 from adaptor.errors import fail, is_rank0
 from adaptor.features import ArgumentError, Feature
 
-OWNER = "patches.checkpoint_shapes"
+OWNER = "patches.checkpoint_fit"
 CONVERSION_RECORD = Path("hf") / "conversion.json"
 TRACKER = "latest_checkpointed_iteration.txt"
 VOCAB_TENSORS = ("word_embeddings", "output_layer")
@@ -131,10 +136,15 @@ def _tokenizer_vocab() -> int | None:
 def check_global_shapes(sharded_state_dict, checkpoint_shapes: dict, tokenizer_vocab: int | None) -> list[str]:
     """Notes for vocabulary tensors whose padding differs; raises ShapeMismatch for anything else."""
     from megatron.core.dist_checkpointing.dict_utils import nested_values
-    from megatron.core.dist_checkpointing.mapping import ShardedTensor
+    from megatron.core.dist_checkpointing.mapping import ShardedTensor, ShardedTensorFactory
 
     notes = []
-    tensors = [t for t in nested_values(sharded_state_dict) if isinstance(t, ShardedTensor)]
+    tensors = []
+    for item in nested_values(sharded_state_dict):
+        if isinstance(item, ShardedTensorFactory):  # SwiGLU's fc1: the W and V halves it stores
+            tensors += [t for t in nested_values(item.build()) if isinstance(t, ShardedTensor)]
+        elif isinstance(item, ShardedTensor):
+            tensors.append(item)
     tensors.sort(key=lambda t: t.key.startswith("optimizer"))  # name a model tensor first
     for tensor in tensors:
         stored = checkpoint_shapes.get(tensor.key)
@@ -203,10 +213,40 @@ def _load_checkpoint(wrapped, instance, args_, kwargs):
              + (" (shapes per tensor-parallel rank)" if args.tensor_model_parallel_size > 1 else ""))
 
 
-class CheckpointShapes(Feature):
-    name = "checkpoint_shapes"
+def converted_config_mismatch(args) -> str | None:
+    """For a --load checkpoint from tools/convert_ckpt.py: the first flag its config.json disagrees with."""
+    record = Path(args.load) / CONVERSION_RECORD
+    config_file = record.parent / "config.json"
+    if getattr(args, "hf_load_dir", None) or not record.is_file() or not config_file.is_file():
+        return None
+    from adaptor.convert import ConversionError
+    from adaptor.convert.config_check import config_mismatch, model_flags
+
+    try:
+        model_type = json.loads(record.read_text())["model_type"]
+        mismatch = config_mismatch(args, model_flags(model_type, json.loads(config_file.read_text())))
+    except (OSError, ValueError, KeyError) as exc:
+        return f"{record.parent} cannot be read ({exc})"
+    except ConversionError as exc:
+        return f"{config_file}: {exc}"
+    return mismatch and f"{mismatch} ({config_file}); change the flag, or convert again"
+
+
+def _validate_args(wrapped, instance, args_, kwargs):
+    result = wrapped(*args_, **kwargs)
+    args = args_[0] if args_ else kwargs["args"]
+    if getattr(args, "load", None):
+        mismatch = converted_config_mismatch(args)
+        if mismatch:
+            fail(f"--load {args.load}: {mismatch}")
+    return result
+
+
+class CheckpointFit(Feature):
+    name = "checkpoint_fit"
 
     def register_patches(self, pm, ctx) -> None:
+        pm.register_wrapper("megatron.training.arguments.validate_args", _validate_args, OWNER)
         pm.register_wrapper("megatron.core.tokenizers.utils.build_tokenizer._set_padded_vocab_size",
                             _check_padded_vocab, OWNER)
         pm.register_wrapper("megatron.core.dist_checkpointing.serialization.load", _dist_load, OWNER)
