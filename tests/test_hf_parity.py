@@ -8,7 +8,10 @@ from tests/hf_fixtures.py, saved by transformers as the Hub publishes them:
 * pretrain_gpt.py --hf-load-dir trains from the HF weights (the same losses as a run that
   --load's the offline-converted checkpoint), and --hf-save-dir writes a directory that
   transformers loads and whose tensors are the Megatron weights at the end;
-* a config.json that does not match the flags is one line naming the flag.
+* a config.json that does not match the flags is one line naming the flag, whether it comes with
+  --hf-load-dir or inside a checkpoint tools/convert_ckpt.py wrote (RoPE scaling included);
+* Qwen3 with YaRN ``rope_scaling`` (transformers' default attention factor, and an explicit one
+  with other betas) and with linear position interpolation has transformers' logits.
 """
 from __future__ import annotations
 
@@ -38,6 +41,10 @@ SAME_RUN_RTOL = 1e-6
 _DIFF = re.compile(r"max abs logit difference ([0-9.eE+-]+)")
 
 
+# YaRN stretching a 16-position original context 4x: the 32-token test batch crosses it.
+YARN = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 16}
+
+
 @pytest.fixture(scope="module")
 def hf_dirs(tmp_path_factory):
     root = tmp_path_factory.mktemp("hf")
@@ -46,6 +53,10 @@ def hf_dirs(tmp_path_factory):
         "qwen3_untied": make_tiny_qwen3(root / "qwen3_untied", tied=False, shards=2),
         "deepseek_v3": make_tiny_deepseek_v3(root / "deepseek_v3", mtp_layers=1, shards=2),
         "deepseek_v3_other": make_tiny_deepseek_v3(root / "deepseek_v3_other", mtp_layers=1, shards=2, seed=7),
+        "qwen3_yarn": make_tiny_qwen3(root / "qwen3_yarn", rope_scaling=YARN),
+        "qwen3_yarn_factor": make_tiny_qwen3(root / "qwen3_yarn_factor", rope_scaling={
+            **YARN, "attention_factor": 1.3, "beta_fast": 16.0, "beta_slow": 2.0}),
+        "qwen3_linear": make_tiny_qwen3(root / "qwen3_linear", rope_scaling={"rope_type": "linear", "factor": 2.0}),
     }
 
 
@@ -66,6 +77,9 @@ def parity(hf_dir, *extra):
     ("qwen3_untied", ["--tp", "2", "--pp", "2"]),
     ("deepseek_v3", []),
     ("deepseek_v3", ["--tp", "2", "--pp", "2", "--ep", "2"]),  # 4 processes, expert tensor parallel 1
+    ("qwen3_yarn", ["--tp", "2"]),
+    ("qwen3_yarn_factor", []),
+    ("qwen3_linear", []),
 ])
 def test_logits_match_transformers(hf_dirs, name, layout):
     code, diff, line = parity(hf_dirs[name], *layout)
@@ -160,3 +174,33 @@ def test_config_mismatch_names_the_flag(hf_dirs, tmp_path):
                       f"but 2 in the Hugging Face config"], tail(run.output)
     assert child_frames(run.output) == [], tail(run.output)
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("name", ["qwen3_yarn", "qwen3_yarn_factor", "qwen3_linear"])
+def test_rope_scaling_changes_the_logits(hf_dirs, name):
+    """The parity above means something: the same weights without rope_scaling give other logits."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    tokens = torch.randint(0, 512, (2, 32), generator=torch.Generator().manual_seed(0))
+    scaled = AutoModelForCausalLM.from_pretrained(hf_dirs[name], attn_implementation="eager").eval()
+    config = AutoConfig.from_pretrained(hf_dirs[name])
+    config.rope_parameters = {"rope_type": "default", "rope_theta": config.rope_parameters["rope_theta"]}
+    plain = AutoModelForCausalLM.from_pretrained(hf_dirs[name], config=config, attn_implementation="eager").eval()
+    with torch.no_grad():
+        diff = (scaled(tokens).logits - plain(tokens).logits).abs().max().item()
+    assert diff > 100 * LOGIT_BOUND, diff
+
+
+def test_converted_checkpoint_refuses_flags_without_its_rope_scaling(hf_dirs, tmp_path):
+    """YaRN is not in any tensor's shape: a --load of the converted checkpoint with plain RoPE flags is one line."""
+    from adaptor.convert import Layout, convert_hf_to_megatron
+
+    converted = convert_hf_to_megatron(hf_dirs["qwen3_yarn"], tmp_path / "mg", "qwen3", Layout())
+    flags = model_flags(hf_dirs["qwen3_tied"], "qwen3")  # the same architecture, plain RoPE
+    run = run_pretrain(flags + TRAIN[:-6] + ["--load", str(converted), "--ckpt-format", "torch",
+                                             "--no-load-optim", "--no-load-rng", "--finetune"])
+    assert run.returncode != 0
+    errors = [line for line in run.output.splitlines() if "error:" in line]
+    assert errors == [f"megatron-adaptor: error: --load {converted}: --position-embedding-type is 'rope' on the "
+                      f"command line but 'yarn' in the Hugging Face config ({converted / 'hf' / 'config.json'}); "
+                      f"change the flag, or convert again"], tail(run.output)
