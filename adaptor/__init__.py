@@ -5,8 +5,9 @@ imported — both orders work) does, once:
 
 1. checks that megatron-core is the supported version;
 2. picks the backend (``npu`` > ``cuda`` > ``cpu``; ``ADAPTOR_BACKEND`` overrides);
-3. pre-parses ``sys.argv`` for the features' own flags and asks every feature
-   whether it applies to this backend and command line;
+3. rewrites ``sys.argv`` where a feature knows another project's spelling of a Megatron
+   flag (MindSpeed-LLM's), pre-parses it for the features' own flags and asks every
+   feature whether it applies to this backend and command line;
 4. registers and applies the enabled features' patches, rebinding aliases;
 5. prints the backend and the applied patches (rank 0 only).
 
@@ -49,8 +50,8 @@ def setup(argv=None, quiet: bool = False) -> FeatureContext:
     except BackendError as exc:
         fail(str(exc))
     registry = FeatureRegistry(all_features())
-    argv = sys.argv[1:] if argv is None else list(argv)
-    context = FeatureContext(backend=backend, flags=registry.preparse(argv))
+    argv = registry.rewrite_argv(sys.argv[1:] if argv is None else list(argv))
+    context = FeatureContext(backend=backend, flags=registry.preparse(argv), argv=argv)
     enabled = registry.enabled(context)
     if backend.name != "cuda":  # expected off CUDA; Megatron warns once per module otherwise
         warnings.filterwarnings("ignore", message=r".*(transformer[ -]engine|apex)")  # case-insensitive

@@ -5,7 +5,8 @@ and ``validate_args`` checks the result with bare ``assert`` statements. We
 wrap both:
 
 * ``parse_args``: every feature's flags are added to Megatron's own parser
-  (after the script's ``extra_args_provider``), then each enabled feature
+  (after the script's ``extra_args_provider``), Megatron parses the command line as
+  the features rewrote it (``Feature.rewrite_argv``), then each enabled feature
   fills backend defaults for what the user did not pass explicitly.
 * ``validate_args``: enabled features check the arguments first, so common
   mistakes get one sentence instead of an assertion deep inside Megatron;
@@ -34,8 +35,14 @@ def register(pm, registry, ctx) -> None:
             seen["parser"] = registry.add_arguments(parser)
             return seen["parser"]
 
-        parsed = wrapped(provider, *rest, **kwargs)
-        ctx.explicit = explicit_dests(seen["parser"], sys.argv[1:])
+        argv = sys.argv[1:] if ctx.argv is None else ctx.argv
+        given, sys.argv = sys.argv, sys.argv[:1] + list(argv)  # Megatron parses sys.argv: the rewritten one
+        try:
+            parsed = wrapped(provider, *rest, **kwargs)
+        finally:
+            sys.argv = given
+        ctx.explicit = explicit_dests(seen["parser"], argv)
+        ctx.parser = seen["parser"]
         for feature in registry.enabled(ctx):
             feature.set_defaults(parsed, ctx)
         return parsed

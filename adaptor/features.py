@@ -35,6 +35,8 @@ class FeatureContext:
     backend: Backend
     flags: argparse.Namespace  # features' own flags, pre-parsed from argv
     explicit: set[str] = field(default_factory=set)  # dests given on the command line
+    argv: list[str] | None = None  # the command line after the features' rewrites (None: sys.argv as given)
+    parser: argparse.ArgumentParser | None = None  # Megatron's parser with the features' flags, once built
 
 
 class Feature:
@@ -49,6 +51,14 @@ class Feature:
 
     def add_arguments(self, group: argparse._ArgumentGroup) -> None:
         """Register this feature's flags (dest names must not clash with Megatron's)."""
+
+    def rewrite_argv(self, argv: list[str]) -> list[str]:
+        """The command line in the words Megatron's parser knows (another project's spellings, say).
+
+        Called for every registered feature, before features are chosen and before Megatron parses;
+        a feature that rewrites says what it changed when the run starts.
+        """
+        return argv
 
     def enabled(self, ctx: FeatureContext) -> bool:
         return ctx.backend.name in self.backends
@@ -84,6 +94,13 @@ class FeatureRegistry:
         for f in self._features:
             f.add_arguments(group)
         return parser
+
+    def rewrite_argv(self, argv: Sequence[str]) -> list[str]:
+        """``argv`` through every feature's :meth:`Feature.rewrite_argv`, in registry order."""
+        argv = list(argv)
+        for f in self._features:
+            argv = f.rewrite_argv(argv)
+        return argv
 
     def preparse(self, argv: Sequence[str]) -> argparse.Namespace:
         """Parse only the features' flags out of ``argv``, ignoring everything else."""

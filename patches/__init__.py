@@ -29,6 +29,8 @@ def all_features():
     from patches.megatron_initialize import AllowNoCuda
     from patches.mm_arguments import MultimodalArguments
     from patches.memory_report import MemoryReport
+    from patches.megatron_flag_policy import MegatronFlagPolicy
+    from patches.mindspeed_llm_arguments import MindSpeedLlmArguments
     from patches.mla_yarn_arguments import MlaYarnArguments
     from patches.npu_device import NpuDevice
     from patches.safetensors_checkpoint import SafetensorsCheckpoint
@@ -39,6 +41,7 @@ def all_features():
     from patches.torch_fsdp2 import TorchFsdp2
 
     return [
+        MindSpeedLlmArguments(),
         BackendDefaults(),
         SingleProcessLaunch(),
         ArgumentChecks(),
@@ -73,4 +76,6 @@ def all_features():
         # FSDP2 (issue 7): --use-torch-fsdp2 on every backend, --fsdp2-config-path.
         TorchFsdp2(),
         MemoryReport(),
+        # Last: a feature's own check of a flag speaks before the table's general line.
+        MegatronFlagPolicy(),
     ]

@@ -6,6 +6,12 @@ gradient-accumulation fusion (an apex CUDA kernel) and CUDA-only bias/softmax/
 RoPE fusions. This feature sets, per backend, only the values the user did
 not pass on the command line (an explicit flag always wins), and prints what
 it set, so the same Megatron command line runs on NPU, GPU and CPU.
+
+Two explicit values are taken as the same request in this backend's words, with a printed line:
+a ``--distributed-backend`` this backend has no library for (MindSpeed-LLM's scripts say ``nccl``
+on Ascend, where it means hccl; on CPU it means gloo), and ``--transformer-impl
+transformer_engine`` where Transformer Engine cannot run (megatron-core's local layers compute the
+same model).
 """
 from __future__ import annotations
 
@@ -53,11 +59,18 @@ class BackendDefaults(Feature):
         if ctx.backend.name != "cuda" and "CUDA_DEVICE_MAX_CONNECTIONS" not in os.environ:
             os.environ["CUDA_DEVICE_MAX_CONNECTIONS"] = "1"
             changed.append("CUDA_DEVICE_MAX_CONNECTIONS=1")
-        for dest, value in backend_defaults(ctx.backend.name).items():
+        wanted = backend_defaults(ctx.backend.name)
+        for dest, value in wanted.items():
             if dest in ctx.explicit or getattr(args, dest, None) == value:
                 continue
             setattr(args, dest, value)
             changed.append(f"{dest}={value}")
+        for dest, flag, unusable in (("distributed_backend", "--distributed-backend", ("nccl", "hccl")),
+                                     ("transformer_impl", "--transformer-impl", ("transformer_engine",))):
+            given = getattr(args, dest, None)
+            if dest in ctx.explicit and given in unusable and dest in wanted and given != wanted[dest]:
+                setattr(args, dest, wanted[dest])
+                changed.append(f"{dest}={wanted[dest]} (for {flag} {given}, which this backend cannot run)")
         message = f"[megatron-adaptor] {ctx.backend.name} defaults: {', '.join(changed)}"
         if changed and is_rank0() and message not in _printed:
             _printed.add(message)

@@ -14,9 +14,11 @@ mscale != 1, MLA-style interleaving and mRoPE with batch > 1.
 """
 from __future__ import annotations
 
+from adaptor.errors import is_rank0
 from adaptor.features import ArgumentError, Feature
 
 OWNER = "patches.fused_rope"
+_said: list = []  # Megatron may parse the arguments twice
 TARGET = "megatron.core.models.common.embeddings.rope_utils"
 
 
@@ -42,17 +44,23 @@ class FusedRope(Feature):
                 pm.register_replacement(f"{TARGET}.{name}", getattr(rope, name), OWNER)
 
     def set_defaults(self, args, ctx) -> None:
+        if getattr(args, "multi_latent_attention", False):
+            # MLA's fused RoPE is megatron-core's Triton kernel (CUDA only): MLA keeps its unfused RoPE.
+            if is_rank0() and not _said:
+                _said.append(True)
+                print("[megatron-adaptor] --use-fused-rotary-pos-emb is not applied to multi-latent attention: "
+                      "its fused RoPE is a Triton/CUDA kernel; MLA's RoPE runs unfused", flush=True)
+            return
         if "apply_rope_fusion" not in ctx.explicit:
             args.apply_rope_fusion = True
 
     def validate(self, args, ctx) -> None:
         if args.position_embedding_type != "rope" and not args.use_rotary_position_embeddings:
             raise ArgumentError("--use-fused-rotary-pos-emb needs --position-embedding-type rope")
+        if args.multi_latent_attention:
+            return  # not applied to MLA (said in set_defaults)
         if not args.apply_rope_fusion:
             raise ArgumentError("--use-fused-rotary-pos-emb and --no-rope-fusion contradict each other; drop one")
         if args.rotary_interleaved:
             raise ArgumentError("--use-fused-rotary-pos-emb supports the non-interleaved RoPE layout only; "
                                 "drop --rotary-interleaved or the fused flag")
-        if args.multi_latent_attention:
-            raise ArgumentError("--use-fused-rotary-pos-emb does not cover --multi-latent-attention "
-                                "(its fused RoPE is a Triton/CUDA kernel); drop the fused flag")

@@ -70,7 +70,7 @@ def write_safetensors_shards(path: Path, tensors: dict[str, torch.Tensor], shard
 
 
 def make_tiny_qwen3(path, tied: bool = True, shards: int = 1, seed: int = 0, vocab_size: int = VOCAB_SIZE,
-                    rope_scaling: dict | None = None) -> Path:
+                    rope_scaling: dict | None = None, head_dim: int = 32) -> Path:
     """A 4-layer Qwen3ForCausalLM: GQA 4 heads / 2 groups, head_dim 32 != 64/4, qk-norm, rope 1e6.
 
     ``rope_scaling``: extra RoPE parameters, e.g. YaRN's ``{"rope_type": "yarn", "factor": 4.0, ...}``.
@@ -81,7 +81,7 @@ def make_tiny_qwen3(path, tied: bool = True, shards: int = 1, seed: int = 0, voc
     path.mkdir(parents=True, exist_ok=True)
     config = Qwen3Config(
         vocab_size=vocab_size, hidden_size=HIDDEN_SIZE, intermediate_size=192, num_hidden_layers=4,
-        num_attention_heads=4, num_key_value_heads=2, head_dim=32, max_position_embeddings=64,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=head_dim, max_position_embeddings=64,
         rms_norm_eps=1e-6,
         rope_parameters={"rope_type": "default", "rope_theta": 1000000.0, **(rope_scaling or {})},
         tie_word_embeddings=tied, attention_bias=False, hidden_act="silu",

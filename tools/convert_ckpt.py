@@ -72,7 +72,15 @@ def parse_size(text: str) -> int:
 
 
 def main(argv=None) -> int:
-    args = parse_args(argv)
+    from patches.mindspeed_llm_flags import rewrite_convert_argv
+
+    rewrite = rewrite_convert_argv(sys.argv[1:] if argv is None else list(argv))  # MindSpeed-LLM's spellings
+    if rewrite.refused:
+        print(f"{PROG}: error: {rewrite.refused[0]}", file=sys.stderr)
+        return 2
+    for note in rewrite.notes:
+        print(f"{PROG}: {note}", file=sys.stderr)
+    args = parse_args(rewrite.argv)
     from adaptor.convert import ConversionError, Layout, convert_hf_to_megatron, convert_megatron_to_hf
 
     try:

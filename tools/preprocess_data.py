@@ -504,7 +504,15 @@ def _on_signal(signum, frame):
 
 
 def main(argv=None) -> int:
-    argv = sys.argv[1:] if argv is None else list(argv)
+    from patches.mindspeed_llm_flags import rewrite_preprocess_argv
+
+    rewrite = rewrite_preprocess_argv(sys.argv[1:] if argv is None else list(argv))  # MindSpeed-LLM's spellings
+    if rewrite.refused:
+        print(f"{PROG}: error: {rewrite.refused[0]}", file=sys.stderr, flush=True)
+        return 1
+    for note in rewrite.notes:
+        print(f"{PROG}: {note}", file=sys.stderr, flush=True)
+    argv = rewrite.argv
     previous = {s: signal.signal(s, _on_signal) for s in (signal.SIGTERM, signal.SIGHUP)}
     try:
         files = None

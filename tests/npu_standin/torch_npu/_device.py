@@ -113,6 +113,9 @@ class Stream:
     def synchronize(self):
         pass
 
+    def is_capturing(self):
+        return False  # no graph capture here (torch's optimizers ask before step())
+
     def __enter__(self):
         return self
 
@@ -311,6 +314,7 @@ def install() -> types.ModuleType:
     torch.accelerator.set_device_index = set_device
     torch.accelerator.set_device_idx = set_device
     torch.accelerator.device_count = device_count
+    torch.accelerator.current_stream = current_stream
     torch.Tensor.pin_memory = _pin_memory  # host memory is all there is
     torch.nn.Module.npu = _module_npu
     if torch.distributed.is_available() and "hccl" not in torch.distributed.Backend.backend_list:
