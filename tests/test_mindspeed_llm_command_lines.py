@@ -231,3 +231,58 @@ def test_a_partial_launcher_environment_is_one_line():
     assert error_lines(run.output) == [
         f"{PREFIX} the launcher set WORLD_SIZE but not RANK, LOCAL_RANK, MASTER_ADDR, MASTER_PORT; start with "
         f"torchrun, or unset them all to run as a single process"], tail(run.output)
+
+
+def test_mindspeed_llm_conversion_scripts(tmp_path, capsys):
+    """ckpt_convert_qwen3_hf2mcore.sh / _mcore2hf.sh's flags through tools/convert_ckpt.py, and back bit-exact."""
+    sys.path.insert(0, str(ROOT / "tools"))
+    import convert_ckpt
+    from safetensors.torch import load_file
+
+    hf = make_tiny_qwen3(tmp_path / "hf", tied=False)
+    common = ["--use-mcore-models", "--model-type", "GPT", "--spec", "mindspeed_llm.tasks.models.spec.qwen3_spec",
+              "layer_spec", "--params-dtype", "bf16"]
+    to_mg = common + ["--load-model-type", "hf", "--save-model-type", "mg", "--target-tensor-parallel-size", "2",
+                      "--target-pipeline-parallel-size", "2", "--target-expert-parallel-size", "1",
+                      "--load-dir", str(hf), "--save-dir", str(tmp_path / "mg"),
+                      "--tokenizer-model", str(hf / "tokenizer.json"), "--moe-grouped-gemm", "--model-type-hf", "qwen3"]
+    assert convert_ckpt.main(to_mg) == 0, capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "--params-dtype is not applied by the converter" in err and "--model-type GPT (dropped: implied)" in err
+    to_hf = common + ["--load-model-type", "mg", "--save-model-type", "hf", "--target-tensor-parallel-size", "1",
+                      "--target-pipeline-parallel-size", "1", "--load-dir", str(tmp_path / "mg"),
+                      "--save-dir", str(tmp_path / "back"), "--model-type-hf", "qwen3"]
+    assert convert_ckpt.main(to_hf) == 0, capsys.readouterr().err
+    original, back = load_file(str(hf / "model.safetensors")), {}
+    for shard in (tmp_path / "back").glob("*.safetensors"):
+        back.update(load_file(str(shard)))
+    assert sorted(back) == sorted(original)
+    assert all(torch_equal(back[k], original[k]) for k in original)
+    # Qwen3-MoE's Hugging Face layout is not one we convert: one line, nothing written.
+    moe = [a if a != "qwen3" else "qwen3-moe" for a in to_mg]
+    moe[moe.index("--save-dir") + 1] = str(tmp_path / "moe")
+    assert convert_ckpt.main(moe) == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1] == (
+        "convert_ckpt.py: error: --model-type-hf qwen3-moe: Hugging Face conversion supports deepseek3, qwen3")
+    assert not (tmp_path / "moe").exists()
+
+
+def torch_equal(a, b) -> bool:
+    import torch
+
+    return a.dtype == b.dtype and torch.equal(a, b)
+
+
+def test_instruction_preprocessing_is_one_line(tmp_path):
+    """data_convert_qwen3_instruction.sh asks for a fine-tuning dataset: refused in one line, nothing written."""
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "tools" / "preprocess_data.py"), "--input", str(SAMPLE_CORPUS),
+         "--tokenizer-name-or-path", TOKENIZER, "--output-prefix", str(tmp_path / "alpaca"),
+         "--handler-name", "AlpacaStyleInstructionHandler", "--tokenizer-type", "PretrainedFromHF",
+         "--workers", "4", "--log-interval", "1000", "--prompt-type", "qwen3"], capture_output=True, text=True,
+        timeout=300)
+    assert proc.returncode == 1
+    assert proc.stderr.strip().splitlines() == [
+        "preprocess_data.py: error: --prompt-type (MindSpeed-LLM): instruction datasets are not built by this tool "
+        "(pretraining text only)"]
+    assert list(tmp_path.iterdir()) == []
