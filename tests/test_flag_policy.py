@@ -120,3 +120,13 @@ def test_a_default_value_given_explicitly_is_not_refused():
     parser = megatron_parser()
     args, _ = parser.parse_known_args(["--context-parallel-size", "1"])
     assert judge(args, parser, MEGATRON_FLAGS, {"context_parallel_size"}, "cpu").refused == []
+
+
+def test_flag_reference_pages_are_current():
+    """docs/flags-*.md are generated from the tables; a table edited without regenerating fails here."""
+    import sys
+
+    sys.path.insert(0, str(ROOT / "tools"))
+    import gen_flag_docs
+
+    assert gen_flag_docs.main(["--check"]) == 0, "run python tools/gen_flag_docs.py"
