@@ -8,6 +8,140 @@ from __future__ import annotations
 
 from adaptor.flag_policy import HONOURED, Honoured, NotApplied, Refused
 
+# Policies several flags share.
+_TE_USERBUFFERS_TUNING = NotApplied(
+    "tunes Transformer Engine's userbuffers overlap (--tp-comm-overlap), available on CUDA with "
+    "Transformer Engine only",
+    requires=("transformer_engine",))
+_ACCOUNT_FOR_EMBEDDING_IN_PIPELINE_SPLIT = Honoured("TransformerBlock's per-stage layer counts")
+_QK_CLIP_SETTING = Refused(
+    "only used by --qk-clip, which needs the maximum attention logits that only Transformer Engine's "
+    "attention records; drop it",
+    requires=("transformer_engine",))
+_DSA_ONLY = Refused(
+    "only read by DeepSeek sparse attention layers (--experimental-attention-variant dsa), which "
+    "pretrain_gpt.py does not build; drop it")
+_GATED_DELTA_NET_ONLY = Refused(
+    "only read by gated-delta-net layers (--experimental-attention-variant gated_delta_net), which "
+    "pretrain_gpt.py does not build; drop it")
+_MUP_BASE_HIDDEN_SIZE = Honoured("with --use-mup")
+_MUP_BASE_HEAD_DIM = Honoured("with --use-mup (softmax scale)")
+_FP8_ONLY = Refused(
+    "only used by FP8 training (--fp8-format), which needs Transformer Engine; drop it",
+    requires=("transformer_engine",))
+_FIRST_LAST_LAYERS_BF16 = Refused(
+    "only used by FP8/FP4 training (--fp8-format, --fp4-format), which needs Transformer Engine; drop it",
+    requires=("transformer_engine",))
+_USE_KITCHEN_ATTENTION = Refused(
+    "the NVIDIA Kitchen attention is not part of the layer spec pretrain_gpt.py builds; drop it")
+_FP4_ONLY = Refused(
+    "only used by FP4 training (--fp4-format), which needs Transformer Engine; drop it",
+    requires=("transformer_engine",))
+_MOE_ROUTER_PADDING_FOR_QUANTIZATION = Refused(
+    "it pads expert token counts for FP8/FP4 grouped GEMMs, which need Transformer Engine; drop it",
+    requires=("transformer_engine",))
+_MOE_HYBRIDEP_NUM_BLOCKS_PERMUTE = NotApplied(
+    "sets CUDA thread blocks of HybridEP, a CUDA-only backend of the flex token dispatcher",
+    requires=("cuda",))
+_ENABLE_CUDA_GRAPH = NotApplied(
+    "captures CUDA graphs, which need CUDA and Transformer Engine's RNG tracker",
+    requires=("transformer_engine",))
+_INFERENCE_CUDA_GRAPH_SCOPE = Refused(
+    "an inference setting, and pretrain_gpt.py runs no inference engine; drop it")
+_MAMBA_STATE_DIM = Refused(
+    "only read by Mamba layers, which pretrain_gpt.py does not build; drop it")
+_MIN_OFFLOADED_TENSOR_SIZE = NotApplied(
+    "tunes --fine-grained-activation-offloading, which Megatron supports with Transformer Engine layers on "
+    "CUDA only",
+    requires=("transformer_engine",))
+_MOE_PAGED_STASH_PAGE_SIZE = NotApplied(
+    "tunes --moe-paged-stash, available on CUDA with Transformer Engine only",
+    requires=("transformer_engine",))
+_YARN_ORIGINAL_MAX_POSITION_EMBEDDINGS = Honoured("YaRN config; MLA's through patches.mla_yarn_arguments")
+_RELATIVE_ATTENTION_NUM_BUCKETS = Refused(
+    "relative position bias is T5's; pretrain_gpt.py's GPTModel has none, so drop it",
+)
+_MUON_MOMENTUM = Refused(
+    "applies to --optimizer muon, which is not supported here (only adam and sgd are); drop it",
+)
+_LION_BETA1 = Refused("applies to --optimizer lion, which is not supported here (only adam and sgd are); drop it")
+_OPTIMIZER_OFFLOAD_FRACTION = NotApplied(
+    "tunes the optimizer's host offload, which moves state off a CUDA device and applies on the CUDA "
+    "backend only",
+    requires=("cuda",),
+)
+_NON_PERSISTENT_LOCAL_CKPT_DIR = Refused(
+    "applies to --non-persistent-ckpt-type local, which needs nvidia-resiliency-ext's local checkpoint "
+    "manager and is not supported here; drop it (use --non-persistent-ckpt-type global)",
+)
+_CKPT_FULLY_PARALLEL_LOAD_EXCHANGE_ALGO = Honoured("torch_dist fully parallel loads")
+_USE_DIST_CKPT_DEPRECATED = Refused(
+    "deprecated and ignored by Megatron; choose the format with --ckpt-format (safetensors, torch_dist or torch)"
+)
+_HETEROGENEOUS_LAYERS_CONFIG_PATH = Refused(
+    "pretrain_gpt.py builds one layer spec for every layer, so per-layer (heterogeneous) configurations "
+    "are not applied; drop it (heterogeneous models are not supported yet)",
+)
+_MASK_PROB = Refused("is read only by Megatron-LM's BERT and T5 pretraining scripts; pretrain_gpt.py builds GPT samples, so drop it")
+_FIM_RATE = Refused('applies only to --fim-data samples, which pretrain_gpt.py does not build; drop it')
+_RL_PROMPTS_PER_EVAL = Refused(
+    "only RL training (--perform-rl-step) reads it, and that is not available here; drop it",
+)
+_GRPO_KL_BETA = Refused("only RL training (--perform-rl-step) reads it, and that is not available here; drop it")
+_ICT_HEAD_SIZE = Refused(
+    "read only by Megatron-LM's ICT/biencoder retrieval programs; pretrain_gpt.py builds a GPT "
+    "language model, so drop it",
+)
+_NUM_CLASSES = Refused(
+    "read only by Megatron-LM's vision programs (ViT/Swin/DINO classification and pretraining); "
+    "pretrain_gpt.py builds no vision model and pretrain_mm.py takes its image size, patch size and "
+    "tower from model.json; drop it",
+)
+_LOGITS_SAVE_TOP_K = Refused(
+    "only teacher log-prob caching (--logits-save-dir) reads it, which is not supported here; drop it",
+)
+_LOGITS_LOAD_DECODE_THREADS = Refused(
+    "only the distillation loss of --logits-load-dir reads it, which pretrain_gpt.py does not have; "
+    "drop it",
+)
+_STRAGGLER_CTRLR_PORT = Refused(
+    "only the straggler detector (--log-straggler) reads it, which is not available here; drop it",
+)
+_INFERENCE_BATCH_TIMES_SEQLEN_THRESHOLD = Refused(
+    "read only by Megatron's inference engine and text-generation server, which pretrain_gpt.py does "
+    "not run; drop it",
+)
+_CUDA_GRAPH_SCOPE_DEPRECATED = NotApplied(
+    "it selects what per-layer CUDA graphs (--cuda-graph-impl) capture, and CUDA graphs are captured "
+    "on the CUDA backend only",
+    requires=("cuda",),
+)
+_HYBRID_LAYER_PATTERN = Refused(
+    "pretrain_gpt.py builds a GPT transformer, not a hybrid Mamba/attention model (the pattern would "
+    "also override --num-layers); drop it",
+)
+_MAIN_GRADS_DTYPE = Refused(
+    "only the precision-aware optimizer (--use-precision-aware-optimizer, Transformer Engine's "
+    "FusedAdam) keeps this in another dtype; drop it",
+    requires=("transformer_engine",),
+    values=lambda v: str(v) not in ("fp32", "torch.float32"),
+)
+_MEGATRON_FSDP_MAIN_GRADS_DTYPE = Refused(
+    "only Megatron-FSDP (--use-megatron-fsdp) reads it, and Megatron-FSDP builds its device mesh on "
+    "CUDA only; use --use-torch-fsdp2 (FSDP2) here",
+    requires=("cuda",),
+    values=lambda v: v not in ("auto", None),
+)
+_MEGATRON_FSDP_ENABLE_FINE_GRAINED_PARAM_GATHER = Refused(
+    "only Megatron-FSDP (--use-megatron-fsdp) reads it, and Megatron-FSDP builds its device mesh on "
+    "CUDA only; use --use-torch-fsdp2 (FSDP2) here",
+    requires=("cuda",),
+)
+_INPROCESS_MAX_ITERATIONS = Refused(
+    "only in-process restart (--inprocess-restart) reads it, which pretrain_gpt.py does not offer; "
+    "drop it",
+)
+
 MEGATRON_FLAGS = {
 
     # --- transformer configuration ---
@@ -52,34 +186,13 @@ MEGATRON_FLAGS = {
         "overlaps tensor-parallel communication with GEMMs through Transformer Engine's userbuffers, "
         "available on CUDA with Transformer Engine only",
         requires=("transformer_engine",)),
-    "tp_comm_bulk_wgrad": NotApplied(
-        "tunes Transformer Engine's userbuffers overlap (--tp-comm-overlap), available on CUDA with "
-        "Transformer Engine only",
-        requires=("transformer_engine",)),
-    "tp_comm_bulk_dgrad": NotApplied(
-        "tunes Transformer Engine's userbuffers overlap (--tp-comm-overlap), available on CUDA with "
-        "Transformer Engine only",
-        requires=("transformer_engine",)),
-    "tp_comm_overlap_ag": NotApplied(
-        "tunes Transformer Engine's userbuffers overlap (--tp-comm-overlap), available on CUDA with "
-        "Transformer Engine only",
-        requires=("transformer_engine",)),
-    "tp_comm_overlap_rs": NotApplied(
-        "tunes Transformer Engine's userbuffers overlap (--tp-comm-overlap), available on CUDA with "
-        "Transformer Engine only",
-        requires=("transformer_engine",)),
-    "tp_comm_overlap_rs_dgrad": NotApplied(
-        "tunes Transformer Engine's userbuffers overlap (--tp-comm-overlap), available on CUDA with "
-        "Transformer Engine only",
-        requires=("transformer_engine",)),
-    "tp_comm_split_ag": NotApplied(
-        "tunes Transformer Engine's userbuffers overlap (--tp-comm-overlap), available on CUDA with "
-        "Transformer Engine only",
-        requires=("transformer_engine",)),
-    "tp_comm_split_rs": NotApplied(
-        "tunes Transformer Engine's userbuffers overlap (--tp-comm-overlap), available on CUDA with "
-        "Transformer Engine only",
-        requires=("transformer_engine",)),
+    "tp_comm_bulk_wgrad": _TE_USERBUFFERS_TUNING,
+    "tp_comm_bulk_dgrad": _TE_USERBUFFERS_TUNING,
+    "tp_comm_overlap_ag": _TE_USERBUFFERS_TUNING,
+    "tp_comm_overlap_rs": _TE_USERBUFFERS_TUNING,
+    "tp_comm_overlap_rs_dgrad": _TE_USERBUFFERS_TUNING,
+    "tp_comm_split_ag": _TE_USERBUFFERS_TUNING,
+    "tp_comm_split_rs": _TE_USERBUFFERS_TUNING,
     "cross_entropy_loss_fusion": Honoured("the adaptor's chunked vocabulary-parallel cross entropy (patches/fused_cross_entropy)"),
     "cross_entropy_fusion_impl": Refused(
         "the Transformer Engine parallel cross entropy is disabled in megatron-core 0.19.2; use native "
@@ -133,8 +246,8 @@ MEGATRON_FLAGS = {
     "mtp_detach_heads": HONOURED,
     "mtp_hybrid_override_pattern": Refused(
         "only read by hybrid (Mamba) models, which pretrain_gpt.py does not build; drop it"),
-    "account_for_embedding_in_pipeline_split": Honoured("TransformerBlock's per-stage layer counts"),
-    "account_for_loss_in_pipeline_split": Honoured("TransformerBlock's per-stage layer counts"),
+    "account_for_embedding_in_pipeline_split": _ACCOUNT_FOR_EMBEDDING_IN_PIPELINE_SPLIT,
+    "account_for_loss_in_pipeline_split": _ACCOUNT_FOR_EMBEDDING_IN_PIPELINE_SPLIT,
     "hidden_size": HONOURED,
     "num_attention_heads": HONOURED,
     "attention_backend": Refused(
@@ -175,74 +288,32 @@ MEGATRON_FLAGS = {
         "query-key clipping needs the per-head maximum attention logits that only Transformer Engine's attention records; "
         "drop it",
         requires=("transformer_engine",)),
-    "qk_clip_alpha": Refused(
-        "only used by --qk-clip, which needs the maximum attention logits that only Transformer Engine's "
-        "attention records; drop it",
-        requires=("transformer_engine",)),
-    "qk_clip_threshold": Refused(
-        "only used by --qk-clip, which needs the maximum attention logits that only Transformer Engine's "
-        "attention records; drop it",
-        requires=("transformer_engine",)),
+    "qk_clip_alpha": _QK_CLIP_SETTING,
+    "qk_clip_threshold": _QK_CLIP_SETTING,
     "attention_output_gate": HONOURED,
     "calculate_per_token_loss": HONOURED,
     "multi_latent_attention": Honoured("local spec with the adaptor's MLADotProductAttention"),
     "experimental_attention_variant": Refused(
         "the layer spec pretrain_gpt.py builds has standard or multi-latent attention only, so no gated-delta-net "
         "or DSA layers would be built; drop it"),
-    "dsa_indexer_n_heads": Refused(
-        "only read by DeepSeek sparse attention layers (--experimental-attention-variant dsa), which "
-        "pretrain_gpt.py does not build; drop it"),
-    "dsa_indexer_head_dim": Refused(
-        "only read by DeepSeek sparse attention layers (--experimental-attention-variant dsa), which "
-        "pretrain_gpt.py does not build; drop it"),
-    "dsa_indexer_topk": Refused(
-        "only read by DeepSeek sparse attention layers (--experimental-attention-variant dsa), which "
-        "pretrain_gpt.py does not build; drop it"),
-    "dsa_indexer_topk_freq": Refused(
-        "only read by DeepSeek sparse attention layers (--experimental-attention-variant dsa), which "
-        "pretrain_gpt.py does not build; drop it"),
-    "dsa_indexer_skip_topk_offset": Refused(
-        "only read by DeepSeek sparse attention layers (--experimental-attention-variant dsa), which "
-        "pretrain_gpt.py does not build; drop it"),
-    "dsa_indexer_loss_coeff": Refused(
-        "only read by DeepSeek sparse attention layers (--experimental-attention-variant dsa), which "
-        "pretrain_gpt.py does not build; drop it"),
-    "dsa_indexer_use_sparse_loss": Refused(
-        "only read by DeepSeek sparse attention layers (--experimental-attention-variant dsa), which "
-        "pretrain_gpt.py does not build; drop it"),
-    "dsa_kernel_backend": Refused(
-        "only read by DeepSeek sparse attention layers (--experimental-attention-variant dsa), which "
-        "pretrain_gpt.py does not build; drop it"),
-    "dsa_indexer_rope_interleaved": Refused(
-        "only read by DeepSeek sparse attention layers (--experimental-attention-variant dsa), which "
-        "pretrain_gpt.py does not build; drop it"),
-    "dsa_indexer_rotate_activation": Refused(
-        "only read by DeepSeek sparse attention layers (--experimental-attention-variant dsa), which "
-        "pretrain_gpt.py does not build; drop it"),
-    "dsa_indexer_scoring_relu": Refused(
-        "only read by DeepSeek sparse attention layers (--experimental-attention-variant dsa), which "
-        "pretrain_gpt.py does not build; drop it"),
-    "dsa_indexer_k_norm_epsilon": Refused(
-        "only read by DeepSeek sparse attention layers (--experimental-attention-variant dsa), which "
-        "pretrain_gpt.py does not build; drop it"),
-    "dsa_indexer_k_norm_fp32": Refused(
-        "only read by DeepSeek sparse attention layers (--experimental-attention-variant dsa), which "
-        "pretrain_gpt.py does not build; drop it"),
-    "linear_conv_kernel_dim": Refused(
-        "only read by gated-delta-net layers (--experimental-attention-variant gated_delta_net), which "
-        "pretrain_gpt.py does not build; drop it"),
-    "linear_key_head_dim": Refused(
-        "only read by gated-delta-net layers (--experimental-attention-variant gated_delta_net), which "
-        "pretrain_gpt.py does not build; drop it"),
-    "linear_value_head_dim": Refused(
-        "only read by gated-delta-net layers (--experimental-attention-variant gated_delta_net), which "
-        "pretrain_gpt.py does not build; drop it"),
-    "linear_num_key_heads": Refused(
-        "only read by gated-delta-net layers (--experimental-attention-variant gated_delta_net), which "
-        "pretrain_gpt.py does not build; drop it"),
-    "linear_num_value_heads": Refused(
-        "only read by gated-delta-net layers (--experimental-attention-variant gated_delta_net), which "
-        "pretrain_gpt.py does not build; drop it"),
+    "dsa_indexer_n_heads": _DSA_ONLY,
+    "dsa_indexer_head_dim": _DSA_ONLY,
+    "dsa_indexer_topk": _DSA_ONLY,
+    "dsa_indexer_topk_freq": _DSA_ONLY,
+    "dsa_indexer_skip_topk_offset": _DSA_ONLY,
+    "dsa_indexer_loss_coeff": _DSA_ONLY,
+    "dsa_indexer_use_sparse_loss": _DSA_ONLY,
+    "dsa_kernel_backend": _DSA_ONLY,
+    "dsa_indexer_rope_interleaved": _DSA_ONLY,
+    "dsa_indexer_rotate_activation": _DSA_ONLY,
+    "dsa_indexer_scoring_relu": _DSA_ONLY,
+    "dsa_indexer_k_norm_epsilon": _DSA_ONLY,
+    "dsa_indexer_k_norm_fp32": _DSA_ONLY,
+    "linear_conv_kernel_dim": _GATED_DELTA_NET_ONLY,
+    "linear_key_head_dim": _GATED_DELTA_NET_ONLY,
+    "linear_value_head_dim": _GATED_DELTA_NET_ONLY,
+    "linear_num_key_heads": _GATED_DELTA_NET_ONLY,
+    "linear_num_value_heads": _GATED_DELTA_NET_ONLY,
     "init_method_std": HONOURED,
     "embedding_init_method_std": Honoured("embedding init; the optimizer then skips weight decay on embeddings"),
     "init_model_with_meta_device": Refused(
@@ -252,11 +323,11 @@ MEGATRON_FLAGS = {
     "mup_width_mult": Refused(
         "under --use-mup it is computed as --hidden-size / --mup-base-hidden-size, overwriting a given value; "
         "set --mup-base-hidden-size instead"),
-    "mup_base_hidden_size": Honoured("with --use-mup"),
-    "mup_embedding_mult": Honoured("with --use-mup"),
-    "mup_output_mult": Honoured("with --use-mup"),
-    "mup_base_head_dim": Honoured("with --use-mup (softmax scale)"),
-    "mup_attn_scale_power": Honoured("with --use-mup (softmax scale)"),
+    "mup_base_hidden_size": _MUP_BASE_HIDDEN_SIZE,
+    "mup_embedding_mult": _MUP_BASE_HIDDEN_SIZE,
+    "mup_output_mult": _MUP_BASE_HIDDEN_SIZE,
+    "mup_base_head_dim": _MUP_BASE_HEAD_DIM,
+    "mup_attn_scale_power": _MUP_BASE_HEAD_DIM,
     "apply_query_key_layer_scaling": HONOURED,
     "disable_bf16_reduced_precision_matmul": Honoured(
         "sets cuBLAS's bf16 reduction flag on CUDA; CPU and NPU matmuls already accumulate bf16 in fp32"),
@@ -285,53 +356,25 @@ MEGATRON_FLAGS = {
         "the FP8 training path runs through Transformer Engine's modules, which the local layer spec does not use, so the "
         "model would train in its usual precision; drop it, or run on CUDA with Transformer Engine",
         requires=("transformer_engine",)),
-    "fp8_recipe": Refused(
-        "only used by FP8 training (--fp8-format), which needs Transformer Engine; drop it",
-        requires=("transformer_engine",)),
-    "fp8_quantizer_factory": Refused(
-        "only used by FP8 training (--fp8-format), which needs Transformer Engine; drop it",
-        requires=("transformer_engine",)),
-    "fp8_margin": Refused(
-        "only used by FP8 training (--fp8-format), which needs Transformer Engine; drop it",
-        requires=("transformer_engine",)),
-    "fp8_interval": Refused(
-        "only used by FP8 training (--fp8-format), which needs Transformer Engine; drop it",
-        requires=("transformer_engine",)),
-    "fp8_amax_history_len": Refused(
-        "only used by FP8 training (--fp8-format), which needs Transformer Engine; drop it",
-        requires=("transformer_engine",)),
-    "fp8_amax_compute_algo": Refused(
-        "only used by FP8 training (--fp8-format), which needs Transformer Engine; drop it",
-        requires=("transformer_engine",)),
-    "fp8_wgrad": Refused(
-        "only used by FP8 training (--fp8-format), which needs Transformer Engine; drop it",
-        requires=("transformer_engine",)),
-    "fp8_output_proj": Refused(
-        "only used by FP8 training (--fp8-format), which needs Transformer Engine; drop it",
-        requires=("transformer_engine",)),
-    "first_last_layers_bf16": Refused(
-        "only used by FP8/FP4 training (--fp8-format, --fp4-format), which needs Transformer Engine; drop it",
-        requires=("transformer_engine",)),
-    "num_layers_at_start_in_bf16": Refused(
-        "only used by FP8/FP4 training (--fp8-format, --fp4-format), which needs Transformer Engine; drop it",
-        requires=("transformer_engine",)),
-    "num_layers_at_end_in_bf16": Refused(
-        "only used by FP8/FP4 training (--fp8-format, --fp4-format), which needs Transformer Engine; drop it",
-        requires=("transformer_engine",)),
-    "use_kitchen_attention": Refused(
-        "the NVIDIA Kitchen attention is not part of the layer spec pretrain_gpt.py builds; drop it"),
-    "kitchen_attention_backend": Refused(
-        "the NVIDIA Kitchen attention is not part of the layer spec pretrain_gpt.py builds; drop it"),
+    "fp8_recipe": _FP8_ONLY,
+    "fp8_quantizer_factory": _FP8_ONLY,
+    "fp8_margin": _FP8_ONLY,
+    "fp8_interval": _FP8_ONLY,
+    "fp8_amax_history_len": _FP8_ONLY,
+    "fp8_amax_compute_algo": _FP8_ONLY,
+    "fp8_wgrad": _FP8_ONLY,
+    "fp8_output_proj": _FP8_ONLY,
+    "first_last_layers_bf16": _FIRST_LAST_LAYERS_BF16,
+    "num_layers_at_start_in_bf16": _FIRST_LAST_LAYERS_BF16,
+    "num_layers_at_end_in_bf16": _FIRST_LAST_LAYERS_BF16,
+    "use_kitchen_attention": _USE_KITCHEN_ATTENTION,
+    "kitchen_attention_backend": _USE_KITCHEN_ATTENTION,
     "fp4": Refused(
         "the FP4 training path runs through Transformer Engine's modules, which the local layer spec does not use, so the "
         "model would train in its usual precision; drop it, or run on CUDA with Transformer Engine",
         requires=("transformer_engine",)),
-    "fp4_recipe": Refused(
-        "only used by FP4 training (--fp4-format), which needs Transformer Engine; drop it",
-        requires=("transformer_engine",)),
-    "fp4_quantizer_factory": Refused(
-        "only used by FP4 training (--fp4-format), which needs Transformer Engine; drop it",
-        requires=("transformer_engine",)),
+    "fp4_recipe": _FP4_ONLY,
+    "fp4_quantizer_factory": _FP4_ONLY,
     "high_priority_a2a_comm_stream": NotApplied(
         "raises the CUDA stream priority of the expert-parallel overlap (--overlap-moe-expert-parallel-comm), "
         "available on CUDA only",
@@ -351,12 +394,8 @@ MEGATRON_FLAGS = {
     "moe_router_topk": HONOURED,
     "moe_enable_routing_replay": Refused(
         "routing replay is driven by the inference and RL engines, which pretrain_gpt.py does not run; drop it"),
-    "moe_router_padding_for_quantization": Refused(
-        "it pads expert token counts for FP8/FP4 grouped GEMMs, which need Transformer Engine; drop it",
-        requires=("transformer_engine",)),
-    "moe_router_padding_for_fp8": Refused(
-        "it pads expert token counts for FP8/FP4 grouped GEMMs, which need Transformer Engine; drop it",
-        requires=("transformer_engine",)),
+    "moe_router_padding_for_quantization": _MOE_ROUTER_PADDING_FOR_QUANTIZATION,
+    "moe_router_padding_for_fp8": _MOE_ROUTER_PADDING_FOR_QUANTIZATION,
     "moe_router_num_groups": HONOURED,
     "moe_router_group_topk": HONOURED,
     "moe_router_pre_softmax": HONOURED,
@@ -426,12 +465,8 @@ MEGATRON_FLAGS = {
     "moe_hybridep_num_sms": NotApplied(
         "sets the GPU SMs of HybridEP, a CUDA-only backend of the flex token dispatcher",
         requires=("cuda",)),
-    "moe_hybridep_num_blocks_permute": NotApplied(
-        "sets CUDA thread blocks of HybridEP, a CUDA-only backend of the flex token dispatcher",
-        requires=("cuda",)),
-    "moe_hybridep_num_blocks_unpermute": NotApplied(
-        "sets CUDA thread blocks of HybridEP, a CUDA-only backend of the flex token dispatcher",
-        requires=("cuda",)),
+    "moe_hybridep_num_blocks_permute": _MOE_HYBRIDEP_NUM_BLOCKS_PERMUTE,
+    "moe_hybridep_num_blocks_unpermute": _MOE_HYBRIDEP_NUM_BLOCKS_PERMUTE,
     "moe_hybridep_num_sms_preprocessing": NotApplied(
         "sets the GPU SMs of HybridEP's preprocessing kernel, a CUDA-only backend of the flex token dispatcher",
         requires=("cuda",)),
@@ -451,20 +486,13 @@ MEGATRON_FLAGS = {
         "it is the per-rank token budget of the HybridEP and NCCL EP flex dispatchers, which need CUDA and "
         "Transformer Engine; use --moe-expert-capacity-factor for token dropping here",
         requires=("transformer_engine",)),
-    "enable_cuda_graph": NotApplied(
-        "captures CUDA graphs, which need CUDA and Transformer Engine's RNG tracker",
-        requires=("transformer_engine",)),
+    "enable_cuda_graph": _ENABLE_CUDA_GRAPH,
     "cuda_graph_warmup_steps": NotApplied(
         "tunes CUDA-graph capture (--cuda-graph-impl), which needs CUDA and Transformer Engine's RNG tracker",
         requires=("transformer_engine",)),
-    "external_cuda_graph": NotApplied(
-        "captures CUDA graphs, which need CUDA and Transformer Engine's RNG tracker",
-        requires=("transformer_engine",)),
-    "cuda_graph_impl": NotApplied(
-        "captures CUDA graphs, which need CUDA and Transformer Engine's RNG tracker",
-        requires=("transformer_engine",)),
-    "inference_cuda_graph_scope": Refused(
-        "an inference setting, and pretrain_gpt.py runs no inference engine; drop it"),
+    "external_cuda_graph": _ENABLE_CUDA_GRAPH,
+    "cuda_graph_impl": _ENABLE_CUDA_GRAPH,
+    "inference_cuda_graph_scope": _INFERENCE_CUDA_GRAPH_SCOPE,
     "clone_scatter_output_in_embedding": HONOURED,
     "config_logger_dir": HONOURED,
     "flash_decode": Refused(
@@ -480,33 +508,22 @@ MEGATRON_FLAGS = {
         "uses symmetric-memory all-reduce in Transformer Engine's linear layers, available on CUDA with "
         "Transformer Engine only",
         requires=("transformer_engine",)),
-    "nccl_all_reduce_for_prefill": Refused(
-        "an inference setting, and pretrain_gpt.py runs no inference engine; drop it"),
-    "inference_fuse_tp_communication": Refused(
-        "an inference setting, and pretrain_gpt.py runs no inference engine; drop it"),
-    "inference_disable_triton_nvls_kernels": Refused(
-        "an inference setting, and pretrain_gpt.py runs no inference engine; drop it"),
-    "inference_grouped_gemm_backend": Refused(
-        "an inference setting, and pretrain_gpt.py runs no inference engine; drop it"),
-    "inference_moe_disable_fused_quant_kernels": Refused(
-        "an inference setting, and pretrain_gpt.py runs no inference engine; drop it"),
-    "inference_moe_token_dispatcher_type": Refused(
-        "an inference setting, and pretrain_gpt.py runs no inference engine; drop it"),
+    "nccl_all_reduce_for_prefill": _INFERENCE_CUDA_GRAPH_SCOPE,
+    "inference_fuse_tp_communication": _INFERENCE_CUDA_GRAPH_SCOPE,
+    "inference_disable_triton_nvls_kernels": _INFERENCE_CUDA_GRAPH_SCOPE,
+    "inference_grouped_gemm_backend": _INFERENCE_CUDA_GRAPH_SCOPE,
+    "inference_moe_disable_fused_quant_kernels": _INFERENCE_CUDA_GRAPH_SCOPE,
+    "inference_moe_token_dispatcher_type": _INFERENCE_CUDA_GRAPH_SCOPE,
     "mrope_section": Refused(
         "multimodal RoPE needs per-modality position ids, which pretrain_gpt.py's batches do not carry; drop it"),
     "is_hybrid_model": Refused(
         "pretrain_gpt.py builds no hybrid (Mamba) model, and here it would only change the output layer's "
         "initialisation; drop it"),
-    "mamba_state_dim": Refused(
-        "only read by Mamba layers, which pretrain_gpt.py does not build; drop it"),
-    "mamba_head_dim": Refused(
-        "only read by Mamba layers, which pretrain_gpt.py does not build; drop it"),
-    "mamba_num_groups": Refused(
-        "only read by Mamba layers, which pretrain_gpt.py does not build; drop it"),
-    "mamba_num_heads": Refused(
-        "only read by Mamba layers, which pretrain_gpt.py does not build; drop it"),
-    "use_mamba_mem_eff_path": Refused(
-        "only read by Mamba layers, which pretrain_gpt.py does not build; drop it"),
+    "mamba_state_dim": _MAMBA_STATE_DIM,
+    "mamba_head_dim": _MAMBA_STATE_DIM,
+    "mamba_num_groups": _MAMBA_STATE_DIM,
+    "mamba_num_heads": _MAMBA_STATE_DIM,
+    "use_mamba_mem_eff_path": _MAMBA_STATE_DIM,
     "mlp_chunks_for_prefill": Refused(
         "it chunks the MLP only during inference prefill, which pretrain_gpt.py does not run; drop it "
         "(--mlp-chunks-for-training chunks it in training)"),
@@ -522,39 +539,18 @@ MEGATRON_FLAGS = {
         "chooses what --fine-grained-activation-offloading offloads, which Megatron supports with Transformer "
         "Engine layers on CUDA only",
         requires=("transformer_engine",)),
-    "min_offloaded_tensor_size": NotApplied(
-        "tunes --fine-grained-activation-offloading, which Megatron supports with Transformer Engine layers on "
-        "CUDA only",
-        requires=("transformer_engine",)),
-    "delay_offload_until_cuda_graph": NotApplied(
-        "tunes --fine-grained-activation-offloading, which Megatron supports with Transformer Engine layers on "
-        "CUDA only",
-        requires=("transformer_engine",)),
-    "delta_offload_bytes_across_pp_ranks": NotApplied(
-        "tunes --fine-grained-activation-offloading, which Megatron supports with Transformer Engine layers on "
-        "CUDA only",
-        requires=("transformer_engine",)),
-    "activation_offload_fraction": NotApplied(
-        "tunes --fine-grained-activation-offloading, which Megatron supports with Transformer Engine layers on "
-        "CUDA only",
-        requires=("transformer_engine",)),
+    "min_offloaded_tensor_size": _MIN_OFFLOADED_TENSOR_SIZE,
+    "delay_offload_until_cuda_graph": _MIN_OFFLOADED_TENSOR_SIZE,
+    "delta_offload_bytes_across_pp_ranks": _MIN_OFFLOADED_TENSOR_SIZE,
+    "activation_offload_fraction": _MIN_OFFLOADED_TENSOR_SIZE,
     "moe_paged_stash": NotApplied(
         "pages routed-expert activations in Transformer Engine's grouped experts with a per-rank capacity, "
         "available on CUDA with Transformer Engine only",
         requires=("transformer_engine",)),
-    "moe_paged_stash_page_size": NotApplied(
-        "tunes --moe-paged-stash, available on CUDA with Transformer Engine only",
-        requires=("transformer_engine",)),
-    "moe_paged_stash_buffer_size_factor_cuda": NotApplied(
-        "tunes --moe-paged-stash, available on CUDA with Transformer Engine only",
-        requires=("transformer_engine",)),
-    "moe_paged_stash_buffer_size_factor_cpu": NotApplied(
-        "tunes --moe-paged-stash, available on CUDA with Transformer Engine only",
-        requires=("transformer_engine",)),
-    "fine_grained_offloading_max_inflight_offloads": NotApplied(
-        "tunes --fine-grained-activation-offloading, which Megatron supports with Transformer Engine layers on "
-        "CUDA only",
-        requires=("transformer_engine",)),
+    "moe_paged_stash_page_size": _MOE_PAGED_STASH_PAGE_SIZE,
+    "moe_paged_stash_buffer_size_factor_cuda": _MOE_PAGED_STASH_PAGE_SIZE,
+    "moe_paged_stash_buffer_size_factor_cpu": _MOE_PAGED_STASH_PAGE_SIZE,
+    "fine_grained_offloading_max_inflight_offloads": _MIN_OFFLOADED_TENSOR_SIZE,
 
     # --- network size ---
     "encoder_num_layers": Refused(
@@ -570,17 +566,13 @@ MEGATRON_FLAGS = {
         "pretrain_gpt.py's GPTModel applies; use rope, yarn, learned_absolute or none",
         values=lambda v: v in ("relative", "mrope"),
     ),
-    "yarn_original_max_position_embeddings": Honoured("YaRN config; MLA's through patches.mla_yarn_arguments"),
-    "yarn_beta_fast": Honoured("YaRN config; MLA's through patches.mla_yarn_arguments"),
-    "yarn_beta_slow": Honoured("YaRN config; MLA's through patches.mla_yarn_arguments"),
+    "yarn_original_max_position_embeddings": _YARN_ORIGINAL_MAX_POSITION_EMBEDDINGS,
+    "yarn_beta_fast": _YARN_ORIGINAL_MAX_POSITION_EMBEDDINGS,
+    "yarn_beta_slow": _YARN_ORIGINAL_MAX_POSITION_EMBEDDINGS,
     # Read for --position-embedding-type yarn without MLA; MLA's YarnRotaryEmbedding always rounds (default).
     "yarn_correction_range_round_to_int": Honoured("non-MLA YaRN (GPTModel's YarnRotaryEmbedding)"),
-    "relative_attention_num_buckets": Refused(
-        "relative position bias is T5's; pretrain_gpt.py's GPTModel has none, so drop it",
-    ),
-    "relative_attention_max_distance": Refused(
-        "relative position bias is T5's; pretrain_gpt.py's GPTModel has none, so drop it",
-    ),
+    "relative_attention_num_buckets": _RELATIVE_ATTENTION_NUM_BUCKETS,
+    "relative_attention_max_distance": _RELATIVE_ATTENTION_NUM_BUCKETS,
     "use_rotary_position_embeddings": Honoured("deprecated alias: Megatron sets --position-embedding-type rope"),
     "rotary_base": HONOURED,
     "rotary_percent": HONOURED,
@@ -609,38 +601,18 @@ MEGATRON_FLAGS = {
     "adam_beta2": HONOURED,
     "adam_eps": HONOURED,
     "sgd_momentum": HONOURED,
-    "muon_momentum": Refused(
-        "applies to --optimizer muon, which is not supported here (only adam and sgd are); drop it",
-    ),
-    "muon_split_qkv": Refused(
-        "applies to --optimizer muon, which is not supported here (only adam and sgd are); drop it",
-    ),
-    "muon_nesterov": Refused(
-        "applies to --optimizer muon, which is not supported here (only adam and sgd are); drop it",
-    ),
-    "muon_scale_mode": Refused(
-        "applies to --optimizer muon, which is not supported here (only adam and sgd are); drop it",
-    ),
-    "muon_fp32_matmul_prec": Refused(
-        "applies to --optimizer muon, which is not supported here (only adam and sgd are); drop it",
-    ),
-    "muon_coefficient_type": Refused(
-        "applies to --optimizer muon, which is not supported here (only adam and sgd are); drop it",
-    ),
-    "muon_num_ns_steps": Refused(
-        "applies to --optimizer muon, which is not supported here (only adam and sgd are); drop it",
-    ),
-    "muon_tp_mode": Refused(
-        "applies to --optimizer muon, which is not supported here (only adam and sgd are); drop it",
-    ),
-    "muon_extra_scale_factor": Refused(
-        "applies to --optimizer muon, which is not supported here (only adam and sgd are); drop it",
-    ),
-    "muon_scalar_optimizer": Refused(
-        "applies to --optimizer muon, which is not supported here (only adam and sgd are); drop it",
-    ),
-    "lion_beta1": Refused("applies to --optimizer lion, which is not supported here (only adam and sgd are); drop it"),
-    "lion_beta2": Refused("applies to --optimizer lion, which is not supported here (only adam and sgd are); drop it"),
+    "muon_momentum": _MUON_MOMENTUM,
+    "muon_split_qkv": _MUON_MOMENTUM,
+    "muon_nesterov": _MUON_MOMENTUM,
+    "muon_scale_mode": _MUON_MOMENTUM,
+    "muon_fp32_matmul_prec": _MUON_MOMENTUM,
+    "muon_coefficient_type": _MUON_MOMENTUM,
+    "muon_num_ns_steps": _MUON_MOMENTUM,
+    "muon_tp_mode": _MUON_MOMENTUM,
+    "muon_extra_scale_factor": _MUON_MOMENTUM,
+    "muon_scalar_optimizer": _MUON_MOMENTUM,
+    "lion_beta1": _LION_BETA1,
+    "lion_beta2": _LION_BETA1,
     "no_weight_decay_cond_type": Honoured("deprecated alias: Megatron turns it into --apply-wd-to-qk-layernorm"),
     # --- training ---
     "micro_batch_size": HONOURED,
@@ -704,32 +676,12 @@ MEGATRON_FLAGS = {
         requires=("cuda",),
     ),
     "optimizer_cuda_graph": NotApplied("captures the optimizer step in a CUDA graph", requires=("cuda",)),
-    "optimizer_offload_fraction": NotApplied(
-        "tunes the optimizer's host offload, which moves state off a CUDA device and applies on the CUDA "
-        "backend only",
-        requires=("cuda",),
-    ),
-    "use_torch_optimizer_for_cpu_offload": NotApplied(
-        "tunes the optimizer's host offload, which moves state off a CUDA device and applies on the CUDA "
-        "backend only",
-        requires=("cuda",),
-    ),
-    "overlap_cpu_optimizer_d2h_h2d": NotApplied(
-        "tunes the optimizer's host offload, which moves state off a CUDA device and applies on the CUDA "
-        "backend only",
-        requires=("cuda",),
-    ),
+    "optimizer_offload_fraction": _OPTIMIZER_OFFLOAD_FRACTION,
+    "use_torch_optimizer_for_cpu_offload": _OPTIMIZER_OFFLOAD_FRACTION,
+    "overlap_cpu_optimizer_d2h_h2d": _OPTIMIZER_OFFLOAD_FRACTION,
     "dump_param_to_param_group_map": HONOURED,
-    "pin_cpu_grads": NotApplied(
-        "tunes the optimizer's host offload, which moves state off a CUDA device and applies on the CUDA "
-        "backend only",
-        requires=("cuda",),
-    ),
-    "pin_cpu_params": NotApplied(
-        "tunes the optimizer's host offload, which moves state off a CUDA device and applies on the CUDA "
-        "backend only",
-        requires=("cuda",),
-    ),
+    "pin_cpu_grads": _OPTIMIZER_OFFLOAD_FRACTION,
+    "pin_cpu_params": _OPTIMIZER_OFFLOAD_FRACTION,
     "dataloader_type": Refused(
         "external passes the dataset through as the iterator, but pretrain_gpt.py's provider returns "
         "GPTDataset samples, not a loader; use single or cyclic",
@@ -795,14 +747,8 @@ MEGATRON_FLAGS = {
         values=lambda v: v in ("local", "in_memory"),
     ),
     "non_persistent_global_ckpt_dir": HONOURED,
-    "non_persistent_local_ckpt_dir": Refused(
-        "applies to --non-persistent-ckpt-type local, which needs nvidia-resiliency-ext's local checkpoint "
-        "manager and is not supported here; drop it (use --non-persistent-ckpt-type global)",
-    ),
-    "non_persistent_local_ckpt_algo": Refused(
-        "applies to --non-persistent-ckpt-type local, which needs nvidia-resiliency-ext's local checkpoint "
-        "manager and is not supported here; drop it (use --non-persistent-ckpt-type global)",
-    ),
+    "non_persistent_local_ckpt_dir": _NON_PERSISTENT_LOCAL_CKPT_DIR,
+    "non_persistent_local_ckpt_algo": _NON_PERSISTENT_LOCAL_CKPT_DIR,
     "finetune": HONOURED,
     "pretrained_checkpoint": HONOURED,
     "ckpt_step": HONOURED,
@@ -832,9 +778,9 @@ MEGATRON_FLAGS = {
         "writer runs here"
     ),
     "ckpt_fully_parallel_load": Honoured("torch_dist loads; safetensors ranks read only their own ranges anyway"),
-    "ckpt_fully_parallel_load_exchange_algo": Honoured("torch_dist fully parallel loads"),
+    "ckpt_fully_parallel_load_exchange_algo": _CKPT_FULLY_PARALLEL_LOAD_EXCHANGE_ALGO,
     "ckpt_fully_parallel_save_process_group": HONOURED,
-    "ckpt_fully_parallel_load_process_group": Honoured("torch_dist fully parallel loads"),
+    "ckpt_fully_parallel_load_process_group": _CKPT_FULLY_PARALLEL_LOAD_EXCHANGE_ALGO,
     "ckpt_assume_constant_structure": Honoured(
         "torch_dist save-plan cache; sharding checks skipped after the first save",
     ),
@@ -847,18 +793,9 @@ MEGATRON_FLAGS = {
     "dist_ckpt_save_pre_mcore_014": Refused("megatron-core 0.19.2 reads it nowhere; drop it"),
     "dist_ckpt_optim_fully_reshardable": HONOURED,
     "distrib_optim_fully_reshardable_mem_efficient": HONOURED,
-    "replication": Refused(
-        "applies to --non-persistent-ckpt-type local, which needs nvidia-resiliency-ext's local checkpoint "
-        "manager and is not supported here; drop it (use --non-persistent-ckpt-type global)",
-    ),
-    "replication_jump": Refused(
-        "applies to --non-persistent-ckpt-type local, which needs nvidia-resiliency-ext's local checkpoint "
-        "manager and is not supported here; drop it (use --non-persistent-ckpt-type global)",
-    ),
-    "replication_factor": Refused(
-        "applies to --non-persistent-ckpt-type local, which needs nvidia-resiliency-ext's local checkpoint "
-        "manager and is not supported here; drop it (use --non-persistent-ckpt-type global)",
-    ),
+    "replication": _NON_PERSISTENT_LOCAL_CKPT_DIR,
+    "replication_jump": _NON_PERSISTENT_LOCAL_CKPT_DIR,
+    "replication_factor": _NON_PERSISTENT_LOCAL_CKPT_DIR,
     "verify_integrity": Honoured("torch_dist; the adaptor refuses it with --ckpt-format safetensors"),
     "stream_ckpt_dequant": NotApplied(
         "changes how FP8/FP4 parameters are dequantized while loading, and such parameters need Transformer Engine",
@@ -869,12 +806,8 @@ MEGATRON_FLAGS = {
     "no_load_optim": HONOURED,
     "no_load_rng": HONOURED,
     "override_ckpt_iteration": HONOURED,
-    "use_dist_ckpt_deprecated": Refused(
-        "deprecated and ignored by Megatron; choose the format with --ckpt-format (safetensors, torch_dist or torch)"
-    ),
-    "dist_ckpt_format_deprecated": Refused(
-        "deprecated and ignored by Megatron; choose the format with --ckpt-format (safetensors, torch_dist or torch)"
-    ),
+    "use_dist_ckpt_deprecated": _USE_DIST_CKPT_DEPRECATED,
+    "dist_ckpt_format_deprecated": _USE_DIST_CKPT_DEPRECATED,
     "dist_ckpt_workers": Honoured("torch_dist async saves with --ckpt-assume-constant-structure"),
     "ckpt_fully_parallel_save_deprecated": Refused(
         "deprecated and ignored by Megatron: fully parallel saving is already the default; drop it"
@@ -926,14 +859,8 @@ MEGATRON_FLAGS = {
         "(linear-attention variants are not supported yet)"
     ),
     # --- heterogeneous architecture ---
-    "heterogeneous_layers_config_path": Refused(
-        "pretrain_gpt.py builds one layer spec for every layer, so per-layer (heterogeneous) configurations "
-        "are not applied; drop it (heterogeneous models are not supported yet)",
-    ),
-    "heterogeneous_layers_config_encoded_json": Refused(
-        "pretrain_gpt.py builds one layer spec for every layer, so per-layer (heterogeneous) configurations "
-        "are not applied; drop it (heterogeneous models are not supported yet)",
-    ),
+    "heterogeneous_layers_config_path": _HETEROGENEOUS_LAYERS_CONFIG_PATH,
+    "heterogeneous_layers_config_encoded_json": _HETEROGENEOUS_LAYERS_CONFIG_PATH,
 
     # --- profiling ---
     "profile": Honoured("with --use-pytorch-profiler on every backend; the nsys capture range without it needs CUDA"),
@@ -1102,8 +1029,8 @@ MEGATRON_FLAGS = {
         "sets the decoder length of encoder-decoder models, and under pipeline parallelism a GPT model "
         "would exchange activations of that length; use --seq-length"),
     "sample_rate": Refused("is read by none of the code pretrain_gpt.py runs (no dataset here subsamples); drop it"),
-    "mask_prob": Refused("is read only by Megatron-LM's BERT and T5 pretraining scripts; pretrain_gpt.py builds GPT samples, so drop it"),
-    "short_seq_prob": Refused("is read only by Megatron-LM's BERT and T5 pretraining scripts; pretrain_gpt.py builds GPT samples, so drop it"),
+    "mask_prob": _MASK_PROB,
+    "short_seq_prob": _MASK_PROB,
     "num_workers": HONOURED,
     "reset_position_ids": HONOURED,  # positions reach learned absolute embeddings; RoPE ignores them (as upstream)
     "reset_attention_mask": HONOURED,  # per-document mask from GPTDataset, used by local and our flash attention
@@ -1121,16 +1048,16 @@ MEGATRON_FLAGS = {
     "fim_data": Refused(
         "pretrain_gpt.py builds plain GPTDataset samples, not fill-in-the-middle ones; drop it (or write "
         "FIM samples when preprocessing)"),
-    "fim_rate": Refused('applies only to --fim-data samples, which pretrain_gpt.py does not build; drop it'),
-    "fim_spm_rate": Refused('applies only to --fim-data samples, which pretrain_gpt.py does not build; drop it'),
-    "fim_split_sample": Refused('applies only to --fim-data samples, which pretrain_gpt.py does not build; drop it'),
-    "fim_fragment_rate": Refused('applies only to --fim-data samples, which pretrain_gpt.py does not build; drop it'),
-    "fim_no_prefix": Refused('applies only to --fim-data samples, which pretrain_gpt.py does not build; drop it'),
-    "fim_prefix_token": Refused('applies only to --fim-data samples, which pretrain_gpt.py does not build; drop it'),
-    "fim_middle_token": Refused('applies only to --fim-data samples, which pretrain_gpt.py does not build; drop it'),
-    "fim_suffix_token": Refused('applies only to --fim-data samples, which pretrain_gpt.py does not build; drop it'),
-    "fim_pad_token": Refused('applies only to --fim-data samples, which pretrain_gpt.py does not build; drop it'),
-    "fim_eod_token": Refused('applies only to --fim-data samples, which pretrain_gpt.py does not build; drop it'),
+    "fim_rate": _FIM_RATE,
+    "fim_spm_rate": _FIM_RATE,
+    "fim_split_sample": _FIM_RATE,
+    "fim_fragment_rate": _FIM_RATE,
+    "fim_no_prefix": _FIM_RATE,
+    "fim_prefix_token": _FIM_RATE,
+    "fim_middle_token": _FIM_RATE,
+    "fim_suffix_token": _FIM_RATE,
+    "fim_pad_token": _FIM_RATE,
+    "fim_eod_token": _FIM_RATE,
     # --- tokenizer ---
     "vocab_size": HONOURED,  # NullTokenizer's and TikTokenizer's vocabulary; other tokenizers report their own
     "padded_vocab_size": HONOURED,
@@ -1214,541 +1141,166 @@ MEGATRON_FLAGS = {
         "programs, which this installation does not include; drop it (pretrain_gpt.py does pretraining "
         "only)",
     ),
-    "rl_prompts_per_eval": Refused(
-        "only RL training (--perform-rl-step) reads it, and that is not available here; drop it",
-    ),
-    "grpo_prompts_per_step": Refused(
-        "only RL training (--perform-rl-step) reads it, and that is not available here; drop it",
-    ),
-    "grpo_group_size": Refused(
-        "only RL training (--perform-rl-step) reads it, and that is not available here; drop it",
-    ),
-    "rl_generation_lag": Refused(
-        "only RL training (--perform-rl-step) reads it, and that is not available here; drop it",
-    ),
-    "rl_submission_granularity": Refused(
-        "only RL training (--perform-rl-step) reads it, and that is not available here; drop it",
-    ),
-    "rl_consumption_granularity": Refused(
-        "only RL training (--perform-rl-step) reads it, and that is not available here; drop it",
-    ),
-    "grpo_iterations": Refused(
-        "only RL training (--perform-rl-step) reads it, and that is not available here; drop it",
-    ),
-    "grpo_clamp_eps_lower": Refused(
-        "only RL training (--perform-rl-step) reads it, and that is not available here; drop it",
-    ),
-    "grpo_clamp_eps_upper": Refused(
-        "only RL training (--perform-rl-step) reads it, and that is not available here; drop it",
-    ),
-    "grpo_kl_beta": Refused("only RL training (--perform-rl-step) reads it, and that is not available here; drop it"),
-    "grpo_entropy_term_weight": Refused(
-        "only RL training (--perform-rl-step) reads it, and that is not available here; drop it",
-    ),
-    "grpo_filter_groups_with_same_reward": Refused(
-        "only RL training (--perform-rl-step) reads it, and that is not available here; drop it",
-    ),
-    "langrl_env_config": Refused(
-        "only RL training (--perform-rl-step) reads it, and that is not available here; drop it",
-    ),
-    "rl_default_temperature": Refused(
-        "only RL training (--perform-rl-step) reads it, and that is not available here; drop it",
-    ),
-    "rl_default_top_p": Refused(
-        "only RL training (--perform-rl-step) reads it, and that is not available here; drop it",
-    ),
-    "rl_default_top_k": Refused(
-        "only RL training (--perform-rl-step) reads it, and that is not available here; drop it",
-    ),
-    "rl_offload_optimizer_during_inference": Refused(
-        "only RL training (--perform-rl-step) reads it, and that is not available here; drop it",
-    ),
-    "rl_kv_cache_management_mode": Refused(
-        "only RL training (--perform-rl-step) reads it, and that is not available here; drop it",
-    ),
-    "rl_persist_cuda_graphs": Refused(
-        "only RL training (--perform-rl-step) reads it, and that is not available here; drop it",
-    ),
-    "rl_partial_rollouts": Refused(
-        "only RL training (--perform-rl-step) reads it, and that is not available here; drop it",
-    ),
-    "rl_inference_logprobs_is_correction": Refused(
-        "only RL training (--perform-rl-step) reads it, and that is not available here; drop it",
-    ),
-    "rl_importance_sampling_truncation_coef": Refused(
-        "only RL training (--perform-rl-step) reads it, and that is not available here; drop it",
-    ),
-    "rl_use_sequence_packing": Refused(
-        "only RL training (--perform-rl-step) reads it, and that is not available here; drop it",
-    ),
-    "rl_sequence_packing_max_sequences_per_bin": Refused(
-        "only RL training (--perform-rl-step) reads it, and that is not available here; drop it",
-    ),
-    "rl_sequence_packing_algo": Refused(
-        "only RL training (--perform-rl-step) reads it, and that is not available here; drop it",
-    ),
-    "rl_training_cuda_graphs": Refused(
-        "only RL training (--perform-rl-step) reads it, and that is not available here; drop it",
-    ),
-    "rl_inference_tensor_model_parallel_size": Refused(
-        "only RL training (--perform-rl-step) reads it, and that is not available here; drop it",
-    ),
-    "rl_inference_pipeline_model_parallel_size": Refused(
-        "only RL training (--perform-rl-step) reads it, and that is not available here; drop it",
-    ),
-    "rl_inference_expert_model_parallel_size": Refused(
-        "only RL training (--perform-rl-step) reads it, and that is not available here; drop it",
-    ),
-    "rl_inference_expert_tensor_model_parallel_size": Refused(
-        "only RL training (--perform-rl-step) reads it, and that is not available here; drop it",
-    ),
-    "rl_inference_model_unified_memory_level": Refused(
-        "only RL training (--perform-rl-step) reads it, and that is not available here; drop it",
-    ),
-    "rl_offload_inference_model_weights_when_idle": Refused(
-        "only RL training (--perform-rl-step) reads it, and that is not available here; drop it",
-    ),
-    "refit_method": Refused("only RL training (--perform-rl-step) reads it, and that is not available here; drop it"),
-    "rl_verify_model_weights_swap": Refused(
-        "only RL training (--perform-rl-step) reads it, and that is not available here; drop it",
-    ),
-    "rl_skip_bos_token": Refused(
-        "only RL training (--perform-rl-step) reads it, and that is not available here; drop it",
-    ),
-    "rl_profile": Refused("only RL training (--perform-rl-step) reads it, and that is not available here; drop it"),
-    "rl_profile_dir": Refused("only RL training (--perform-rl-step) reads it, and that is not available here; drop it"),
-    "rl_inference_parsers": Refused(
-        "only RL training (--perform-rl-step) reads it, and that is not available here; drop it",
-    ),
+    "rl_prompts_per_eval": _RL_PROMPTS_PER_EVAL,
+    "grpo_prompts_per_step": _RL_PROMPTS_PER_EVAL,
+    "grpo_group_size": _RL_PROMPTS_PER_EVAL,
+    "rl_generation_lag": _RL_PROMPTS_PER_EVAL,
+    "rl_submission_granularity": _RL_PROMPTS_PER_EVAL,
+    "rl_consumption_granularity": _RL_PROMPTS_PER_EVAL,
+    "grpo_iterations": _RL_PROMPTS_PER_EVAL,
+    "grpo_clamp_eps_lower": _RL_PROMPTS_PER_EVAL,
+    "grpo_clamp_eps_upper": _RL_PROMPTS_PER_EVAL,
+    "grpo_kl_beta": _GRPO_KL_BETA,
+    "grpo_entropy_term_weight": _RL_PROMPTS_PER_EVAL,
+    "grpo_filter_groups_with_same_reward": _RL_PROMPTS_PER_EVAL,
+    "langrl_env_config": _RL_PROMPTS_PER_EVAL,
+    "rl_default_temperature": _RL_PROMPTS_PER_EVAL,
+    "rl_default_top_p": _RL_PROMPTS_PER_EVAL,
+    "rl_default_top_k": _RL_PROMPTS_PER_EVAL,
+    "rl_offload_optimizer_during_inference": _RL_PROMPTS_PER_EVAL,
+    "rl_kv_cache_management_mode": _RL_PROMPTS_PER_EVAL,
+    "rl_persist_cuda_graphs": _RL_PROMPTS_PER_EVAL,
+    "rl_partial_rollouts": _RL_PROMPTS_PER_EVAL,
+    "rl_inference_logprobs_is_correction": _RL_PROMPTS_PER_EVAL,
+    "rl_importance_sampling_truncation_coef": _RL_PROMPTS_PER_EVAL,
+    "rl_use_sequence_packing": _RL_PROMPTS_PER_EVAL,
+    "rl_sequence_packing_max_sequences_per_bin": _RL_PROMPTS_PER_EVAL,
+    "rl_sequence_packing_algo": _RL_PROMPTS_PER_EVAL,
+    "rl_training_cuda_graphs": _RL_PROMPTS_PER_EVAL,
+    "rl_inference_tensor_model_parallel_size": _RL_PROMPTS_PER_EVAL,
+    "rl_inference_pipeline_model_parallel_size": _RL_PROMPTS_PER_EVAL,
+    "rl_inference_expert_model_parallel_size": _RL_PROMPTS_PER_EVAL,
+    "rl_inference_expert_tensor_model_parallel_size": _RL_PROMPTS_PER_EVAL,
+    "rl_inference_model_unified_memory_level": _RL_PROMPTS_PER_EVAL,
+    "rl_offload_inference_model_weights_when_idle": _RL_PROMPTS_PER_EVAL,
+    "refit_method": _GRPO_KL_BETA,
+    "rl_verify_model_weights_swap": _RL_PROMPTS_PER_EVAL,
+    "rl_skip_bos_token": _RL_PROMPTS_PER_EVAL,
+    "rl_profile": _GRPO_KL_BETA,
+    "rl_profile_dir": _GRPO_KL_BETA,
+    "rl_inference_parsers": _RL_PROMPTS_PER_EVAL,
     # --- biencoder ---
-    "ict_head_size": Refused(
-        "read only by Megatron-LM's ICT/biencoder retrieval programs; pretrain_gpt.py builds a GPT "
-        "language model, so drop it",
-    ),
-    "biencoder_projection_dim": Refused(
-        "read only by Megatron-LM's ICT/biencoder retrieval programs; pretrain_gpt.py builds a GPT "
-        "language model, so drop it",
-    ),
-    "biencoder_shared_query_context_model": Refused(
-        "read only by Megatron-LM's ICT/biencoder retrieval programs; pretrain_gpt.py builds a GPT "
-        "language model, so drop it",
-    ),
-    "ict_load": Refused(
-        "read only by Megatron-LM's ICT/biencoder retrieval programs; pretrain_gpt.py builds a GPT "
-        "language model, so drop it",
-    ),
-    "bert_load": Refused(
-        "read only by Megatron-LM's ICT/biencoder retrieval programs; pretrain_gpt.py builds a GPT "
-        "language model, so drop it",
-    ),
-    "titles_data_path": Refused(
-        "read only by Megatron-LM's ICT/biencoder retrieval programs; pretrain_gpt.py builds a GPT "
-        "language model, so drop it",
-    ),
-    "query_in_block_prob": Refused(
-        "read only by Megatron-LM's ICT/biencoder retrieval programs; pretrain_gpt.py builds a GPT "
-        "language model, so drop it",
-    ),
-    "use_one_sent_docs": Refused(
-        "read only by Megatron-LM's ICT/biencoder retrieval programs; pretrain_gpt.py builds a GPT "
-        "language model, so drop it",
-    ),
-    "evidence_data_path": Refused(
-        "read only by Megatron-LM's ICT/biencoder retrieval programs; pretrain_gpt.py builds a GPT "
-        "language model, so drop it",
-    ),
-    "retriever_report_topk_accuracies": Refused(
-        "read only by Megatron-LM's ICT/biencoder retrieval programs; pretrain_gpt.py builds a GPT "
-        "language model, so drop it",
-    ),
-    "retriever_score_scaling": Refused(
-        "read only by Megatron-LM's ICT/biencoder retrieval programs; pretrain_gpt.py builds a GPT "
-        "language model, so drop it",
-    ),
-    "block_data_path": Refused(
-        "read only by Megatron-LM's ICT/biencoder retrieval programs; pretrain_gpt.py builds a GPT "
-        "language model, so drop it",
-    ),
-    "embedding_path": Refused(
-        "read only by Megatron-LM's ICT/biencoder retrieval programs; pretrain_gpt.py builds a GPT "
-        "language model, so drop it",
-    ),
-    "indexer_batch_size": Refused(
-        "read only by Megatron-LM's ICT/biencoder retrieval programs; pretrain_gpt.py builds a GPT "
-        "language model, so drop it",
-    ),
-    "indexer_log_interval": Refused(
-        "read only by Megatron-LM's ICT/biencoder retrieval programs; pretrain_gpt.py builds a GPT "
-        "language model, so drop it",
-    ),
+    "ict_head_size": _ICT_HEAD_SIZE,
+    "biencoder_projection_dim": _ICT_HEAD_SIZE,
+    "biencoder_shared_query_context_model": _ICT_HEAD_SIZE,
+    "ict_load": _ICT_HEAD_SIZE,
+    "bert_load": _ICT_HEAD_SIZE,
+    "titles_data_path": _ICT_HEAD_SIZE,
+    "query_in_block_prob": _ICT_HEAD_SIZE,
+    "use_one_sent_docs": _ICT_HEAD_SIZE,
+    "evidence_data_path": _ICT_HEAD_SIZE,
+    "retriever_report_topk_accuracies": _ICT_HEAD_SIZE,
+    "retriever_score_scaling": _ICT_HEAD_SIZE,
+    "block_data_path": _ICT_HEAD_SIZE,
+    "embedding_path": _ICT_HEAD_SIZE,
+    "indexer_batch_size": _ICT_HEAD_SIZE,
+    "indexer_log_interval": _ICT_HEAD_SIZE,
     # --- vision ---
-    "num_classes": Refused(
-        "read only by Megatron-LM's vision programs (ViT/Swin/DINO classification and pretraining); "
-        "pretrain_gpt.py builds no vision model and pretrain_mm.py takes its image size, patch size and "
-        "tower from model.json; drop it",
-    ),
-    "img_h": Refused(
-        "read only by Megatron-LM's vision programs (ViT/Swin/DINO classification and pretraining); "
-        "pretrain_gpt.py builds no vision model and pretrain_mm.py takes its image size, patch size and "
-        "tower from model.json; drop it",
-    ),
-    "img_w": Refused(
-        "read only by Megatron-LM's vision programs (ViT/Swin/DINO classification and pretraining); "
-        "pretrain_gpt.py builds no vision model and pretrain_mm.py takes its image size, patch size and "
-        "tower from model.json; drop it",
-    ),
-    "num_channels": Refused(
-        "read only by Megatron-LM's vision programs (ViT/Swin/DINO classification and pretraining); "
-        "pretrain_gpt.py builds no vision model and pretrain_mm.py takes its image size, patch size and "
-        "tower from model.json; drop it",
-    ),
-    "patch_dim": Refused(
-        "read only by Megatron-LM's vision programs (ViT/Swin/DINO classification and pretraining); "
-        "pretrain_gpt.py builds no vision model and pretrain_mm.py takes its image size, patch size and "
-        "tower from model.json; drop it",
-    ),
-    "classes_fraction": Refused(
-        "read only by Megatron-LM's vision programs (ViT/Swin/DINO classification and pretraining); "
-        "pretrain_gpt.py builds no vision model and pretrain_mm.py takes its image size, patch size and "
-        "tower from model.json; drop it",
-    ),
-    "data_per_class_fraction": Refused(
-        "read only by Megatron-LM's vision programs (ViT/Swin/DINO classification and pretraining); "
-        "pretrain_gpt.py builds no vision model and pretrain_mm.py takes its image size, patch size and "
-        "tower from model.json; drop it",
-    ),
+    "num_classes": _NUM_CLASSES,
+    "img_h": _NUM_CLASSES,
+    "img_w": _NUM_CLASSES,
+    "num_channels": _NUM_CLASSES,
+    "patch_dim": _NUM_CLASSES,
+    "classes_fraction": _NUM_CLASSES,
+    "data_per_class_fraction": _NUM_CLASSES,
     "data_sharding": Honoured(
         "Megatron's random sampler (--dataloader-type cyclic); the default single sampler has no shards",
     ),
-    "head_lr_mult": Refused(
-        "read only by Megatron-LM's vision programs (ViT/Swin/DINO classification and pretraining); "
-        "pretrain_gpt.py builds no vision model and pretrain_mm.py takes its image size, patch size and "
-        "tower from model.json; drop it",
-    ),
-    "vision_pretraining": Refused(
-        "read only by Megatron-LM's vision programs (ViT/Swin/DINO classification and pretraining); "
-        "pretrain_gpt.py builds no vision model and pretrain_mm.py takes its image size, patch size and "
-        "tower from model.json; drop it",
-    ),
-    "vision_pretraining_type": Refused(
-        "read only by Megatron-LM's vision programs (ViT/Swin/DINO classification and pretraining); "
-        "pretrain_gpt.py builds no vision model and pretrain_mm.py takes its image size, patch size and "
-        "tower from model.json; drop it",
-    ),
-    "vision_backbone_type": Refused(
-        "read only by Megatron-LM's vision programs (ViT/Swin/DINO classification and pretraining); "
-        "pretrain_gpt.py builds no vision model and pretrain_mm.py takes its image size, patch size and "
-        "tower from model.json; drop it",
-    ),
-    "swin_backbone_type": Refused(
-        "read only by Megatron-LM's vision programs (ViT/Swin/DINO classification and pretraining); "
-        "pretrain_gpt.py builds no vision model and pretrain_mm.py takes its image size, patch size and "
-        "tower from model.json; drop it",
-    ),
-    "mask_type": Refused(
-        "read only by Megatron-LM's vision programs (ViT/Swin/DINO classification and pretraining); "
-        "pretrain_gpt.py builds no vision model and pretrain_mm.py takes its image size, patch size and "
-        "tower from model.json; drop it",
-    ),
-    "mask_factor": Refused(
-        "read only by Megatron-LM's vision programs (ViT/Swin/DINO classification and pretraining); "
-        "pretrain_gpt.py builds no vision model and pretrain_mm.py takes its image size, patch size and "
-        "tower from model.json; drop it",
-    ),
-    "iter_per_epoch": Refused(
-        "read only by Megatron-LM's vision programs (ViT/Swin/DINO classification and pretraining); "
-        "pretrain_gpt.py builds no vision model and pretrain_mm.py takes its image size, patch size and "
-        "tower from model.json; drop it",
-    ),
-    "dino_local_img_size": Refused(
-        "read only by Megatron-LM's vision programs (ViT/Swin/DINO classification and pretraining); "
-        "pretrain_gpt.py builds no vision model and pretrain_mm.py takes its image size, patch size and "
-        "tower from model.json; drop it",
-    ),
-    "dino_local_crops_number": Refused(
-        "read only by Megatron-LM's vision programs (ViT/Swin/DINO classification and pretraining); "
-        "pretrain_gpt.py builds no vision model and pretrain_mm.py takes its image size, patch size and "
-        "tower from model.json; drop it",
-    ),
-    "dino_head_hidden_size": Refused(
-        "read only by Megatron-LM's vision programs (ViT/Swin/DINO classification and pretraining); "
-        "pretrain_gpt.py builds no vision model and pretrain_mm.py takes its image size, patch size and "
-        "tower from model.json; drop it",
-    ),
-    "dino_bottleneck_size": Refused(
-        "read only by Megatron-LM's vision programs (ViT/Swin/DINO classification and pretraining); "
-        "pretrain_gpt.py builds no vision model and pretrain_mm.py takes its image size, patch size and "
-        "tower from model.json; drop it",
-    ),
-    "dino_freeze_last_layer": Refused(
-        "read only by Megatron-LM's vision programs (ViT/Swin/DINO classification and pretraining); "
-        "pretrain_gpt.py builds no vision model and pretrain_mm.py takes its image size, patch size and "
-        "tower from model.json; drop it",
-    ),
-    "dino_norm_last_layer": Refused(
-        "read only by Megatron-LM's vision programs (ViT/Swin/DINO classification and pretraining); "
-        "pretrain_gpt.py builds no vision model and pretrain_mm.py takes its image size, patch size and "
-        "tower from model.json; drop it",
-    ),
-    "dino_warmup_teacher_temp": Refused(
-        "read only by Megatron-LM's vision programs (ViT/Swin/DINO classification and pretraining); "
-        "pretrain_gpt.py builds no vision model and pretrain_mm.py takes its image size, patch size and "
-        "tower from model.json; drop it",
-    ),
-    "dino_teacher_temp": Refused(
-        "read only by Megatron-LM's vision programs (ViT/Swin/DINO classification and pretraining); "
-        "pretrain_gpt.py builds no vision model and pretrain_mm.py takes its image size, patch size and "
-        "tower from model.json; drop it",
-    ),
-    "dino_warmup_teacher_temp_epochs": Refused(
-        "read only by Megatron-LM's vision programs (ViT/Swin/DINO classification and pretraining); "
-        "pretrain_gpt.py builds no vision model and pretrain_mm.py takes its image size, patch size and "
-        "tower from model.json; drop it",
-    ),
+    "head_lr_mult": _NUM_CLASSES,
+    "vision_pretraining": _NUM_CLASSES,
+    "vision_pretraining_type": _NUM_CLASSES,
+    "vision_backbone_type": _NUM_CLASSES,
+    "swin_backbone_type": _NUM_CLASSES,
+    "mask_type": _NUM_CLASSES,
+    "mask_factor": _NUM_CLASSES,
+    "iter_per_epoch": _NUM_CLASSES,
+    "dino_local_img_size": _NUM_CLASSES,
+    "dino_local_crops_number": _NUM_CLASSES,
+    "dino_head_hidden_size": _NUM_CLASSES,
+    "dino_bottleneck_size": _NUM_CLASSES,
+    "dino_freeze_last_layer": _NUM_CLASSES,
+    "dino_norm_last_layer": _NUM_CLASSES,
+    "dino_warmup_teacher_temp": _NUM_CLASSES,
+    "dino_teacher_temp": _NUM_CLASSES,
+    "dino_warmup_teacher_temp_epochs": _NUM_CLASSES,
     # --- Logits Distillation ---
-    "logits_save_top_k": Refused(
-        "only teacher log-prob caching (--logits-save-dir) reads it, which is not supported here; drop it",
-    ),
-    "logits_save_top_p": Refused(
-        "only teacher log-prob caching (--logits-save-dir) reads it, which is not supported here; drop it",
-    ),
-    "logits_save_top_p_min_k": Refused(
-        "only teacher log-prob caching (--logits-save-dir) reads it, which is not supported here; drop it",
-    ),
+    "logits_save_top_k": _LOGITS_SAVE_TOP_K,
+    "logits_save_top_p": _LOGITS_SAVE_TOP_K,
+    "logits_save_top_p_min_k": _LOGITS_SAVE_TOP_K,
     "logits_save_dir": Refused(
         "caching teacher log-probs for distillation is not supported here (the files would be written "
         "only at --async-save checkpoints, and pretrain_gpt.py has no distillation loss to read them); "
         "drop it",
     ),
-    "logits_save_dtype": Refused(
-        "only teacher log-prob caching (--logits-save-dir) reads it, which is not supported here; drop it",
-    ),
+    "logits_save_dtype": _LOGITS_SAVE_TOP_K,
     "logits_load_dir": Refused(
         "pretrain_gpt.py's loss is the language-model loss only and reads no cached teacher log-probs (no"
         " knowledge distillation); drop it",
     ),
-    "logits_load_decode_threads": Refused(
-        "only the distillation loss of --logits-load-dir reads it, which pretrain_gpt.py does not have; "
-        "drop it",
-    ),
-    "logits_load_prefetch_factor": Refused(
-        "only the distillation loss of --logits-load-dir reads it, which pretrain_gpt.py does not have; "
-        "drop it",
-    ),
-    "logits_load_msc_prefetch_depth": Refused(
-        "only the distillation loss of --logits-load-dir reads it, which pretrain_gpt.py does not have; "
-        "drop it",
-    ),
-    "logits_load_kd_loss_alpha": Refused(
-        "only the distillation loss of --logits-load-dir reads it, which pretrain_gpt.py does not have; "
-        "drop it",
-    ),
-    "logits_load_ignore_errors": Refused(
-        "only the distillation loss of --logits-load-dir reads it, which pretrain_gpt.py does not have; "
-        "drop it",
-    ),
+    "logits_load_decode_threads": _LOGITS_LOAD_DECODE_THREADS,
+    "logits_load_prefetch_factor": _LOGITS_LOAD_DECODE_THREADS,
+    "logits_load_msc_prefetch_depth": _LOGITS_LOAD_DECODE_THREADS,
+    "logits_load_kd_loss_alpha": _LOGITS_LOAD_DECODE_THREADS,
+    "logits_load_ignore_errors": _LOGITS_LOAD_DECODE_THREADS,
     # --- straggler ---
     "log_straggler": Refused(
         "the straggler detector needs the timing hooks of Megatron-LM's own pretrain_gpt.py, which this "
         "pretrain_gpt.py does not have (off CUDA it stays off, on CUDA its first report fails); drop it",
     ),
-    "straggler_ctrlr_port": Refused(
-        "only the straggler detector (--log-straggler) reads it, which is not available here; drop it",
-    ),
-    "straggler_minmax_count": Refused(
-        "only the straggler detector (--log-straggler) reads it, which is not available here; drop it",
-    ),
-    "disable_straggler_on_startup": Refused(
-        "only the straggler detector (--log-straggler) reads it, which is not available here; drop it",
-    ),
+    "straggler_ctrlr_port": _STRAGGLER_CTRLR_PORT,
+    "straggler_minmax_count": _STRAGGLER_CTRLR_PORT,
+    "disable_straggler_on_startup": _STRAGGLER_CTRLR_PORT,
     # --- workload inspector ---
     "run_workload_inspector_server": Honoured(
         "Megatron's training loop starts the workload_inspector package's server, or prints that the "
         "package is missing",
     ),
     # --- inference ---
-    "inference_batch_times_seqlen_threshold": Refused(
-        "read only by Megatron's inference engine and text-generation server, which pretrain_gpt.py does "
-        "not run; drop it",
-    ),
-    "max_tokens_to_oom": Refused(
-        "read only by Megatron's inference engine and text-generation server, which pretrain_gpt.py does "
-        "not run; drop it",
-    ),
-    "output_bert_embeddings": Refused(
-        "read only by Megatron's inference engine and text-generation server, which pretrain_gpt.py does "
-        "not run; drop it",
-    ),
-    "bert_embedder_type": Refused(
-        "read only by Megatron's inference engine and text-generation server, which pretrain_gpt.py does "
-        "not run; drop it",
-    ),
-    "cuda_graph_scope_deprecated": NotApplied(
-        "it selects what per-layer CUDA graphs (--cuda-graph-impl) capture, and CUDA graphs are captured "
-        "on the CUDA backend only",
-        requires=("cuda",),
-    ),
-    "cuda_graph_modules": NotApplied(
-        "it selects what per-layer CUDA graphs (--cuda-graph-impl) capture, and CUDA graphs are captured "
-        "on the CUDA backend only",
-        requires=("cuda",),
-    ),
-    "use_legacy_static_engine": Refused(
-        "read only by Megatron's inference engine and text-generation server, which pretrain_gpt.py does "
-        "not run; drop it",
-    ),
-    "inference_max_requests": Refused(
-        "read only by Megatron's inference engine and text-generation server, which pretrain_gpt.py does "
-        "not run; drop it",
-    ),
-    "inference_max_seq_length": Refused(
-        "read only by Megatron's inference engine and text-generation server, which pretrain_gpt.py does "
-        "not run; drop it",
-    ),
-    "inference_dynamic_batching": Refused(
-        "read only by Megatron's inference engine and text-generation server, which pretrain_gpt.py does "
-        "not run; drop it",
-    ),
-    "inference_dynamic_batching_buffer_size_gb": Refused(
-        "read only by Megatron's inference engine and text-generation server, which pretrain_gpt.py does "
-        "not run; drop it",
-    ),
-    "inference_dynamic_batching_paused_buffer_size_gb": Refused(
-        "read only by Megatron's inference engine and text-generation server, which pretrain_gpt.py does "
-        "not run; drop it",
-    ),
-    "inference_dynamic_batching_mamba_memory_ratio": Refused(
-        "read only by Megatron's inference engine and text-generation server, which pretrain_gpt.py does "
-        "not run; drop it",
-    ),
-    "inference_dynamic_batching_block_size": Refused(
-        "read only by Megatron's inference engine and text-generation server, which pretrain_gpt.py does "
-        "not run; drop it",
-    ),
-    "inference_dynamic_batching_max_requests": Refused(
-        "read only by Megatron's inference engine and text-generation server, which pretrain_gpt.py does "
-        "not run; drop it",
-    ),
-    "inference_dynamic_batching_max_tokens": Refused(
-        "read only by Megatron's inference engine and text-generation server, which pretrain_gpt.py does "
-        "not run; drop it",
-    ),
-    "inference_dynamic_batching_num_cuda_graphs": Refused(
-        "read only by Megatron's inference engine and text-generation server, which pretrain_gpt.py does "
-        "not run; drop it",
-    ),
-    "inference_dynamic_batching_track_paused_request_events": Refused(
-        "read only by Megatron's inference engine and text-generation server, which pretrain_gpt.py does "
-        "not run; drop it",
-    ),
-    "inference_dynamic_batching_track_generated_token_events": Refused(
-        "read only by Megatron's inference engine and text-generation server, which pretrain_gpt.py does "
-        "not run; drop it",
-    ),
-    "decode_only_cuda_graphs": Refused(
-        "read only by Megatron's inference engine and text-generation server, which pretrain_gpt.py does "
-        "not run; drop it",
-    ),
-    "inference_cuda_graph_all_prefills": Refused(
-        "read only by Megatron's inference engine and text-generation server, which pretrain_gpt.py does "
-        "not run; drop it",
-    ),
-    "inference_cuda_graph_max_tokens": Refused(
-        "read only by Megatron's inference engine and text-generation server, which pretrain_gpt.py does "
-        "not run; drop it",
-    ),
-    "inference_dynamic_batching_unified_memory_level": Refused(
-        "read only by Megatron's inference engine and text-generation server, which pretrain_gpt.py does "
-        "not run; drop it",
-    ),
-    "enable_chunked_prefill": Refused(
-        "read only by Megatron's inference engine and text-generation server, which pretrain_gpt.py does "
-        "not run; drop it",
-    ),
-    "num_speculative_tokens": Refused(
-        "read only by Megatron's inference engine and text-generation server, which pretrain_gpt.py does "
-        "not run; drop it",
-    ),
-    "inference_dynamic_batching_enable_prefix_caching": Refused(
-        "read only by Megatron's inference engine and text-generation server, which pretrain_gpt.py does "
-        "not run; drop it",
-    ),
-    "inference_dynamic_batching_prefix_caching_eviction_policy": Refused(
-        "read only by Megatron's inference engine and text-generation server, which pretrain_gpt.py does "
-        "not run; drop it",
-    ),
-    "inference_dynamic_batching_prefix_caching_coordinator_policy": Refused(
-        "read only by Megatron's inference engine and text-generation server, which pretrain_gpt.py does "
-        "not run; drop it",
-    ),
-    "inference_dynamic_batching_prefix_caching_routing_alpha": Refused(
-        "read only by Megatron's inference engine and text-generation server, which pretrain_gpt.py does "
-        "not run; drop it",
-    ),
-    "inference_dynamic_batching_prefix_caching_mamba_gb": Refused(
-        "read only by Megatron's inference engine and text-generation server, which pretrain_gpt.py does "
-        "not run; drop it",
-    ),
-    "inference_dynamic_batching_cuda_graph_mixed_prefill_count": Refused(
-        "read only by Megatron's inference engine and text-generation server, which pretrain_gpt.py does "
-        "not run; drop it",
-    ),
-    "inference_dynamic_batching_cuda_graph_sizing_distribution": Refused(
-        "read only by Megatron's inference engine and text-generation server, which pretrain_gpt.py does "
-        "not run; drop it",
-    ),
-    "inference_dynamic_batching_sampling_backend": Refused(
-        "read only by Megatron's inference engine and text-generation server, which pretrain_gpt.py does "
-        "not run; drop it",
-    ),
-    "offset_sampling_seed_by_dp_rank": Refused(
-        "read only by Megatron's inference engine and text-generation server, which pretrain_gpt.py does "
-        "not run; drop it",
-    ),
-    "inference_dynamic_batching_async_sched_mode": Refused(
-        "read only by Megatron's inference engine and text-generation server, which pretrain_gpt.py does "
-        "not run; drop it",
-    ),
-    "inference_dynamic_batching_logprobs_mode": Refused(
-        "read only by Megatron's inference engine and text-generation server, which pretrain_gpt.py does "
-        "not run; drop it",
-    ),
-    "inference_logging_step_interval": Refused(
-        "read only by Megatron's inference engine and text-generation server, which pretrain_gpt.py does "
-        "not run; drop it",
-    ),
-    "inference_text_gen_server_logging": Refused(
-        "read only by Megatron's inference engine and text-generation server, which pretrain_gpt.py does "
-        "not run; drop it",
-    ),
-    "inference_wandb_logging": Refused(
-        "read only by Megatron's inference engine and text-generation server, which pretrain_gpt.py does "
-        "not run; drop it",
-    ),
-    "inference_coordinator_port": Refused(
-        "read only by Megatron's inference engine and text-generation server, which pretrain_gpt.py does "
-        "not run; drop it",
-    ),
-    "mamba_inference_conv_states_dtype": Refused(
-        "read only by Megatron's inference engine and text-generation server, which pretrain_gpt.py does "
-        "not run; drop it",
-    ),
-    "mamba_inference_ssm_states_dtype": Refused(
-        "read only by Megatron's inference engine and text-generation server, which pretrain_gpt.py does "
-        "not run; drop it",
-    ),
-    "inference_use_synchronous_zmq_collectives": Refused(
-        "read only by Megatron's inference engine and text-generation server, which pretrain_gpt.py does "
-        "not run; drop it",
-    ),
-    "inference_disable_ep_consensus": Refused(
-        "read only by Megatron's inference engine and text-generation server, which pretrain_gpt.py does "
-        "not run; drop it",
-    ),
-    "inference_shards": Refused(
-        "read only by Megatron's inference engine and text-generation server, which pretrain_gpt.py does "
-        "not run; drop it",
-    ),
+    "inference_batch_times_seqlen_threshold": _INFERENCE_BATCH_TIMES_SEQLEN_THRESHOLD,
+    "max_tokens_to_oom": _INFERENCE_BATCH_TIMES_SEQLEN_THRESHOLD,
+    "output_bert_embeddings": _INFERENCE_BATCH_TIMES_SEQLEN_THRESHOLD,
+    "bert_embedder_type": _INFERENCE_BATCH_TIMES_SEQLEN_THRESHOLD,
+    "cuda_graph_scope_deprecated": _CUDA_GRAPH_SCOPE_DEPRECATED,
+    "cuda_graph_modules": _CUDA_GRAPH_SCOPE_DEPRECATED,
+    "use_legacy_static_engine": _INFERENCE_BATCH_TIMES_SEQLEN_THRESHOLD,
+    "inference_max_requests": _INFERENCE_BATCH_TIMES_SEQLEN_THRESHOLD,
+    "inference_max_seq_length": _INFERENCE_BATCH_TIMES_SEQLEN_THRESHOLD,
+    "inference_dynamic_batching": _INFERENCE_BATCH_TIMES_SEQLEN_THRESHOLD,
+    "inference_dynamic_batching_buffer_size_gb": _INFERENCE_BATCH_TIMES_SEQLEN_THRESHOLD,
+    "inference_dynamic_batching_paused_buffer_size_gb": _INFERENCE_BATCH_TIMES_SEQLEN_THRESHOLD,
+    "inference_dynamic_batching_mamba_memory_ratio": _INFERENCE_BATCH_TIMES_SEQLEN_THRESHOLD,
+    "inference_dynamic_batching_block_size": _INFERENCE_BATCH_TIMES_SEQLEN_THRESHOLD,
+    "inference_dynamic_batching_max_requests": _INFERENCE_BATCH_TIMES_SEQLEN_THRESHOLD,
+    "inference_dynamic_batching_max_tokens": _INFERENCE_BATCH_TIMES_SEQLEN_THRESHOLD,
+    "inference_dynamic_batching_num_cuda_graphs": _INFERENCE_BATCH_TIMES_SEQLEN_THRESHOLD,
+    "inference_dynamic_batching_track_paused_request_events": _INFERENCE_BATCH_TIMES_SEQLEN_THRESHOLD,
+    "inference_dynamic_batching_track_generated_token_events": _INFERENCE_BATCH_TIMES_SEQLEN_THRESHOLD,
+    "decode_only_cuda_graphs": _INFERENCE_BATCH_TIMES_SEQLEN_THRESHOLD,
+    "inference_cuda_graph_all_prefills": _INFERENCE_BATCH_TIMES_SEQLEN_THRESHOLD,
+    "inference_cuda_graph_max_tokens": _INFERENCE_BATCH_TIMES_SEQLEN_THRESHOLD,
+    "inference_dynamic_batching_unified_memory_level": _INFERENCE_BATCH_TIMES_SEQLEN_THRESHOLD,
+    "enable_chunked_prefill": _INFERENCE_BATCH_TIMES_SEQLEN_THRESHOLD,
+    "num_speculative_tokens": _INFERENCE_BATCH_TIMES_SEQLEN_THRESHOLD,
+    "inference_dynamic_batching_enable_prefix_caching": _INFERENCE_BATCH_TIMES_SEQLEN_THRESHOLD,
+    "inference_dynamic_batching_prefix_caching_eviction_policy": _INFERENCE_BATCH_TIMES_SEQLEN_THRESHOLD,
+    "inference_dynamic_batching_prefix_caching_coordinator_policy": _INFERENCE_BATCH_TIMES_SEQLEN_THRESHOLD,
+    "inference_dynamic_batching_prefix_caching_routing_alpha": _INFERENCE_BATCH_TIMES_SEQLEN_THRESHOLD,
+    "inference_dynamic_batching_prefix_caching_mamba_gb": _INFERENCE_BATCH_TIMES_SEQLEN_THRESHOLD,
+    "inference_dynamic_batching_cuda_graph_mixed_prefill_count": _INFERENCE_BATCH_TIMES_SEQLEN_THRESHOLD,
+    "inference_dynamic_batching_cuda_graph_sizing_distribution": _INFERENCE_BATCH_TIMES_SEQLEN_THRESHOLD,
+    "inference_dynamic_batching_sampling_backend": _INFERENCE_BATCH_TIMES_SEQLEN_THRESHOLD,
+    "offset_sampling_seed_by_dp_rank": _INFERENCE_BATCH_TIMES_SEQLEN_THRESHOLD,
+    "inference_dynamic_batching_async_sched_mode": _INFERENCE_BATCH_TIMES_SEQLEN_THRESHOLD,
+    "inference_dynamic_batching_logprobs_mode": _INFERENCE_BATCH_TIMES_SEQLEN_THRESHOLD,
+    "inference_logging_step_interval": _INFERENCE_BATCH_TIMES_SEQLEN_THRESHOLD,
+    "inference_text_gen_server_logging": _INFERENCE_BATCH_TIMES_SEQLEN_THRESHOLD,
+    "inference_wandb_logging": _INFERENCE_BATCH_TIMES_SEQLEN_THRESHOLD,
+    "inference_coordinator_port": _INFERENCE_BATCH_TIMES_SEQLEN_THRESHOLD,
+    "mamba_inference_conv_states_dtype": _INFERENCE_BATCH_TIMES_SEQLEN_THRESHOLD,
+    "mamba_inference_ssm_states_dtype": _INFERENCE_BATCH_TIMES_SEQLEN_THRESHOLD,
+    "inference_use_synchronous_zmq_collectives": _INFERENCE_BATCH_TIMES_SEQLEN_THRESHOLD,
+    "inference_disable_ep_consensus": _INFERENCE_BATCH_TIMES_SEQLEN_THRESHOLD,
+    "inference_shards": _INFERENCE_BATCH_TIMES_SEQLEN_THRESHOLD,
     # --- Transformer-Engine ---
     "fp4_param_gather": Refused(
         "keeping parameters in FP4 needs Transformer Engine's NVFP4 weights (with --fp4-format and "
@@ -1772,14 +1324,8 @@ MEGATRON_FLAGS = {
         "drop it ('--spec local' is accepted)",
         values=lambda v: list(v or []) != ["local"],
     ),
-    "hybrid_layer_pattern": Refused(
-        "pretrain_gpt.py builds a GPT transformer, not a hybrid Mamba/attention model (the pattern would "
-        "also override --num-layers); drop it",
-    ),
-    "hybrid_override_pattern": Refused(
-        "pretrain_gpt.py builds a GPT transformer, not a hybrid Mamba/attention model (the pattern would "
-        "also override --num-layers); drop it",
-    ),
+    "hybrid_layer_pattern": _HYBRID_LAYER_PATTERN,
+    "hybrid_override_pattern": _HYBRID_LAYER_PATTERN,
     "yaml_cfg": Refused(
         "a YAML file replaces the command-line arguments through Megatron's experimental path, which "
         "skips the adaptor's backend defaults and checks; pass the flags on the command line instead",
@@ -1789,63 +1335,21 @@ MEGATRON_FLAGS = {
         "keeps fp32 state)",
         requires=("transformer_engine",),
     ),
-    "main_grads_dtype": Refused(
-        "only the precision-aware optimizer (--use-precision-aware-optimizer, Transformer Engine's "
-        "FusedAdam) keeps this in another dtype; drop it",
-        requires=("transformer_engine",),
-        values=lambda v: str(v) not in ("fp32", "torch.float32"),
-    ),
-    "main_params_dtype": Refused(
-        "only the precision-aware optimizer (--use-precision-aware-optimizer, Transformer Engine's "
-        "FusedAdam) keeps this in another dtype; drop it",
-        requires=("transformer_engine",),
-        values=lambda v: str(v) not in ("fp32", "torch.float32"),
-    ),
-    "exp_avg_dtype": Refused(
-        "only the precision-aware optimizer (--use-precision-aware-optimizer, Transformer Engine's "
-        "FusedAdam) keeps this in another dtype; drop it",
-        requires=("transformer_engine",),
-        values=lambda v: str(v) not in ("fp32", "torch.float32"),
-    ),
-    "exp_avg_sq_dtype": Refused(
-        "only the precision-aware optimizer (--use-precision-aware-optimizer, Transformer Engine's "
-        "FusedAdam) keeps this in another dtype; drop it",
-        requires=("transformer_engine",),
-        values=lambda v: str(v) not in ("fp32", "torch.float32"),
-    ),
+    "main_grads_dtype": _MAIN_GRADS_DTYPE,
+    "main_params_dtype": _MAIN_GRADS_DTYPE,
+    "exp_avg_dtype": _MAIN_GRADS_DTYPE,
+    "exp_avg_sq_dtype": _MAIN_GRADS_DTYPE,
     "megatron_fsdp_main_params_dtype": Refused(
         "only Megatron-FSDP (--use-megatron-fsdp) reads it, and Megatron-FSDP builds its device mesh on "
         "CUDA only; use --use-torch-fsdp2 (FSDP2) here",
         requires=("cuda",),
         values=lambda v: str(v) not in ("fp32", "torch.float32"),
     ),
-    "megatron_fsdp_main_grads_dtype": Refused(
-        "only Megatron-FSDP (--use-megatron-fsdp) reads it, and Megatron-FSDP builds its device mesh on "
-        "CUDA only; use --use-torch-fsdp2 (FSDP2) here",
-        requires=("cuda",),
-        values=lambda v: v not in ("auto", None),
-    ),
-    "megatron_fsdp_grad_comm_dtype": Refused(
-        "only Megatron-FSDP (--use-megatron-fsdp) reads it, and Megatron-FSDP builds its device mesh on "
-        "CUDA only; use --use-torch-fsdp2 (FSDP2) here",
-        requires=("cuda",),
-        values=lambda v: v not in ("auto", None),
-    ),
-    "megatron_fsdp_enable_fine_grained_param_gather": Refused(
-        "only Megatron-FSDP (--use-megatron-fsdp) reads it, and Megatron-FSDP builds its device mesh on "
-        "CUDA only; use --use-torch-fsdp2 (FSDP2) here",
-        requires=("cuda",),
-    ),
-    "megatron_fsdp_max_pool_double_buffer": Refused(
-        "only Megatron-FSDP (--use-megatron-fsdp) reads it, and Megatron-FSDP builds its device mesh on "
-        "CUDA only; use --use-torch-fsdp2 (FSDP2) here",
-        requires=("cuda",),
-    ),
-    "fsdp_db_use_persist_buf_on_alloc_fail": Refused(
-        "only Megatron-FSDP (--use-megatron-fsdp) reads it, and Megatron-FSDP builds its device mesh on "
-        "CUDA only; use --use-torch-fsdp2 (FSDP2) here",
-        requires=("cuda",),
-    ),
+    "megatron_fsdp_main_grads_dtype": _MEGATRON_FSDP_MAIN_GRADS_DTYPE,
+    "megatron_fsdp_grad_comm_dtype": _MEGATRON_FSDP_MAIN_GRADS_DTYPE,
+    "megatron_fsdp_enable_fine_grained_param_gather": _MEGATRON_FSDP_ENABLE_FINE_GRAINED_PARAM_GATHER,
+    "megatron_fsdp_max_pool_double_buffer": _MEGATRON_FSDP_ENABLE_FINE_GRAINED_PARAM_GATHER,
+    "fsdp_db_use_persist_buf_on_alloc_fail": _MEGATRON_FSDP_ENABLE_FINE_GRAINED_PARAM_GATHER,
     # --- one logger ---
     "enable_one_logger": HONOURED,  # Megatron's loop; E2E metrics need the one_logger package (it warns when missing)
     "one_logger_project": HONOURED,
@@ -1858,66 +1362,21 @@ MEGATRON_FLAGS = {
         "pretrain_gpt.py does not wrap training in nvidia-resiliency-ext's in-process restart; drop it "
         "and let torchrun restart a failed job (--max-restarts)",
     ),
-    "inprocess_max_iterations": Refused(
-        "only in-process restart (--inprocess-restart) reads it, which pretrain_gpt.py does not offer; "
-        "drop it",
-    ),
-    "inprocess_monitor_thread_interval": Refused(
-        "only in-process restart (--inprocess-restart) reads it, which pretrain_gpt.py does not offer; "
-        "drop it",
-    ),
-    "inprocess_monitor_process_interval": Refused(
-        "only in-process restart (--inprocess-restart) reads it, which pretrain_gpt.py does not offer; "
-        "drop it",
-    ),
-    "inprocess_progress_watchdog_interval": Refused(
-        "only in-process restart (--inprocess-restart) reads it, which pretrain_gpt.py does not offer; "
-        "drop it",
-    ),
-    "inprocess_heartbeat_interval": Refused(
-        "only in-process restart (--inprocess-restart) reads it, which pretrain_gpt.py does not offer; "
-        "drop it",
-    ),
-    "inprocess_soft_timeout": Refused(
-        "only in-process restart (--inprocess-restart) reads it, which pretrain_gpt.py does not offer; "
-        "drop it",
-    ),
-    "inprocess_hard_timeout": Refused(
-        "only in-process restart (--inprocess-restart) reads it, which pretrain_gpt.py does not offer; "
-        "drop it",
-    ),
-    "inprocess_heartbeat_timeout": Refused(
-        "only in-process restart (--inprocess-restart) reads it, which pretrain_gpt.py does not offer; "
-        "drop it",
-    ),
-    "inprocess_barrier_timeout": Refused(
-        "only in-process restart (--inprocess-restart) reads it, which pretrain_gpt.py does not offer; "
-        "drop it",
-    ),
-    "inprocess_completion_timeout": Refused(
-        "only in-process restart (--inprocess-restart) reads it, which pretrain_gpt.py does not offer; "
-        "drop it",
-    ),
-    "inprocess_last_call_wait": Refused(
-        "only in-process restart (--inprocess-restart) reads it, which pretrain_gpt.py does not offer; "
-        "drop it",
-    ),
-    "inprocess_termination_grace_time": Refused(
-        "only in-process restart (--inprocess-restart) reads it, which pretrain_gpt.py does not offer; "
-        "drop it",
-    ),
-    "inprocess_granularity": Refused(
-        "only in-process restart (--inprocess-restart) reads it, which pretrain_gpt.py does not offer; "
-        "drop it",
-    ),
-    "inprocess_active_world_size": Refused(
-        "only in-process restart (--inprocess-restart) reads it, which pretrain_gpt.py does not offer; "
-        "drop it",
-    ),
-    "inprocess_empty_cuda_cache": Refused(
-        "only in-process restart (--inprocess-restart) reads it, which pretrain_gpt.py does not offer; "
-        "drop it",
-    ),
+    "inprocess_max_iterations": _INPROCESS_MAX_ITERATIONS,
+    "inprocess_monitor_thread_interval": _INPROCESS_MAX_ITERATIONS,
+    "inprocess_monitor_process_interval": _INPROCESS_MAX_ITERATIONS,
+    "inprocess_progress_watchdog_interval": _INPROCESS_MAX_ITERATIONS,
+    "inprocess_heartbeat_interval": _INPROCESS_MAX_ITERATIONS,
+    "inprocess_soft_timeout": _INPROCESS_MAX_ITERATIONS,
+    "inprocess_hard_timeout": _INPROCESS_MAX_ITERATIONS,
+    "inprocess_heartbeat_timeout": _INPROCESS_MAX_ITERATIONS,
+    "inprocess_barrier_timeout": _INPROCESS_MAX_ITERATIONS,
+    "inprocess_completion_timeout": _INPROCESS_MAX_ITERATIONS,
+    "inprocess_last_call_wait": _INPROCESS_MAX_ITERATIONS,
+    "inprocess_termination_grace_time": _INPROCESS_MAX_ITERATIONS,
+    "inprocess_granularity": _INPROCESS_MAX_ITERATIONS,
+    "inprocess_active_world_size": _INPROCESS_MAX_ITERATIONS,
+    "inprocess_empty_cuda_cache": _INPROCESS_MAX_ITERATIONS,
     # --- ft_package ---
     "enable_ft_package": HONOURED,  # Megatron's loop; needs nvidia-resiliency-ext and ft_launcher
     "calc_ft_timeouts": HONOURED,
