@@ -464,6 +464,10 @@ def rewrite_pretrain_argv(argv: list[str]) -> Rewrite:
     """A MindSpeed-LLM pretrain command line in Megatron's flags, with the notes to print."""
     mindspeed = _is_mindspeed_command_line(argv)
     result = rewrite_tables(argv, RENAMED, VALUES, NOT_APPLIED, REFUSED, "here")
+    if _present(argv, "--norm-topk-prob") and _present(argv, "--moe-router-pre-softmax"):
+        # softmax over all experts before top-k: Megatron does not renormalise the top-k weights then
+        result.refused.append("--norm-topk-prob with --moe-router-pre-softmax (MindSpeed-LLM): Megatron does not "
+                              "renormalise pre-softmax top-k weights; drop --moe-router-pre-softmax")
     for flag, replacement in SWITCHES.items():
         if _present(result.argv, flag):
             result.argv = _remove(result.argv, flag, 0) + replacement
