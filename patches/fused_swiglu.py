@@ -46,6 +46,10 @@ class FusedSwiglu(Feature):
             raise ArgumentError("--use-fused-swiglu and --no-bias-swiglu-fusion contradict each other; drop one")
         if getattr(args, "use_te_activation_func", False):
             raise ArgumentError("--use-fused-swiglu and --use-te-activation-func both replace the activation; drop one")
+        if getattr(args, "activation_func_clamp_value", None) is not None or getattr(args, "glu_linear_offset", 0.0):
+            # megatron-core's fused SwiGLU path neither clamps nor offsets; only its unfused path does
+            raise ArgumentError("--use-fused-swiglu computes plain SwiGLU; drop --activation-func-clamp-value and "
+                                "--glu-linear-offset, or the fused flag")
         if getattr(args, "activation_func_fp8_input_store", False):
             raise ArgumentError("--use-fused-swiglu does not store the activation input in fp8; "
                                 "drop --activation-func-fp8-input-store")
