@@ -35,8 +35,10 @@ def register(pm, registry, ctx) -> None:
             seen["parser"] = registry.add_arguments(parser)
             return seen["parser"]
 
-        argv = sys.argv[1:] if ctx.argv is None else ctx.argv
-        given, sys.argv = sys.argv, sys.argv[:1] + list(argv)  # Megatron parses sys.argv: the rewritten one
+        # Megatron parses sys.argv: give it the command line as the features rewrite it now
+        # (a program may have set sys.argv after ``import adaptor``).
+        argv = ctx.argv = registry.rewrite_argv(sys.argv[1:])
+        given, sys.argv = sys.argv, sys.argv[:1] + argv
         try:
             parsed = wrapped(provider, *rest, **kwargs)
         finally:
