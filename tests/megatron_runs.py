@@ -115,9 +115,14 @@ def _parsed(returncode: int, output: str) -> Run:
 
 def run_pretrain(args: list[str], nproc: int = 1, env: dict | None = None, timeout: int = 600,
                  script: str = "pretrain_gpt.py", torchrun: bool = True) -> Run:
-    cmd, full_env = _launch(args, nproc, env, script, torchrun)
-    proc = subprocess.run(cmd, cwd=ROOT, env=full_env, capture_output=True, text=True, timeout=timeout)
-    return _parsed(proc.returncode, proc.stdout + proc.stderr)
+    for _ in range(3):
+        cmd, full_env = _launch(args, nproc, env, script, torchrun)
+        proc = subprocess.run(cmd, cwd=ROOT, env=full_env, capture_output=True, text=True, timeout=timeout)
+        output = proc.stdout + proc.stderr
+        # free_port() closes the port before torchrun binds it; a run beside this one may take it first
+        if proc.returncode == 0 or "EADDRINUSE" not in output:
+            break
+    return _parsed(proc.returncode, output)
 
 
 def tail(text: str, n: int = 60) -> str:
