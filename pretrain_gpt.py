@@ -19,7 +19,6 @@ from megatron.core.datasets.blended_megatron_dataset_builder import BlendedMegat
 from megatron.core.datasets.gpt_dataset import GPTDataset, GPTDatasetConfig, MockGPTDataset
 from megatron.core.enums import ModelType
 from megatron.core.models.gpt import GPTModel
-from megatron.core.rerun_state_machine import get_rerun_state_machine
 from megatron.core.transformer.multi_token_prediction import mtp_on_this_rank
 from megatron.core.transformer.pipeline_parallel_layer_layout import PipelineParallelLayerLayout
 from megatron.core.utils import get_attr_wrapped_model, get_batch_on_this_cp_rank, get_batch_on_this_tp_rank
@@ -29,6 +28,7 @@ from megatron.training.arguments import core_transformer_config_from_args, parse
 from megatron.training.utils import get_blend_and_blend_per_split, is_first_or_last_pipeline_stage
 
 from adaptor.layer_specs import gpt_layer_spec, gpt_mtp_block_spec
+from adaptor.training import masked_lm_loss
 
 BATCH_KEYS = ("tokens", "labels", "loss_mask", "attention_mask", "position_ids")
 
@@ -105,23 +105,6 @@ def get_batch(data_iterator, vp_stage=None):
     return tuple(batch.get(k) for k in BATCH_KEYS)
 
 
-def loss_func(loss_mask: torch.Tensor, output_tensor: torch.Tensor):
-    """Sum of per-token losses under the mask; Megatron divides by the token count."""
-    args = get_args()
-    losses = output_tensor.view(-1).float()
-    loss_mask = loss_mask.view(-1).float()
-    loss = torch.sum(losses * loss_mask)
-    num_tokens = loss_mask.sum().clone().detach().to(torch.int)
-    if args.check_for_nan_in_loss_and_grad:
-        rerun = get_rerun_state_machine()
-        for reject, what in ((torch.isnan, "NaN"), (torch.isinf, "Inf")):
-            rerun.validate_result(
-                result=loss, rejection_func=reject, tolerance=0.0, fatal=True,
-                message=f"found {what} in local forward loss calculation",
-            )
-    return loss, num_tokens, {"lm loss": torch.cat([loss.clone().detach().view(1), num_tokens.view(1)])}
-
-
 def forward_step(data_iterator, model: GPTModel):
     timers = get_timers()
     timers("batch-generator", log_level=2).start()
@@ -129,7 +112,7 @@ def forward_step(data_iterator, model: GPTModel):
     tokens, labels, loss_mask, attention_mask, position_ids = get_batch(data_iterator, vp_stage)
     timers("batch-generator").stop()
     output = model(tokens, position_ids, attention_mask, labels=labels, loss_mask=loss_mask)
-    return output, partial(loss_func, loss_mask)
+    return output, partial(masked_lm_loss, loss_mask)
 
 
 def gpt_dataset_config(args) -> GPTDatasetConfig:

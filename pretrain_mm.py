@@ -18,7 +18,6 @@ import torch
 
 from megatron.core import mpu, tensor_parallel
 from megatron.core.enums import ModelType
-from megatron.core.rerun_state_machine import get_rerun_state_machine
 from megatron.training import get_args, get_timers, get_tokenizer, pretrain, print_rank_0
 from megatron.training.argument_utils import pretrain_cfg_container_from_args
 from megatron.training.arguments import core_transformer_config_from_args, parse_and_validate_args
@@ -28,7 +27,8 @@ from adaptor.mm.config import cached_data_config, cached_model_config
 from adaptor.mm.data import ImageTextDataset, MMDataError, describe_skipped, read_records
 from adaptor.mm.model import build_llava_model
 from adaptor.mm.weights import load_initial_weights
-from patches.mm_arguments import image_seq_len
+from adaptor.training import masked_lm_loss
+from patches.multimodal.mm_arguments import image_seq_len
 
 
 def model_provider(pre_process=True, post_process=True, vp_stage=None, config=None, pg_collection=None):
@@ -55,21 +55,6 @@ def get_batch(data_iterator):
     return floats["images"], ints["tokens"], ints["labels"], floats["loss_mask"]
 
 
-def loss_func(loss_mask: torch.Tensor, output_tensor: torch.Tensor):
-    """Sum of per-token losses under LLaVAModel's loss mask (answer tokens); Megatron divides by the count."""
-    args = get_args()
-    losses = output_tensor.view(-1).float()
-    loss_mask = loss_mask.reshape(-1).float()
-    loss = torch.sum(losses * loss_mask)
-    num_tokens = loss_mask.sum().clone().detach().to(torch.int)
-    if args.check_for_nan_in_loss_and_grad:
-        rerun = get_rerun_state_machine()
-        for reject, what in ((torch.isnan, "NaN"), (torch.isinf, "Inf")):
-            rerun.validate_result(result=loss, rejection_func=reject, tolerance=0.0, fatal=True,
-                                  message=f"found {what} in local forward loss calculation")
-    return loss, num_tokens, {"lm loss": torch.cat([loss.clone().detach().view(1), num_tokens.view(1)])}
-
-
 def forward_step(data_iterator, model):
     timers = get_timers()
     timers("batch-generator", log_level=2).start()
@@ -78,7 +63,7 @@ def forward_step(data_iterator, model):
     # LLaVAModel puts the image embeddings at the image token and returns the per-token loss with
     # the loss mask stretched to the combined (image + text) sequence.
     output, loss_mask = model(images, tokens, None, None, labels=labels, loss_mask=loss_mask)
-    return output, partial(loss_func, loss_mask)
+    return output, partial(masked_lm_loss, loss_mask)
 
 
 def train_valid_test_datasets_provider(train_val_test_num_samples, vp_stage=None):

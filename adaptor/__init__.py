@@ -12,10 +12,15 @@ imported — both orders work) does, once:
 5. prints the backend and the applied patches (rank 0 only).
 
 ``adaptor.teardown()`` removes every patch again.
+
+Layers: the entry files import this package; ``setup()`` takes the features from ``patches/``;
+the features use the machinery in this package's modules (patch manager, registry, backend,
+ops, checkpoint and conversion libraries), which never import a feature. With
+``ADAPTOR_PATCH=0`` (set by the tools that do not train) only the backend is detected: the
+libraries work and nothing in torch or Megatron changes.
 """
 from __future__ import annotations
 
-import os
 import sys
 import warnings
 
@@ -23,6 +28,7 @@ from adaptor.version import SUPPORTED_MEGATRON_CORE, check_megatron_version
 
 check_megatron_version()
 
+from adaptor import env  # noqa: E402
 from adaptor.backend import Backend, BackendError, detect_backend  # noqa: E402
 from adaptor.errors import fail, is_rank0  # noqa: E402
 from adaptor.features import Feature, FeatureContext, FeatureRegistry  # noqa: E402
@@ -59,10 +65,17 @@ def setup(argv=None, quiet: bool = False) -> FeatureContext:
     for feature in enabled:
         feature.register_patches(patch_manager, context)
     patch_manager.apply()
-    quiet = quiet or os.environ.get("ADAPTOR_QUIET", "0") not in ("", "0")
+    quiet = quiet or env.quiet()
     if not quiet and is_rank0():
         print(summary(enabled), flush=True)
     return context
+
+
+def feature_registry() -> FeatureRegistry:
+    """This run's registry; without ``setup()`` (``ADAPTOR_PATCH=0``), every feature, none applied."""
+    from patches import all_features
+
+    return registry if registry is not None else FeatureRegistry(all_features())
 
 
 def summary(enabled=None) -> str:
@@ -71,7 +84,7 @@ def summary(enabled=None) -> str:
     lines = [
         f"[megatron-adaptor] backend={backend.name} ({backend.source}), "
         f"distributed backend={backend.dist_backend}, megatron-core {SUPPORTED_MEGATRON_CORE}",
-        f"[megatron-adaptor] features: {', '.join(f.name for f in enabled) or 'none'}",
+        f"[megatron-adaptor] features: {_by_concern(enabled) or 'none'}",
         f"[megatron-adaptor] {len(patch_manager)} patches applied:",
     ]
     for owner, targets in patch_manager.targets_by_owner().items():
@@ -84,6 +97,15 @@ def summary(enabled=None) -> str:
     return "\n".join(lines)
 
 
+def _by_concern(features) -> str:
+    """``device: cpu_device, ...; fusions: rmsnorm, ...``: feature names under their patches/ package."""
+    groups: dict[str, list[str]] = {}
+    for f in features:
+        parts = type(f).__module__.split(".")
+        groups.setdefault(parts[1] if parts[0] == "patches" and len(parts) > 2 else parts[0], []).append(f.name)
+    return "; ".join(f"{group}: {', '.join(names)}" for group, names in groups.items())
+
+
 def teardown() -> None:
     """Remove every patch and forget the context, so setup() can run again."""
     global backend, registry, context
@@ -91,4 +113,10 @@ def teardown() -> None:
     backend = registry = context = None
 
 
-setup()
+if env.is_on("ADAPTOR_PATCH"):
+    setup()
+else:
+    try:
+        backend = detect_backend()
+    except BackendError as exc:
+        fail(str(exc))

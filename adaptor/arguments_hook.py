@@ -19,6 +19,7 @@ import sys
 
 from adaptor.errors import fail
 from adaptor.features import ArgumentError, explicit_dests
+from adaptor.wrapping import argument
 
 OWNER = "adaptor.arguments_hook"
 
@@ -50,7 +51,7 @@ def register(pm, registry, ctx) -> None:
         return parsed
 
     def validate_args(wrapped, instance, args, kwargs):
-        parsed = args[0] if args else kwargs["args"]
+        parsed = argument(args, kwargs, "args")
         try:
             for feature in registry.enabled(ctx):
                 feature.validate(parsed, ctx)

@@ -8,10 +8,11 @@ example to train on CPU on a GPU host.
 from __future__ import annotations
 
 import importlib
-import os
 from dataclasses import dataclass
 
 import torch
+
+from adaptor import env as variables
 
 ENV_VAR = "ADAPTOR_BACKEND"
 BACKENDS = ("npu", "cuda", "cpu")
@@ -60,8 +61,7 @@ def _cuda_usable() -> bool:
 
 
 def detect_backend(env: dict | None = None) -> Backend:
-    env = os.environ if env is None else env
-    requested = env.get(ENV_VAR, "").strip().lower()
+    requested = variables.value(ENV_VAR, env).lower()
     if requested:
         if requested not in BACKENDS:
             raise BackendError(

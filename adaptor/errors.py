@@ -18,6 +18,8 @@ import os
 import sys
 import time
 
+from adaptor import env
+
 PREFIX = "megatron-adaptor: error: "
 GRACE_ENV = "ADAPTOR_ERROR_GRACE_S"
 DEFAULT_GRACE_S = 10.0
@@ -29,7 +31,7 @@ def is_rank0() -> bool:
 
 def grace_seconds() -> float:
     try:
-        return max(0.0, float(os.environ.get(GRACE_ENV, DEFAULT_GRACE_S)))
+        return max(0.0, float(env.value(GRACE_ENV) or DEFAULT_GRACE_S))
     except ValueError:
         return DEFAULT_GRACE_S
 

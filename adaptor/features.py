@@ -8,6 +8,9 @@ A feature is one class that owns one concern end to end:
   whether it applies to this run at all;
 * ``register_patches(pm, ctx)`` registers its patches (by dotted path) with
   the patch manager — nothing is patched by merely defining a feature;
+* ``module_swaps`` declares the layer-spec changes the feature causes: rows of
+  (argument, upstream class, our class), collected by ``adaptor.layer_specs``
+  from the registered features in registry order, each row gated by its argument;
 * ``set_defaults(args, ctx)`` fills values the user did not give explicitly
   (``ctx.explicit`` holds the dests the user did give: those always win);
 * ``validate(args, ctx)`` checks the parsed arguments and raises
@@ -48,6 +51,10 @@ class Feature:
     #: Megatron's own on/off flags this feature reacts to (e.g. "--use-flash-attn"). Megatron's
     #: parser owns them; the pre-parse reads them too so ``enabled(ctx)`` can see them in ctx.flags.
     upstream_flags: Sequence[str] = ()
+    #: Layer-spec swaps: (argument dest that turns the row on, upstream class "module:Name",
+    #: our class "module:Name"). Applied to the local spec only; where two features swap
+    #: the same upstream class, the one later in the registry wins.
+    module_swaps: Sequence[tuple[str, str, str]] = ()
 
     def add_arguments(self, group: argparse._ArgumentGroup) -> None:
         """Register this feature's flags (dest names must not clash with Megatron's)."""

@@ -8,17 +8,19 @@ upstream builder produces it, then swap modules in that data:
 * otherwise (NPU, CPU, or CUDA without TE): megatron-core's local spec, built
   from plain torch modules. The backend defaults pick ``local`` by themselves
   when TE cannot run, so users pass the same flags everywhere.
-* then :data:`MODULE_SWAPS`: each row replaces one upstream module class with
-  ours wherever it occurs in the spec (attention, MLA, MoE and MTP layers
-  alike), when its flag is on. The rows are the whole list of module choices;
-  where two rows replace the same class, the later row wins.
+* then the features' ``module_swaps`` (a declared attribute of each
+  feature, see :mod:`adaptor.features`): each row replaces one upstream module
+  class with ours wherever it occurs in the spec (attention, MLA, MoE and MTP
+  layers alike), when its argument is on. A feature owns the swaps its flag
+  causes; where two rows replace the same class, the later feature in the
+  registry wins (MLA + ``--use-flash-attn``: flash attention).
 """
 from __future__ import annotations
 
 import dataclasses
 import functools
 import importlib
-from typing import Any, Callable, Mapping
+from typing import Any, Mapping
 
 from megatron.core.models.gpt.gpt_layer_specs import (
     get_gpt_decoder_block_spec,
@@ -30,28 +32,29 @@ from megatron.core.models.gpt.gpt_layer_specs import (
 from megatron.core.transformer.spec_utils import ModuleSpec
 from megatron.core.transformer.transformer_config import TransformerConfig
 
-# (argument that turns the row on, upstream class "module:Name", our class "module:Name")
-# A later row wins over an earlier one for the same upstream class (MLA + --use-flash-attn: FlashAttention).
-MODULE_SWAPS = [
-    ("use_fused_rmsnorm", "megatron.core.transformer.torch_norm:WrappedTorchNorm", "adaptor.ops.rmsnorm:FusedRMSNorm"),
-    # MLA's core attention gets k_channels/v_channels, which DotProductAttention does not take.
-    ("multi_latent_attention", "megatron.core.transformer.dot_product_attention:DotProductAttention",
-     "adaptor.ops.mla_attention:MLADotProductAttention"),
-    ("use_flash_attn", "megatron.core.transformer.dot_product_attention:DotProductAttention",
-     "adaptor.ops.attention:FlashAttention"),
-    ("moe_grouped_gemm", "megatron.core.transformer.moe.experts:SequentialMLP",
-     "adaptor.ops.grouped_matmul:GroupedExperts"),
-]
-
 
 def _load(path: str):
     module, _, name = path.partition(":")
     return getattr(importlib.import_module(module), name)
 
 
-def module_swaps(args) -> dict:
-    """Upstream class -> our class, for the rows whose flag is on (later rows win)."""
-    return {_load(old): _load(new) for flag, old, new in MODULE_SWAPS if getattr(args, flag, False)}
+def swap_rows(features=None) -> list[tuple[str, str, str]]:
+    """The features' declared swaps (``Feature.module_swaps``), in registry order.
+
+    By default every feature of this run's registry: a row is gated by the run's argument, which
+    is the truth when the spec is built (a default or a config file may set it after the
+    command line chose the features).
+    """
+    if features is None:
+        import adaptor
+
+        features = adaptor.feature_registry()
+    return [row for feature in features for row in feature.module_swaps]
+
+
+def module_swaps(args, features=None) -> dict:
+    """Upstream class -> our class, for the rows whose argument is on (later rows win)."""
+    return {_load(old): _load(new) for flag, old, new in swap_rows(features) if getattr(args, flag, False)}
 
 
 def swap_modules(spec: Any, swaps: Mapping[type, type]) -> Any:

@@ -238,6 +238,15 @@ class PatchManager:
                     out.setdefault(owner, []).append(p.target)
         return out
 
+    def registered(self) -> list[tuple[str, str, str]]:
+        """(target, "replaced" or "wrapped", owner) for every registered patch, applied or not."""
+        rows = []
+        for p in self._patches.values():
+            if p.replacement_owner:
+                rows.append((p.target, "replaced", p.replacement_owner))
+            rows += [(p.target, "wrapped", owner) for _, owner in p.wrappers]
+        return rows
+
     def descriptions(self) -> list[str]:
         return [p.describe() for p in self._patches.values() if p.applied]
 

@@ -53,7 +53,7 @@ def _measure(impl, heads, groups, dim, seq, dtype_name, repeats, port, queue):
     from megatron.core.transformer.enums import AttnMaskType
     from megatron.core.transformer.transformer_config import TransformerConfig
 
-    from adaptor.ops.attention import FlashAttention
+    from adaptor.ops.flash_attention import FlashAttention
 
     _setup(port)
     start = _hwm_kib()
@@ -88,10 +88,10 @@ def main():
     import torch
     import adaptor  # noqa: F401  (CPU patches, before forking)
     from megatron.core.transformer import dot_product_attention  # noqa: F401  (imported once, shared)
-    from adaptor.ops import attention  # noqa: F401
+    from adaptor.ops import flash_attention  # noqa: F401
 
     sys.path.insert(0, str(ROOT / "tests"))
-    from megatron_runs import free_port
+    from helpers.megatron_runs import free_port
 
     ctx = mp.get_context("fork")
     print(f"device: {platform.machine()} CPU, {os.cpu_count()} cores, torch {torch.__version__}, "

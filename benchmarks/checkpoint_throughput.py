@@ -24,7 +24,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
-from megatron_runs import TORCHRUN, free_port  # noqa: E402
+from helpers.megatron_runs import TORCHRUN, free_port  # noqa: E402
 
 QWEN3_06B = [
     "--num-layers", "28", "--hidden-size", "1024", "--ffn-hidden-size", "3072", "--num-attention-heads", "16",

@@ -27,7 +27,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
-from megatron_runs import TORCHRUN, free_port  # noqa: E402
+from helpers.megatron_runs import TORCHRUN, free_port  # noqa: E402
 
 QWEN3 = ["--group-query-attention", "--qk-layernorm", "--normalization", "RMSNorm", "--norm-epsilon", "1e-6",
          "--swiglu", "--disable-bias-linear", "--position-embedding-type", "rope", "--rotary-base", "1000000",

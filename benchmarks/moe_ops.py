@@ -32,7 +32,7 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 import adaptor  # noqa: E402,F401
-from megatron_runs import free_port  # noqa: E402
+from helpers.megatron_runs import free_port  # noqa: E402
 
 
 def timed_pair(f0, f1, repeat):

@@ -22,7 +22,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
-from megatron_runs import free_port  # noqa: E402
+from helpers.megatron_runs import free_port  # noqa: E402
 
 FUSED = ["--use-fused-rmsnorm", "--use-fused-swiglu", "--use-fused-rotary-pos-emb", "--use-flash-attn",
          "--cross-entropy-loss-fusion"]

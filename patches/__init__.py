@@ -1,81 +1,96 @@
-"""One module per feature or fix; each module's docstring names what it changes upstream.
+"""The features: one module each, grouped by concern; each module's docstring names the
+upstream code it changes and why.
 
-``all_features()`` lists them in the order their patches are registered.
+``all_features()`` lists them in registry order: the order their command-line rewrites,
+defaults, checks and patches run, and the order their layer-spec swaps are applied (a later
+feature's swap of the same upstream class wins).
 """
 from __future__ import annotations
 
 
 def all_features():
-    from patches.all_to_all_split_sizes import AllToAllSplitSizes
-    from patches.argument_checks import ArgumentChecks
-    from patches.backend_defaults import BackendDefaults
-    from patches.checkpoint_fit import CheckpointFit
-    from patches.clip_grads import DeviceAgnosticClipGrads
-    from patches.cpu_device import CpuDevice
-    from patches.dataset_helpers import PrebuiltDatasetHelpers
-    from patches.first_iteration_log import FirstIterationLog
-    from patches.flash_attention import FlashAttention
-    from patches.fused_cross_entropy import FusedCrossEntropy
-    from patches.fused_rmsnorm import FusedRmsNorm
-    from patches.fused_rope import FusedRope
-    from patches.fused_swiglu import FusedSwiglu
-    from patches.gloo_uneven_collectives import GlooUnevenCollectives
-    from patches.moe_grouped_gemm import MoeGroupedGemm
-    from patches.moe_permute import MoePermuteFusion
-    from patches.distributed_optimizer_resume import DistributedOptimizerResume
-    from patches.empty_dataset_split import EmptyDatasetSplitGuard
-    from patches.hf_checkpoint import HfCheckpointFlags
-    from patches.hf_tokenizer import TokenizerJsonTokenizer
-    from patches.megatron_initialize import AllowNoCuda
-    from patches.mm_arguments import MultimodalArguments
-    from patches.memory_report import MemoryReport
-    from patches.megatron_flag_policy import MegatronFlagPolicy
-    from patches.mindspeed_llm_arguments import MindSpeedLlmArguments
-    from patches.mla_yarn_arguments import MlaYarnArguments
-    from patches.npu_device import NpuDevice
-    from patches.safetensors_checkpoint import SafetensorsCheckpoint
-    from patches.sequence_parallel_torch_norm import SequenceParallelTorchNorm
-    from patches.single_process_launch import SingleProcessLaunch
-    from patches.tensor_type_names import CudaTypeNamesInOptimizers
-    from patches.vision_norms import VisionTowerNorms
-    from patches.torch_fsdp2 import TorchFsdp2
+    from patches.checkpoint.load_fit import LoadFit
+    from patches.checkpoint.safetensors_format import SafetensorsFormat
+    from patches.command_line.argument_checks import ArgumentChecks
+    from patches.command_line.backend_defaults import BackendDefaults
+    from patches.command_line.megatron_flag_policy import MegatronFlagPolicy
+    from patches.command_line.mindspeed_llm_arguments import MindSpeedLlmArguments
+    from patches.command_line.single_process_launch import SingleProcessLaunch
+    from patches.device.all_to_all_split_sizes import AllToAllSplitSizes
+    from patches.device.allow_no_cuda import AllowNoCuda
+    from patches.device.cpu_device import CpuDevice
+    from patches.device.device_agnostic_clip_grads import DeviceAgnosticClipGrads
+    from patches.device.gloo_uneven_collectives import GlooUnevenCollectives
+    from patches.device.npu_device import NpuDevice
+    from patches.device.optimizer_tensor_type_names import OptimizerTensorTypeNames
+    from patches.diagnostics.memory_report import MemoryReport
+    from patches.fsdp2.sharded_checkpoint import ShardedCheckpoint
+    from patches.fsdp2.torch_fsdp2 import TorchFsdp2
+    from patches.fusions.cross_entropy import CrossEntropyFusion
+    from patches.fusions.flash_attention import FlashAttentionFusion
+    from patches.fusions.grouped_matmul import GroupedMatmulFusion
+    from patches.fusions.moe_permute import MoePermuteFusion
+    from patches.fusions.rmsnorm import RmsNormFusion
+    from patches.fusions.rope import RopeFusion
+    from patches.fusions.swiglu import SwigluFusion
+    from patches.hf.online_conversion import OnlineConversion
+    from patches.hf.tokenizer_json import TokenizerJsonSupport
+    from patches.models.mla import MultiLatentAttention
+    from patches.multimodal.mm_arguments import MultimodalArguments
+    from patches.multimodal.vision_tower_norms import VisionTowerNorms
+    from patches.upstream_fixes.distributed_optimizer_resume import DistributedOptimizerResume
+    from patches.upstream_fixes.empty_dataset_split import EmptyDatasetSplit
+    from patches.upstream_fixes.first_iteration_log import FirstIterationLog
+    from patches.upstream_fixes.prebuilt_dataset_helpers import PrebuiltDatasetHelpers
+    from patches.upstream_fixes.sequence_parallel_torch_norm import SequenceParallelTorchNorm
 
     return [
+        # The command line first: rewrites, backend defaults, launch, early checks.
         MindSpeedLlmArguments(),
         BackendDefaults(),
         SingleProcessLaunch(),
         ArgumentChecks(),
+        # The device Megatron runs on.
         AllowNoCuda(),
-        PrebuiltDatasetHelpers(),
-        TokenizerJsonTokenizer(),
-        EmptyDatasetSplitGuard(),
         CpuDevice(),
         NpuDevice(),
         DeviceAgnosticClipGrads(),
+        OptimizerTensorTypeNames(),
+        AllToAllSplitSizes(),
+        GlooUnevenCollectives(),
+        # Data and tokenizers.
+        PrebuiltDatasetHelpers(),
+        TokenizerJsonSupport(),
+        EmptyDatasetSplit(),
+        # Upstream fixes that hold on every backend.
         FirstIterationLog(),
         DistributedOptimizerResume(),
-        CudaTypeNamesInOptimizers(),
-        # Fused operators (issue 4): flags, layer-spec swaps and function patches.
-        FusedRmsNorm(),
-        FusedSwiglu(),
-        FusedRope(),
-        FlashAttention(),
-        FusedCrossEntropy(),
-        MoeGroupedGemm(),
-        MoePermuteFusion(),
-        AllToAllSplitSizes(),
         SequenceParallelTorchNorm(),
-        MlaYarnArguments(),
-        GlooUnevenCollectives(),
-        HfCheckpointFlags(),
-        SafetensorsCheckpoint(),
-        CheckpointFit(),
-        # Vision-language pretraining (pretrain_mm.py, issue 8).
+        # Models, then the fused operators (their swaps win over the model's).
+        MultiLatentAttention(),
+        RmsNormFusion(),
+        SwigluFusion(),
+        RopeFusion(),
+        FlashAttentionFusion(),
+        CrossEntropyFusion(),
+        GroupedMatmulFusion(),
+        MoePermuteFusion(),
+        # Checkpoints and Hugging Face.
+        OnlineConversion(),
+        SafetensorsFormat(),
+        LoadFit(),
+        # pretrain_mm.py.
         MultimodalArguments(),
         VisionTowerNorms(),
-        # FSDP2 (issue 7): --use-torch-fsdp2 on every backend, --fsdp2-config-path.
         TorchFsdp2(),
+        ShardedCheckpoint(),
         MemoryReport(),
         # Last: a feature's own check of a flag speaks before the table's general line.
         MegatronFlagPolicy(),
     ]
+
+
+# Last, after all_features() exists: ``import adaptor`` sets the run up and imports every feature
+# module through all_features(), so a feature module imported before adaptor (``import
+# patches.fusions.rmsnorm`` in a fresh process) is complete before its own import continues.
+import adaptor  # noqa: F401,E402

@@ -349,7 +349,7 @@ def test_control_same_shapes_train(scratch, dataset):
     # Megatron caches the blend's sample indices; keep them out of the shared dataset's folder.
     # The default --split 969,30,1 gives this 64-document dataset an empty test split, which
     # upstream's GPTDataset._get_num_epochs looped on forever even with no test samples asked
-    # for; patches/empty_dataset_split.py lets an empty split that owes no samples through.
+    # for; patches/upstream_fixes/empty_dataset_split.py lets an empty split that owes no samples through.
     cache = ["--data-cache-path", str(scratch / "cache")]
     proc = run_torchrun(1, TINY + THREE_HEADS + ["--data-path", *blend] + cache, cwd=scratch)
     output = proc.stdout + proc.stderr

@@ -120,7 +120,7 @@ def test_layer_spec_picks_mla_core_attention():
     from megatron.core.transformer.dot_product_attention import DotProductAttention
 
     from adaptor.layer_specs import module_swaps
-    from adaptor.ops.attention import FlashAttention
+    from adaptor.ops.flash_attention import FlashAttention
     from adaptor.ops.mla_attention import MLADotProductAttention
 
     assert module_swaps(SimpleNamespace(multi_latent_attention=True))[DotProductAttention] is MLADotProductAttention

@@ -1,7 +1,7 @@
 """Every flag of Megatron's parser is honoured, refused in one line, or said to be not applied.
 
 The walk covers megatron-core's whole parser, so a release that adds a flag fails here until the
-flag has a policy in adaptor/flag_table.py. For each refused or not-applied flag a non-default value
+flag has a policy in adaptor/command_line/flag_table.py. For each refused or not-applied flag a non-default value
 is made from the parser's own type and choices, parsed by Megatron's parser, and judged as a run
 on the CPU backend would judge it. Honoured flags must at least be read by some code.
 """
@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 import adaptor  # noqa: F401  (registers the features, as in a run)
-from adaptor.flag_policy import Honoured, NotApplied, Refused, judge, parser_defaults, requirement_checker
-from adaptor.flag_table import MEGATRON_FLAGS
+from adaptor.command_line.flag_policy import Honoured, NotApplied, Refused, judge, parser_defaults, requirement_checker
+from adaptor.command_line.flag_table import MEGATRON_FLAGS
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -30,7 +30,7 @@ def test_every_megatron_flag_has_one_policy():
     dests = {a.dest for a in megatron_parser()._actions if a.option_strings} - {"help"}
     missing = sorted(dests - set(MEGATRON_FLAGS))
     stale = sorted(set(MEGATRON_FLAGS) - dests - {"help"})
-    assert not missing, f"flags of megatron-core with no policy in adaptor/flag_table.py: {missing}"
+    assert not missing, f"flags of megatron-core with no policy in adaptor/command_line/flag_table.py: {missing}"
     assert not stale, f"policies for flags megatron-core no longer has: {stale}"
     assert all(isinstance(p, (Honoured, Refused, NotApplied)) for p in MEGATRON_FLAGS.values())
 

@@ -42,7 +42,7 @@ from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
 from megatron.core.transformer.dot_product_attention import DotProductAttention
 from megatron.core.transformer.enums import AttnMaskType
 from megatron.core.transformer.transformer_config import TransformerConfig
-from adaptor.ops.attention import FlashAttention
+from adaptor.ops.flash_attention import FlashAttention
 
 dist.init_process_group("gloo", init_method="tcp://127.0.0.1:%d" % int(sys.argv[1]), rank=0, world_size=1)
 ps.initialize_model_parallel(1)
@@ -209,7 +209,7 @@ facts["spec"] = {"local": spec_core(), "mla": spec_core(multi_latent_attention=T
                  "off": spec_core(use_flash_attn=False)}
 
 from adaptor.features import ArgumentError
-from patches.flash_attention import FlashAttention as Feature
+from patches.fusions.flash_attention import FlashAttentionFusion as Feature
 def error(**kw):
     a = argparse.Namespace(use_flash_attn=True, transformer_impl="local", context_parallel_size=1, window_size=None)
     vars(a).update(kw)

@@ -177,9 +177,9 @@ def test_chunk_size_from_environment(monkeypatch):
 def test_feature_flag_and_te_impl():
     import adaptor
     from adaptor.features import ArgumentError, FeatureContext, FeatureRegistry
-    from patches.fused_cross_entropy import FusedCrossEntropy
+    from patches.fusions.cross_entropy import CrossEntropyFusion
 
-    feature = FusedCrossEntropy()
+    feature = CrossEntropyFusion()
     registry = FeatureRegistry([feature])
     for argv, on in ((["--cross-entropy-loss-fusion"], True), ([], False)):
         ctx = FeatureContext(backend=adaptor.backend, flags=registry.preparse(argv))
@@ -255,7 +255,7 @@ def test_tp2_matches_unsplit_reference(tmp_path):
 def curve(run, extra):
     assert run.returncode == 0, tail(run.output)
     assert sorted(run.losses) == list(range(1, 11)), tail(run.output)
-    fused = "patches.fused_cross_entropy: megatron.core.fusions.fused_cross_entropy" in run.output
+    fused = "patches.fusions.cross_entropy: megatron.core.fusions.fused_cross_entropy" in run.output
     assert fused == ("--cross-entropy-loss-fusion" in extra), tail(run.output)
     return run.curve()
 

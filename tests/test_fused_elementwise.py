@@ -37,9 +37,9 @@ from megatron.core.models.common.embeddings import rope_utils
 from megatron.core.transformer.torch_norm import WrappedTorchNorm
 from megatron.core.transformer.transformer_config import TransformerConfig
 from megatron_runs import TINY_QWEN3, run_pretrain, tail
-from patches.fused_rmsnorm import FusedRmsNorm
-from patches.fused_rope import FusedRope
-from patches.fused_swiglu import FusedSwiglu
+from patches.fusions.rmsnorm import RmsNormFusion
+from patches.fusions.rope import RopeFusion
+from patches.fusions.swiglu import SwigluFusion
 from npu_contract import standin_env
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -183,7 +183,7 @@ def test_rope_matches_unfused_thd_through_megatron_dispatch(single_rank_group, p
     t = torch.randn(20, 4, 32)
     freqs = rope_freqs(20 if packed_freqs else 16, 32)
     pm = PatchManager()
-    FusedRope().register_patches(pm, FeatureContext(backend=adaptor.backend, flags=argparse.Namespace()))
+    RopeFusion().register_patches(pm, FeatureContext(backend=adaptor.backend, flags=argparse.Namespace()))
     pm.apply()
     try:
         fused_cfg = config(apply_rope_fusion=True)  # upstream refuses this without TE unless patched
@@ -206,7 +206,7 @@ def megatron_parser():
     from megatron.training import arguments as margs
 
     parser = margs.add_megatron_arguments(argparse.ArgumentParser())
-    for feature in (FusedRmsNorm(), FusedSwiglu(), FusedRope()):
+    for feature in (RmsNormFusion(), SwigluFusion(), RopeFusion()):
         feature.add_arguments(parser)
     return parser
 
@@ -227,16 +227,16 @@ def run_checks(feature, argv):
 
 
 def test_flags_turn_upstream_fusions_on_and_check_arguments():
-    args = run_checks(FusedSwiglu(), ["--swiglu", "--use-fused-swiglu"])
+    args = run_checks(SwigluFusion(), ["--swiglu", "--use-fused-swiglu"])
     assert args.bias_swiglu_fusion is True
-    args = run_checks(FusedRope(), ["--position-embedding-type", "rope", "--use-fused-rotary-pos-emb"])
+    args = run_checks(RopeFusion(), ["--position-embedding-type", "rope", "--use-fused-rotary-pos-emb"])
     assert args.apply_rope_fusion is True
     bad = [
-        (FusedSwiglu(), ["--use-fused-swiglu"], "needs --swiglu"),
-        (FusedSwiglu(), ["--swiglu", "--no-bias-swiglu-fusion", "--use-fused-swiglu"], "contradict"),
-        (FusedRope(), ["--position-embedding-type", "learned_absolute", "--use-fused-rotary-pos-emb"], "needs --position"),
-        (FusedRope(), ["--position-embedding-type", "rope", "--no-rope-fusion", "--use-fused-rotary-pos-emb"], "contradict"),
-        (FusedRope(), ["--position-embedding-type", "rope", "--rotary-interleaved", "--use-fused-rotary-pos-emb"],
+        (SwigluFusion(), ["--use-fused-swiglu"], "needs --swiglu"),
+        (SwigluFusion(), ["--swiglu", "--no-bias-swiglu-fusion", "--use-fused-swiglu"], "contradict"),
+        (RopeFusion(), ["--position-embedding-type", "learned_absolute", "--use-fused-rotary-pos-emb"], "needs --position"),
+        (RopeFusion(), ["--position-embedding-type", "rope", "--no-rope-fusion", "--use-fused-rotary-pos-emb"], "contradict"),
+        (RopeFusion(), ["--position-embedding-type", "rope", "--rotary-interleaved", "--use-fused-rotary-pos-emb"],
          "non-interleaved"),
     ]
     for feature, argv, message in bad:
@@ -320,7 +320,7 @@ def npu_child():
 def test_npu_path_calls_torch_npu_kernels_with_documented_arguments(npu_child):
     facts = npu_child
     assert facts["backend"] == "npu"
-    assert {"fused_rmsnorm", "fused_swiglu", "fused_rotary_pos_emb"} <= set(facts["features"])
+    assert {"rmsnorm", "swiglu", "rope"} <= set(facts["features"])
     assert facts["patched"] == [True, True, True, True]  # names imported by mlp.py / experts.py rebound
     calls = facts["calls"]
     # Forward calls only: backward runs through the kernels' own autograd (here: plain torch).
@@ -358,9 +358,9 @@ def test_pretrain_loss_curve_unchanged_by_fused_elementwise_flags():
     gaps = [abs(f - p) / p for f, p in zip(fused.curve(), plain.curve())]
     assert max(gaps) <= RTOL, (gaps, plain.curve(), fused.curve())
     out = fused.output
-    assert "fused_rmsnorm, fused_swiglu, fused_rotary_pos_emb" in out
-    assert "patches.fused_swiglu: megatron.core.fusions.fused_bias_swiglu.{bias_swiglu_impl,weighted_bias_swiglu_impl}" in out
-    assert ("patches.fused_rope: megatron.core.models.common.embeddings.rope_utils."
+    assert "rmsnorm, swiglu, rope" in out
+    assert "patches.fusions.swiglu: megatron.core.fusions.fused_bias_swiglu.{bias_swiglu_impl,weighted_bias_swiglu_impl}" in out
+    assert ("patches.fusions.rope: megatron.core.models.common.embeddings.rope_utils."
             "{fused_apply_rotary_pos_emb,fused_apply_rotary_pos_emb_thd}") in out
     # The fused kernels really ran (each says so on first use); the plain run used none.
     for op in ("RMSNorm", "SwiGLU", "RoPE"):

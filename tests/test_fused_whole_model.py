@@ -58,9 +58,9 @@ def test_all_fused_flags_reproduce_the_unfused_curve(runs, unfused):
     run = runs["fused"]
     fused = _curve(run)
     assert all(math.isfinite(x) for x in fused), tail(run.output)
-    for owner in ("patches.fused_swiglu", "patches.fused_rope", "patches.fused_cross_entropy"):
+    for owner in ("patches.fusions.swiglu", "patches.fusions.rope", "patches.fusions.cross_entropy"):
         assert f"[megatron-adaptor]   {owner}:" in run.output, f"{owner} not applied\n{tail(run.output)}"
-    assert "fused_rmsnorm" in run.output and "flash_attention" in run.output
+    assert "rmsnorm" in run.output and "flash_attention" in run.output
     gaps = relative_gaps(fused, unfused)
     assert max(gaps) < RTOL, f"max relative gap {max(gaps):.2e}\nfused   {fused}\nunfused {unfused}"
 

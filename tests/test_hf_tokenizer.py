@@ -1,4 +1,4 @@
-"""--tokenizer-type HuggingFaceTokenizer through the `tokenizers` library (patches/hf_tokenizer.py).
+"""--tokenizer-type HuggingFaceTokenizer through the `tokenizers` library (patches/hf/tokenizer_json.py).
 
 Reference: megatron-core's own HuggingFaceTokenizer wrapper over transformers'
 AutoTokenizer, built by the same ``build_tokenizer(args)`` call in a process

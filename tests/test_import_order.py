@@ -27,9 +27,9 @@ import json, sys
 import torch
 import megatron.core.optimizer.clip_grads as clip_grads
 import megatron.core.optimizer.optimizer as optimizer
-import patches.clip_grads
+import patches.device.device_agnostic_clip_grads
 
-patched = patches.clip_grads.clip_grad_by_total_norm_fp32
+patched = patches.device.device_agnostic_clip_grads.clip_grad_by_total_norm_fp32
 orig_clip, orig_current_device = ORIG["clip"], ORIG["current_device"]
 facts = {
     "orig_clip_module": orig_clip.__module__,
@@ -44,7 +44,7 @@ facts.update({
     "after_clip_module_is_orig": clip_grads.clip_grad_by_total_norm_fp32 is orig_clip,
     "after_clip_alias_is_orig": optimizer.clip_grad_by_total_norm_fp32 is orig_clip,
     "after_current_device_is_orig": torch.cuda.current_device is orig_current_device,
-    "after_replacement_home": patches.clip_grads.clip_grad_by_total_norm_fp32.__module__,
+    "after_replacement_home": patches.device.device_agnostic_clip_grads.clip_grad_by_total_norm_fp32.__module__,
 })
 print("FACTS " + json.dumps(facts), flush=True)
 """
@@ -134,7 +134,7 @@ def test_teardown_restores_originals(child):
     assert facts["after_clip_module_is_orig"] is True
     assert facts["after_clip_alias_is_orig"] is True
     # ... while the adaptor's own function stays where it is defined.
-    assert facts["after_replacement_home"] == "patches.clip_grads"
+    assert facts["after_replacement_home"] == "patches.device.device_agnostic_clip_grads"
 
 
 def test_optimizer_alias_exists_upstream():

@@ -111,7 +111,7 @@ def test_text_decoder_keys_name_megatron_arguments():
 
 
 def test_flags_agree_with_model_json(tmp_path):
-    from patches.mm_arguments import apply_model_json
+    from patches.multimodal.mm_arguments import apply_model_json
 
     cfg = load_model_config(ROOT / "examples" / "vlm" / "model.json")
     args = argparse.Namespace(num_layers=None, hidden_size=None, add_bias_linear=True, swiglu=False,
@@ -409,7 +409,7 @@ LAYOUT_CASES = {
 @pytest.mark.parametrize("case", LAYOUT_CASES)
 def test_layouts_pretrain_mm_cannot_run(case, tmp_path):
     from adaptor.features import ArgumentError
-    from patches.mm_arguments import check_layout
+    from patches.multimodal.mm_arguments import check_layout
 
     flags, model_edits, expected = LAYOUT_CASES[case]
     model = EXAMPLE_MODEL

@@ -129,8 +129,8 @@ def test_grouped_gemm_swap_row():
 def test_validate_refuses_what_the_paths_cannot_run():
     from adaptor.backend import Backend
     from adaptor.features import ArgumentError, FeatureContext
-    from patches.moe_grouped_gemm import MoeGroupedGemm
-    from patches.moe_permute import MoePermuteFusion
+    from patches.fusions.grouped_matmul import GroupedMatmulFusion
+    from patches.fusions.moe_permute import MoePermuteFusion
 
     npu = FeatureContext(Backend("npu", "hccl", "test"), SimpleNamespace())
     cpu = FeatureContext(Backend("cpu", "gloo", "test"), SimpleNamespace())
@@ -140,8 +140,8 @@ def test_validate_refuses_what_the_paths_cannot_run():
     MoePermuteFusion().validate(args, cpu)  # the torch path handles dropped tokens
     args = SimpleNamespace(moe_grouped_gemm=True, transformer_impl="local", fp8="hybrid", fp4=None)
     with pytest.raises(ArgumentError, match="fp8"):
-        MoeGroupedGemm().validate(args, cpu)
-    MoeGroupedGemm().validate(SimpleNamespace(moe_grouped_gemm=True, transformer_impl="local", fp8=None, fp4=None), cpu)
+        GroupedMatmulFusion().validate(args, cpu)
+    GroupedMatmulFusion().validate(SimpleNamespace(moe_grouped_gemm=True, transformer_impl="local", fp8=None, fp4=None), cpu)
 
 
 def _routing(num_tokens=37, num_experts=6, topk=2, seed=0):

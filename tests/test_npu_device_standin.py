@@ -26,7 +26,7 @@ sys.argv = ["pretrain_gpt.py", "--num-layers", "2"]
 import adaptor
 from megatron.core.tensor_parallel import random as mp_random
 from megatron.training import arguments as margs
-from patches.device_redirect import cuda_index
+from adaptor.device_redirect import cuda_index
 
 facts = {"backend": adaptor.backend.name, "dist": adaptor.backend.dist_backend}
 torch_npu.calls.clear()
@@ -42,7 +42,7 @@ t = torch.ones(2).cuda(non_blocking=True)
 torch.nn.Linear(2, 2).cuda()
 facts["calls"] = [[n, [str(a) for a in args], {k: str(v) for k, v in kw.items()}] for n, args, kw in torch_npu.calls]
 
-from patches import device_redirect
+from adaptor import device_redirect
 mapper = device_redirect.make_mapper("npu")
 facts["mapped"] = [str(mapper(d)) for d in ("cuda", "cuda:1", 0, torch.device("cuda", 2), "cpu", "meta")]
 

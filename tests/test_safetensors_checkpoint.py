@@ -326,12 +326,12 @@ def test_flag_checks():
     import argparse
 
     from adaptor.features import ArgumentError
-    from patches.safetensors_checkpoint import SafetensorsCheckpoint
+    from patches.checkpoint.safetensors_format import SafetensorsFormat
 
     def check(**given):
         values = dict(keep_checkpoint_max=None, ckpt_format="safetensors", use_megatron_fsdp=False,
                       verify_integrity=False)
-        SafetensorsCheckpoint().validate(argparse.Namespace(**{**values, **given}), None)
+        SafetensorsFormat().validate(argparse.Namespace(**{**values, **given}), None)
 
     check(keep_checkpoint_max=3)
     for given, message in ((dict(keep_checkpoint_max=0), "--keep-checkpoint-max must be at least 1 (got 0)"),

@@ -42,7 +42,7 @@ from adaptor.features import ArgumentError, FeatureContext
 from adaptor.fsdp2.config import KEYS, Fsdp2ConfigError, load_config, resolve_config
 from adaptor.fsdp2.patterns import compile_pattern
 from megatron_runs import ROOT, TINY_QWEN3, run_pretrain, tail
-from patches.torch_fsdp2 import TorchFsdp2
+from patches.fsdp2.torch_fsdp2 import TorchFsdp2
 from test_bad_input import error_lines, run_python
 
 ITERS = 10

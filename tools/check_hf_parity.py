@@ -8,7 +8,7 @@ Computes the logits of one fixed random batch twice, in fp32:
 * with transformers (``AutoModelForCausalLM``, eager attention), in this process;
 * with Megatron's GPTModel built by ``pretrain_gpt.model_provider`` from the flags
   ``adaptor.convert.megatron_args_from_hf_config`` gives, at the layout asked for, loaded by the
-  same per-rank loader as ``pretrain_gpt.py --hf-load-dir`` (``patches.hf_checkpoint``), run under
+  same per-rank loader as ``pretrain_gpt.py --hf-load-dir`` (``patches.hf.online_conversion``), run under
   torchrun (``ADAPTOR_BACKEND``, default cpu/gloo) through Megatron's pipeline schedule; logits
   are gathered over TP (vocabulary-parallel) on the last pipeline stage and the vocabulary padding
   is stripped.

@@ -22,7 +22,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 if __name__ == "__main__":  # quiet import summary for the tool only; importing this module changes no environment
-    os.environ.setdefault("ADAPTOR_QUIET", "1")
+    os.environ["ADAPTOR_PATCH"] = "0"  # converting reads and writes files: torch and Megatron stay as they are
     warnings.filterwarnings("ignore")  # import-time notices of megatron/torch; errors are one line below
 logging.getLogger("torch.utils.cpp_extension").setLevel(logging.ERROR)
 
@@ -72,7 +72,7 @@ def parse_size(text: str) -> int:
 
 
 def main(argv=None) -> int:
-    from patches.mindspeed_llm_flags import rewrite_convert_argv
+    from adaptor.command_line.mindspeed_llm import rewrite_convert_argv
 
     rewrite = rewrite_convert_argv(sys.argv[1:] if argv is None else list(argv))  # MindSpeed-LLM's spellings
     if rewrite.refused:

@@ -10,7 +10,7 @@ flags (``_add_tokenizer_args``) and ``build_tokenizer(args)``, so
 ``--tokenizer-type HuggingFaceTokenizer --tokenizer-model <tokenizer.json or a
 directory holding one>`` goes through the ``tokenizers`` library, and any
 other Megatron tokenizer type works too. When the built tokenizer's library
-object offers ``encode_batch`` (patches/hf_tokenizer.py's TokenizerJson), whole
+object offers ``encode_batch`` (adaptor/tokenizer_json.py's TokenizerJson), whole
 batches are encoded at once; otherwise each document goes through
 ``tokenizer.tokenize``.
 
@@ -26,6 +26,7 @@ untouched.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import collections
 import itertools
 import os
@@ -33,6 +34,7 @@ import signal
 import sys
 import time
 import warnings
+from pathlib import Path
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
@@ -503,10 +505,19 @@ def _on_signal(signum, frame):
     raise Interrupted(signum)
 
 
-def main(argv=None) -> int:
-    from patches.mindspeed_llm_flags import rewrite_preprocess_argv
+def _mindspeed_llm_tables():
+    """``adaptor/command_line/mindspeed_llm.py`` loaded on its own (plain tables and functions), so a
+    refused flag is one line before torch and Megatron load; importing it through ``adaptor`` would
+    load both."""
+    spec = importlib.util.spec_from_file_location(
+        "mindspeed_llm_tables", Path(__file__).resolve().parents[1] / "adaptor" / "command_line" / "mindspeed_llm.py")
+    module = sys.modules[spec.name] = importlib.util.module_from_spec(spec)  # its dataclasses look it up
+    spec.loader.exec_module(module)
+    return module
 
-    rewrite = rewrite_preprocess_argv(sys.argv[1:] if argv is None else list(argv))  # MindSpeed-LLM's spellings
+
+def main(argv=None) -> int:
+    rewrite = _mindspeed_llm_tables().rewrite_preprocess_argv(sys.argv[1:] if argv is None else list(argv))  # MindSpeed-LLM's spellings
     if rewrite.refused:
         print(f"{PROG}: error: {rewrite.refused[0]}", file=sys.stderr, flush=True)
         return 1

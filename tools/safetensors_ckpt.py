@@ -31,7 +31,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 if __name__ == "__main__":
-    os.environ.setdefault("ADAPTOR_QUIET", "1")
+    os.environ["ADAPTOR_PATCH"] = "0"  # files only; a re-layout runs pretrain_gpt.py, which patches itself
     warnings.filterwarnings("ignore")
 logging.getLogger("torch.utils.cpp_extension").setLevel(logging.ERROR)
 
@@ -90,7 +90,7 @@ def replay_argv(recorded: list[str], layout: dict[str, int], load: Path, out: Pa
     import adaptor
     from megatron.training.arguments import add_megatron_arguments
 
-    parser = adaptor.registry.add_arguments(add_megatron_arguments(argparse.ArgumentParser(allow_abbrev=False)))
+    parser = adaptor.feature_registry().add_arguments(add_megatron_arguments(argparse.ArgumentParser(allow_abbrev=False)))
     takes = {opt: action.nargs for action in parser._actions for opt in action.option_strings}
     kept, tokens, i = [], list(recorded), 0
     while i < len(tokens):

@@ -145,7 +145,7 @@ def merge(load, save_dir, model_type_hf: str | None = None, max_shard_bytes: int
     """Write the model of a sharded checkpoint as whole tensors (Megatron or Hugging Face names)."""
     import shutil
 
-    from adaptor.convert.safetensors_io import write_safetensors_checkpoint
+    from adaptor.convert.hf_directory import write_safetensors_checkpoint
 
     source = GlobalTensors(load)
     common = source.common_state()
@@ -260,7 +260,7 @@ class _MergedTensors:
     """The tensors of a merged directory (model.safetensors or shards + model.safetensors.index.json)."""
 
     def __init__(self, path: Path):
-        from adaptor.convert.safetensors_io import INDEX_FILE, SINGLE_FILE
+        from adaptor.convert.hf_directory import INDEX_FILE, SINGLE_FILE
         from adaptor.safetensors_file import SafetensorsError, SafetensorsFile
 
         index = path / INDEX_FILE

@@ -8,11 +8,11 @@
 - :func:`convert_hf_to_megatron` / :func:`convert_megatron_to_hf`: whole directories (tools/convert_ckpt.py).
 """
 from adaptor.convert.errors import ConversionError
-from adaptor.convert.safetensors_io import HfCheckpoint, write_safetensors_checkpoint
+from adaptor.convert.hf_directory import HfCheckpoint, write_safetensors_checkpoint
 from adaptor.convert.layout import Layout, padded_vocab_size
 from adaptor.convert.mapping import ModelMapping, model_mapping
 from adaptor.convert.megatron_args import megatron_args_from_hf_config
-from adaptor.convert.convert import (
+from adaptor.convert.offline import (
     MegatronCheckpoint,
     convert_hf_to_megatron,
     convert_megatron_to_hf,

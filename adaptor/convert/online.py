@@ -1,6 +1,6 @@
 """Online conversion: fill a live Megatron model from a Hugging Face directory, and write one from it.
 
-Used by ``--hf-load-dir`` / ``--hf-save-dir`` (patches/hf_checkpoint.py) and tools/check_hf_parity.py.
+Used by ``--hf-load-dir`` / ``--hf-save-dir`` (patches/hf/online_conversion.py) and tools/check_hf_parity.py.
 Loading reads, on each rank, only the tensors that rank holds (:func:`megatron_rank_tensors`, mmap);
 saving writes each rank's state as a temporary legacy checkpoint, which rank 0 converts tensor by
 tensor (:func:`convert_megatron_to_hf`).

@@ -9,7 +9,7 @@ The three parts are megatron-core's own modules, named as LLaVAModel names them:
   ``affine``: one linear) from the vision width to the text decoder's;
 * ``language_model``: ``GPTModel`` with the layer spec pretrain_gpt.py uses
   (:func:`adaptor.layer_specs.gpt_layer_spec`), configured by Megatron's arguments, which
-  model.json's ``text_decoder`` filled (patches/mm_arguments.py).
+  model.json's ``text_decoder`` filled (patches/multimodal/mm_arguments.py).
 
 Freezing sets ``requires_grad`` through ``LLaVAModel.freeze`` before Megatron wraps the model,
 so frozen parts get no gradient buffers and no optimizer state. Sharding wrappers can leave the

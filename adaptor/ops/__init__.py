@@ -1,7 +1,8 @@
 """Fused operators, one file per operator.
 
 Each file holds the operator's NPU (torch_npu), CUDA and CPU implementations
-and picks one for the backend in use; the matching ``patches/`` module owns
-the command-line flag and wires the operator into Megatron (a layer-spec swap
-in ``adaptor/layer_specs.py`` or a patch of the upstream function).
+and picks one for the backend in use; the ``patches/fusions/`` module of the
+same name owns the command-line flag and wires the operator into Megatron (a
+``module_swaps`` row of the feature, or a patch of the upstream function).
+``mla_attention.py`` is the exception: MLA's core attention, swapped in by ``patches/models/mla.py``.
 """

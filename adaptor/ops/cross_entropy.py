@@ -31,12 +31,12 @@ log-sum-exp cannot be all-reduced across TP ranks) and returns a full
 """
 from __future__ import annotations
 
-import os
-
 import torch
 import torch.distributed as dist
 from megatron.core.tensor_parallel.utils import VocabUtility
 from megatron.core.utils import get_pg_rank, get_pg_size
+
+from adaptor import env
 
 CHUNK_ENV = "ADAPTOR_CE_CHUNK_TOKENS"
 IN_PLACE_ENV = "ADAPTOR_CE_GRAD_IN_PLACE"
@@ -45,7 +45,7 @@ DEFAULT_CHUNK_BYTES = 128 * 2**20
 
 def chunk_tokens(vocab_local: int) -> int:
     """Tokens per chunk: ``ADAPTOR_CE_CHUNK_TOKENS`` or a 128 MiB fp32 chunk."""
-    value = os.environ.get(CHUNK_ENV, "").strip()
+    value = env.value(CHUNK_ENV)
     if value:
         try:
             tokens = int(value)
@@ -58,7 +58,7 @@ def chunk_tokens(vocab_local: int) -> int:
 
 
 def _grad_in_place() -> bool:
-    return os.environ.get(IN_PLACE_ENV, "1").strip() != "0"
+    return env.value(IN_PLACE_ENV) != "0"
 
 
 class ChunkedVocabParallelCrossEntropy(torch.autograd.Function):

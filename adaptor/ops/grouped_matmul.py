@@ -25,10 +25,12 @@ run with the grouped linears in place of the per-expert ones.
 from __future__ import annotations
 
 import torch
+
 from megatron.core.transformer.mlp import MLP
 from megatron.core.transformer.moe.experts import SequentialMLP
 
 import adaptor
+from adaptor.log import notice_once
 
 
 def _offsets(counts: list[int]) -> list[int]:
@@ -105,18 +107,6 @@ def _cuda_grouped_mm_ok(x: torch.Tensor, weights) -> bool:
     return x.shape[1] % 8 == 0 and weights[0].shape[0] % 8 == 0
 
 
-_said: set = set()
-
-
-def _say_once(line: str) -> None:
-    if line not in _said:
-        _said.add(line)
-        from adaptor.errors import is_rank0
-
-        if is_rank0():
-            print(f"[megatron-adaptor] {line}", flush=True)
-
-
 def grouped_matmul(x: torch.Tensor, weights, counts) -> torch.Tensor:
     """``cat_e(x_e @ weights[e].t())`` for row groups of sizes ``counts``."""
     weights = list(weights)
@@ -124,7 +114,7 @@ def grouped_matmul(x: torch.Tensor, weights, counts) -> torch.Tensor:
         return x @ weights[0].t()
     backend = adaptor.backend.name
     if backend == "npu" and x.dtype == torch.float32:
-        _say_once("--moe-grouped-gemm on NPU: npu_grouped_matmul takes float32 only as single x/weight/y "
+        notice_once("--moe-grouped-gemm on NPU: npu_grouped_matmul takes float32 only as single x/weight/y "
                   "tensors, not one weight per expert; fp32 experts run one matmul each (use --bf16 for the "
                   "grouped kernel)")
     elif backend == "npu":

@@ -6,7 +6,7 @@ megatron-core 0.19.2's ``MultiLatentAttention`` builds its core attention with
 :class:`MLADotProductAttention` is DotProductAttention with those two arguments: the same
 scores, mask, softmax and dropout code (its ``forward`` is inherited unchanged; it already
 reads head dims from the tensors), with the output width taken from the value head dim.
-``--use-flash-attn`` selects ``adaptor.ops.attention.FlashAttention`` instead, which takes
+``--use-flash-attn`` selects ``adaptor.ops.flash_attention.FlashAttention`` instead, which takes
 the same arguments.
 """
 from __future__ import annotations

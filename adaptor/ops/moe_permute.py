@@ -35,7 +35,9 @@ from __future__ import annotations
 
 import torch
 
+
 import adaptor
+from adaptor.log import notice_once
 
 
 def expert_major_order(routing_map: torch.Tensor, num_out_tokens: int) -> torch.Tensor:
@@ -50,7 +52,6 @@ def expert_major_order(routing_map: torch.Tensor, num_out_tokens: int) -> torch.
     return order[:num_out_tokens]
 
 
-_said_uneven = False
 
 
 def _npu_k(routed_per_token: torch.Tensor, num_tokens: int, num_out: int):
@@ -61,15 +62,9 @@ def _npu_k(routed_per_token: torch.Tensor, num_tokens: int, num_out: int):
     low, high = routed_per_token.aminmax()
     if (int(low), int(high)) == (k, k):
         return k
-    global _said_uneven
-    if not _said_uneven:
-        _said_uneven = True
-        from adaptor.errors import is_rank0
-
-        if is_rank0():
-            print("[megatron-adaptor] --moe-permute-fusion: tokens have 0..k of this rank's experts (allgather "
-                  "dispatcher with EP > 1); npu_moe_token_permute routes a fixed k per token, so these calls "
-                  "use the index-based permute", flush=True)
+    notice_once("--moe-permute-fusion: tokens have 0..k of this rank's experts (allgather "
+             "dispatcher with EP > 1); npu_moe_token_permute routes a fixed k per token, so these calls "
+             "use the index-based permute")
     return None
 
 

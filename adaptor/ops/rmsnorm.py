@@ -8,27 +8,13 @@ what ``WrappedTorchNorm`` builds.
 """
 from __future__ import annotations
 
-import os
-
 import torch
 
 import adaptor
+from adaptor.log import announce_kernel
 
 _KERNEL = {"npu": "torch_npu.npu_rms_norm", "cuda": "autograd function", "cpu": "autograd function"}
-
-_announced = False
 _LOW = (torch.float16, torch.bfloat16)
-
-
-def _announce(what: str) -> None:
-    """Say once (rank 0) which kernel the run uses, so a log shows the fused path really ran."""
-    global _announced
-    if not _announced:
-        _announced = True
-        from adaptor.errors import is_rank0
-
-        if is_rank0() and os.environ.get("ADAPTOR_QUIET", "0") in ("", "0"):
-            print(f"[megatron-adaptor] {what}: {_KERNEL[adaptor.backend.name]} in use", flush=True)
 
 
 class _RMSNormFunction(torch.autograd.Function):
@@ -96,7 +82,7 @@ class FusedRMSNorm(torch.nn.Module):
         setattr(self.weight, "sequence_parallel", config.sequence_parallel)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        _announce("fused RMSNorm")
+        announce_kernel("fused RMSNorm", _KERNEL)
         return rms_norm(x, self.weight, self.eps)
 
     def extra_repr(self) -> str:

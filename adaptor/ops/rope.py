@@ -14,26 +14,13 @@ path does, then applies the same kernel.
 """
 from __future__ import annotations
 
-import os
 
 import torch
 
 import adaptor
+from adaptor.log import announce_kernel
 
 _KERNEL = {"npu": "torch_npu.npu_rotary_mul", "cuda": "autograd function", "cpu": "autograd function"}
-
-_announced = False
-
-
-def _announce(what: str) -> None:
-    """Say once (rank 0) which kernel the run uses, so a log shows the fused path really ran."""
-    global _announced
-    if not _announced:
-        _announced = True
-        from adaptor.errors import is_rank0
-
-        if is_rank0() and os.environ.get("ADAPTOR_QUIET", "0") in ("", "0"):
-            print(f"[megatron-adaptor] {what}: {_KERNEL[adaptor.backend.name]} in use", flush=True)
 
 
 def _halves(x, cos, sin):
@@ -72,7 +59,7 @@ class _RopeFunction(torch.autograd.Function):
 
 
 def _apply(t: torch.Tensor, freqs: torch.Tensor) -> torch.Tensor:
-    _announce("fused RoPE")
+    announce_kernel("fused RoPE", _KERNEL)
     rot_dim = freqs.shape[-1]
     cos = torch.cos(freqs).to(t.dtype)
     sin = torch.sin(freqs).to(t.dtype)

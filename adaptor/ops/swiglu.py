@@ -4,31 +4,17 @@ NPU: ``torch_npu.npu_swiglu(x, dim=-1)`` (its own backward). CUDA and CPU: an
 autograd Function that keeps only the input and recomputes the sigmoid in
 backward, where autograd over ``silu(a) * b`` keeps a, b and silu(a).
 Signatures match megatron-core's ``bias_swiglu_impl`` and
-``weighted_bias_swiglu_impl``, which ``patches/fused_swiglu.py`` replaces.
+``weighted_bias_swiglu_impl``, which ``patches/fusions/swiglu.py`` replaces.
 """
 from __future__ import annotations
-
-import os
 
 import torch
 import torch.nn.functional as F
 
 import adaptor
+from adaptor.log import announce_kernel
 
 _KERNEL = {"npu": "torch_npu.npu_swiglu", "cuda": "autograd function", "cpu": "autograd function"}
-
-_announced = False
-
-
-def _announce(what: str) -> None:
-    """Say once (rank 0) which kernel the run uses, so a log shows the fused path really ran."""
-    global _announced
-    if not _announced:
-        _announced = True
-        from adaptor.errors import is_rank0
-
-        if is_rank0() and os.environ.get("ADAPTOR_QUIET", "0") in ("", "0"):
-            print(f"[megatron-adaptor] {what}: {_KERNEL[adaptor.backend.name]} in use", flush=True)
 
 
 def _forward(x):
@@ -91,7 +77,7 @@ def _check(x, fp8_input_store):
 def bias_swiglu_impl(input, bias, fp8_input_store=False, cpu_offload_input=False):
     """Megatron's ``bias_swiglu_impl``: swiglu(input + bias), bias optional."""
     _check(input, fp8_input_store)
-    _announce("fused SwiGLU")
+    announce_kernel("fused SwiGLU", _KERNEL)
     if bias is not None:
         input = input + bias
     return swiglu(input)
@@ -100,7 +86,7 @@ def bias_swiglu_impl(input, bias, fp8_input_store=False, cpu_offload_input=False
 def weighted_bias_swiglu_impl(input, bias, weights, fp8_input_store=False):
     """Megatron's ``weighted_bias_swiglu_impl``: swiglu(input) * weights per token (no bias)."""
     _check(input, fp8_input_store)
-    _announce("fused SwiGLU")
+    announce_kernel("fused SwiGLU", _KERNEL)
     if bias is not None:
         raise NotImplementedError("Bias is not supported for weighted swiglu fusion")
     shape = input.shape

@@ -1,0 +1,272 @@
+"""Does a ``--load`` checkpoint fit the model these flags build? Its padded vocabulary, its recorded
+architecture, and one line for any tensor shape it cannot load into.
+
+A Hugging Face model's embedding often has more rows than its tokenizer has tokens (Qwen3: 151,936
+rows, 151,669 tokens). Megatron pads the *tokenizer's* size (``--make-vocab-size-divisible-by`` x
+TP), so a converted checkpoint and a model built from the real tokenizer disagree, and the load
+ended in a raw ``size mismatch`` traceback (``--ckpt-format torch``) or, worse, loaded silently
+(``torch_dist``/``safetensors`` mark vocabulary tensors ``allow_shape_mismatch``, so a checkpoint
+with fewer rows than the tokenizer has tokens left the missing rows at zero). This feature:
+
+* ``--padded-vocab-size`` (Megatron's flag, MindSpeed-LLM's spelling) wins as before; when it is not
+  given and ``--load`` names a checkpoint that records its padded vocabulary (``hf/conversion.json``
+  written by ``tools/convert_ckpt.py``, or the arguments in a safetensors checkpoint's
+  ``common.json``), that value is used, and the log says so;
+* ``megatron.core.tokenizers.utils.build_tokenizer._set_padded_vocab_size``: checks the result
+  is at least the tokenizer's vocabulary and divisible by TP (one line otherwise);
+* ``megatron.core.dist_checkpointing.serialization.load`` (``torch_dist`` and ``safetensors``):
+  compares every tensor's global shape with the checkpoint's before reading; a vocabulary tensor
+  may differ in padding rows only (both sizes cover the tokenizer), anything else is one line;
+* ``megatron.training.checkpointing.load_checkpoint`` (``torch``): torch's ``size mismatch``
+  error becomes the same one line. Each line names the tensor, both shapes and the flag to change;
+* a checkpoint written by ``tools/convert_ckpt.py`` keeps the Hugging Face config.json under
+  ``hf/``: after Megatron's ``validate_args`` the flags it implies are compared with the command
+  line, as ``--hf-load-dir`` does, so settings no tensor shape shows (RoPE base and YaRN scaling,
+  router scaling, tied embeddings) cannot silently differ from the model that was converted.
+"""
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+from adaptor.errors import fail, is_rank0
+from adaptor.features import ArgumentError, Feature
+from adaptor.log import notice_once
+from adaptor.wrapping import argument
+
+OWNER = __name__
+CONVERSION_RECORD = Path("hf") / "conversion.json"
+TRACKER = "latest_checkpointed_iteration.txt"
+VOCAB_TENSORS = ("word_embeddings", "output_layer")
+_recorded: dict[int, str] = {}  # padded vocabulary taken from a checkpoint -> the file that records it
+
+# Tensor-name fragment -> the flag that sets that dimension (first match wins).
+_FLAG_FOR = (
+    (VOCAB_TENSORS, "--padded-vocab-size"),
+    (("experts.linear_fc", "experts.local_experts", "experts.experts"), "--moe-ffn-hidden-size"),
+    (("shared_experts",), "--moe-shared-expert-intermediate-size"),
+    (("linear_fc1", "linear_fc2"), "--ffn-hidden-size"),
+    (("q_layernorm", "k_layernorm"), "--kv-channels"),
+    (("linear_q", "linear_kv", "linear_qkv", "linear_proj"),
+     "--num-attention-heads, --num-query-groups, --kv-channels (or the MLA head dims)"),
+    (("position_embeddings",), "--max-position-embeddings"),
+    (("router",), "--num-experts"),
+)
+
+
+class ShapeMismatch(Exception):
+    """A checkpoint tensor whose shape the model cannot take; the message is one line."""
+
+
+def _flag_for(key: str) -> str:
+    for fragments, flag in _FLAG_FOR:
+        if any(f in key for f in fragments):
+            return flag
+    return "--hidden-size and the other model flags the checkpoint was written with"
+
+
+def mismatch_line(key: str, in_checkpoint, in_model, vocab_rows: int | None = None) -> str:
+    line = (f"tensor {key} has shape {list(in_checkpoint)} in the checkpoint but {list(in_model)} in the model "
+            f"these flags build; ")
+    if vocab_rows is not None:
+        return line + f"the checkpoint's vocabulary is padded to {vocab_rows} rows: pass --padded-vocab-size {vocab_rows}"
+    return line + f"check {_flag_for(key)}"
+
+
+def _is_vocab(key: str) -> bool:
+    return any(name in key for name in VOCAB_TENSORS)
+
+
+# -- the padded vocabulary a checkpoint records --------------------------------------------------
+
+def _iteration_dir(load_dir: Path) -> Path | None:
+    try:
+        text = (load_dir / TRACKER).read_text().strip()
+    except OSError:
+        return None
+    if text == "release":
+        return load_dir / "release"
+    return load_dir / f"iter_{int(text):07d}" if text.isdigit() else None
+
+
+def recorded_padded_vocab(load_dir) -> tuple[int, str] | None:
+    """(padded vocabulary, the file that records it) for a checkpoint directory, or None."""
+    load_dir = Path(load_dir)
+    record = load_dir / CONVERSION_RECORD
+    candidates = [(record, ("padded_vocab_size",))]
+    iteration = _iteration_dir(load_dir)
+    if iteration is not None:
+        candidates.append((iteration / "common.json", ("state", "args", "__namespace__", "padded_vocab_size")))
+    for path, keys in candidates:
+        try:
+            value = json.loads(path.read_text())
+            for key in keys:
+                value = value[key]
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+        if isinstance(value, int) and value > 0:
+            return value, str(path)
+    return None
+
+
+# -- patches --------------------------------------------------------------------------------------
+
+def _check_padded_vocab(wrapped, instance, args_, kwargs):
+    wrapped(*args_, **kwargs)
+    args, tokenizer = (list(args_) + [kwargs.get("args"), kwargs.get("tokenizer")])[:2]
+    padded, tokens, tp = args.padded_vocab_size, tokenizer.vocab_size, args.tensor_model_parallel_size
+    if padded < tokens and _recorded.get(padded):
+        fail(f"the checkpoint under {args.load} has a vocabulary of {padded} rows ({_recorded[padded]}), fewer than "
+             f"the tokenizer's {tokens} tokens; train with the tokenizer it was made for")
+    if padded < tokens:
+        fail(f"--padded-vocab-size {padded} is smaller than the tokenizer's vocabulary ({tokens} tokens); "
+             f"pass at least {tokens}")
+    if padded % tp:
+        fail(f"--padded-vocab-size {padded} is not divisible by --tensor-model-parallel-size {tp}")
+
+
+def _tokenizer_vocab() -> int | None:
+    try:
+        from megatron.training import get_tokenizer
+
+        return get_tokenizer().vocab_size
+    except Exception:  # no tokenizer built (a tool loading outside training)
+        return None
+
+
+def check_global_shapes(sharded_state_dict, checkpoint_shapes: dict, tokenizer_vocab: int | None) -> list[str]:
+    """Notes for vocabulary tensors whose padding differs; raises ShapeMismatch for anything else."""
+    from megatron.core.dist_checkpointing.dict_utils import nested_values
+    from megatron.core.dist_checkpointing.mapping import ShardedTensor, ShardedTensorFactory
+
+    notes = []
+    tensors = []
+    for item in nested_values(sharded_state_dict):
+        if isinstance(item, ShardedTensorFactory):  # SwiGLU's fc1: the W and V halves it stores
+            tensors += [t for t in nested_values(item.build()) if isinstance(t, ShardedTensor)]
+        elif isinstance(item, ShardedTensor):
+            tensors.append(item)
+    tensors.sort(key=lambda t: t.key.startswith("optimizer"))  # name a model tensor first
+    for tensor in tensors:
+        stored = checkpoint_shapes.get(tensor.key)
+        want = tuple(tensor.global_shape)
+        if stored is None or tuple(stored) == want:
+            continue
+        stored = tuple(stored)
+        if _is_vocab(tensor.key) and stored[1:] == want[1:]:
+            if tokenizer_vocab is not None and min(stored[0], want[0]) >= tokenizer_vocab:
+                notes.append(f"{tensor.key}: {stored[0]} rows in the checkpoint, {want[0]} in the model "
+                             f"(padding only: the tokenizer has {tokenizer_vocab} tokens)")
+                continue
+            raise ShapeMismatch(mismatch_line(tensor.key, stored, want, vocab_rows=stored[0]))
+        raise ShapeMismatch(mismatch_line(tensor.key, stored, want))
+    return notes
+
+
+def checkpoint_global_shapes(checkpoint_dir) -> dict:
+    """Key -> global shape of every tensor in a torch_dist or safetensors checkpoint directory."""
+    from adaptor.checkpoint import files
+
+    if files.is_safetensors_checkpoint(checkpoint_dir):
+        from adaptor.checkpoint.serialization import load_tensors_metadata
+
+        return {key: tuple(t.global_shape) for key, t in load_tensors_metadata(checkpoint_dir).items()}
+    from torch.distributed.checkpoint import FileSystemReader  # torch_dist: read as megatron-core validates it
+
+    metadata = FileSystemReader(str(checkpoint_dir)).read_metadata().state_dict_metadata
+    return {key: tuple(m.size) for key, m in metadata.items() if hasattr(m, "size")}
+
+
+def _dist_load(wrapped, instance, args_, kwargs):
+    sharded_state_dict = argument(args_, kwargs, "sharded_state_dict")
+    checkpoint_dir = args_[1] if len(args_) > 1 else kwargs["checkpoint_dir"]
+    shapes = checkpoint_global_shapes(checkpoint_dir)
+    try:
+        notes = check_global_shapes(sharded_state_dict, shapes, _tokenizer_vocab())
+    except ShapeMismatch as exc:
+        fail(f"--load {checkpoint_dir}: {exc}")
+    for note in dict.fromkeys(notes):
+        if is_rank0():
+            print(f"[megatron-adaptor] loading {note}", flush=True)
+    return wrapped(*args_, **kwargs)
+
+
+_TORCH_SIZE_MISMATCH = re.compile(r"size mismatch for (\S+): copying a param with shape torch\.Size\(\[([\d, ]*)\]\) "
+                                  r"from checkpoint, the shape in current model is torch\.Size\(\[([\d, ]*)\]\)")
+
+
+def _load_checkpoint(wrapped, instance, args_, kwargs):
+    try:
+        return wrapped(*args_, **kwargs)
+    except RuntimeError as exc:
+        found = _TORCH_SIZE_MISMATCH.search(str(exc))
+        if found is None:
+            raise
+        from megatron.training import get_args
+
+        args = get_args()
+        key = found.group(1)
+        stored, want = ([int(x) for x in g.split(",") if x.strip()] for g in found.group(2, 3))
+        vocab_rows = None
+        if _is_vocab(key) and stored[1:] == want[1:]:
+            vocab_rows = stored[0] * args.tensor_model_parallel_size  # torch format stores each TP rank's rows
+        fail(f"--load {args.load}: {mismatch_line(key, stored, want, vocab_rows)}"
+             + (" (shapes per tensor-parallel rank)" if args.tensor_model_parallel_size > 1 else ""))
+
+
+def converted_config_mismatch(args) -> str | None:
+    """For a --load checkpoint from tools/convert_ckpt.py: the first flag its config.json disagrees with."""
+    record = Path(args.load) / CONVERSION_RECORD
+    config_file = record.parent / "config.json"
+    if getattr(args, "hf_load_dir", None) or not record.is_file() or not config_file.is_file():
+        return None
+    from adaptor.convert import ConversionError
+    from adaptor.convert.config_check import config_mismatch, model_flags
+
+    try:
+        model_type = json.loads(record.read_text())["model_type"]
+        mismatch = config_mismatch(args, model_flags(model_type, json.loads(config_file.read_text())))
+    except (OSError, ValueError, KeyError) as exc:
+        return f"{record.parent} cannot be read ({exc})"
+    except ConversionError as exc:
+        return f"{config_file}: {exc}"
+    return mismatch and f"{mismatch} ({config_file}); change the flag, or convert again"
+
+
+def _validate_args(wrapped, instance, args_, kwargs):
+    result = wrapped(*args_, **kwargs)
+    args = argument(args_, kwargs, "args")
+    if getattr(args, "load", None):
+        mismatch = converted_config_mismatch(args)
+        if mismatch:
+            fail(f"--load {args.load}: {mismatch}")
+    return result
+
+
+class LoadFit(Feature):
+    name = "load_fit"
+
+    def register_patches(self, pm, ctx) -> None:
+        pm.register_wrapper("megatron.training.arguments.validate_args", _validate_args, OWNER)
+        pm.register_wrapper("megatron.core.tokenizers.utils.build_tokenizer._set_padded_vocab_size",
+                            _check_padded_vocab, OWNER)
+        pm.register_wrapper("megatron.core.dist_checkpointing.serialization.load", _dist_load, OWNER)
+        pm.register_wrapper("megatron.training.checkpointing.load_checkpoint", _load_checkpoint, OWNER)
+
+    def set_defaults(self, args, ctx) -> None:
+        if "padded_vocab_size" in ctx.explicit or not getattr(args, "load", None):
+            return
+        found = recorded_padded_vocab(args.load)
+        if found is None:
+            return
+        value, source = found
+        if value % args.tensor_model_parallel_size:
+            return  # cannot be used at this TP; the load-time check says what to pass
+        args.padded_vocab_size = value
+        notice_once(f"padded vocabulary {value}, as recorded in {source}")
+        _recorded[value] = source
+
+    def validate(self, args, ctx) -> None:
+        if args.padded_vocab_size is not None and args.padded_vocab_size < 1:
+            raise ArgumentError(f"--padded-vocab-size {args.padded_vocab_size} must be positive")

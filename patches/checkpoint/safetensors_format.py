@@ -1,0 +1,240 @@
+"""``--ckpt-format safetensors``: Megatron's sharded checkpoints stored as safetensors, without pickle.
+
+Megatron's checkpointing (``megatron.training.checkpointing``) already knows how to describe a
+run's state as global tensors sliced per rank (``sharded_state_dict``), and takes that path
+whenever ``args.ckpt_format == 'torch_dist'``; it hands the result to
+``megatron.core.dist_checkpointing.save/load``, which store it with torch.distributed.checkpoint
+and pickle. We keep Megatron's path and replace only the storage:
+
+* ``training.checkpointing.save_checkpoint`` / ``load_checkpoint``: while they run in a
+  ``--ckpt-format safetensors`` job, ``args.ckpt_format`` reads ``torch_dist`` (restored on
+  return), so every branch Megatron has for sharded checkpoints is taken as it is. An async save
+  first waits for the previous one (one save in flight); ``--keep-checkpoint-max`` prunes after
+  the new checkpoint is complete. A bad checkpoint ends in one line naming the file and tensor.
+* ``dist_checkpointing.serialization.save``: inside such a save, writes through
+  :mod:`adaptor.checkpoint.serialization` (staging directory, fsync, rename; async through
+  Megatron's own checkpoint worker).
+* ``dist_checkpointing.serialization.{load, load_common_state_dict, load_tensors_metadata,
+  load_sharded_metadata}``: a directory whose ``metadata.json`` names the ``safetensors`` backend
+  is read by our reader, whatever ``--ckpt-format`` says; so such checkpoints always load,
+  resharded to the run's TP/PP/DP/EP layout.
+* ``training.checkpointing._build_sharded_state_dict_metadata``: the distributed optimizer's
+  state is saved in model space as each rank's own flattened ranges (``fully_sharded_model_space``)
+  instead of Megatron's default ``dp_reshardable`` buckets: no communication at save time, each
+  rank writes only what it owns, and the state reshards across TP/PP/DP and to or from runs without
+  the distributed optimizer. ``--dist-ckpt-optim-fully-reshardable`` keeps Megatron's own choice.
+* ``dist_checkpointing.mapping.ShardedTensor.validate_metadata_integrity``: megatron-core 0.19.2
+  refuses flattened shards although its distributed optimizer still builds them for that layout;
+  during checkpoint operations they are accepted (the chunk is checked as before, the range against
+  it), and :mod:`adaptor.checkpoint.validation` checks that the ranges tile each chunk.
+* ``transformer.mlp.apply_swiglu_sharded_factory``: its build function splits SwiGLU's ``[W; V]``
+  rows in half, which is wrong for a flattened range; :mod:`adaptor.checkpoint.flat_shards` cuts
+  the range at the W/V boundary instead.
+* ``optimizer.distrib_optimizer.DistributedOptimizer._set_main_param_and_optimizer_states``: when
+  loading that layout it indexes the checkpoint's tensors by every state key, including torch
+  Adam's ``step``, which the layout does not store (the step comes from the param groups); such
+  keys are now skipped.
+"""
+from __future__ import annotations
+
+import contextlib
+import functools
+
+from adaptor.features import ArgumentError, Feature
+from adaptor.wrapping import argument
+
+OWNER = __name__
+FORMAT = "safetensors"
+
+_saving = False  # inside save_checkpoint of a --ckpt-format safetensors run
+_checkpoint_ops = 0  # depth of save_checkpoint / load_checkpoint calls
+_pending_request = None  # the AsyncRequest our save returned, for save_checkpoint's wrapper
+
+
+@contextlib.contextmanager
+def _checkpoint_operation(args, saving: bool):
+    """Present the run as ``torch_dist`` to Megatron's checkpointing for the duration of one call."""
+    global _saving, _checkpoint_ops
+    flip = args.ckpt_format == FORMAT
+    previous = _saving
+    if flip:
+        args.ckpt_format = "torch_dist"
+    _saving = flip and saving
+    _checkpoint_ops += 1
+    try:
+        yield
+    finally:
+        _checkpoint_ops -= 1
+        _saving = previous
+        if flip:
+            args.ckpt_format = FORMAT
+
+
+@contextlib.contextmanager
+def _one_line_errors(where: str):
+    """A bad checkpoint (or state that cannot be stored) ends the run with one line naming file and tensor."""
+    from adaptor.checkpoint.errors import CheckpointError
+    from adaptor.checkpoint.object_codec import EncodeError
+    from adaptor.errors import fail
+
+    try:
+        yield
+    except (CheckpointError, EncodeError) as exc:
+        fail(f"{where}: {exc}")
+
+
+def _save_checkpoint(wrapped, instance, args_, kwargs):
+    global _pending_request
+    from megatron.training import get_args
+
+    args = get_args()
+    if args.ckpt_format != FORMAT:
+        with _checkpoint_operation(args, saving=False):
+            return wrapped(*args_, **kwargs)
+    if args.async_save:
+        from megatron.training.async_utils import maybe_finalize_async_save
+
+        maybe_finalize_async_save(blocking=True)  # the next save waits for the previous one
+    _pending_request = None
+    with _one_line_errors(f"saving a checkpoint to {args.save}"), _checkpoint_operation(args, saving=True):
+        result = wrapped(*args_, **kwargs)
+    request, _pending_request = _pending_request, None
+    if args.keep_checkpoint_max and not kwargs.get("non_persistent_ckpt", False):
+        import torch.distributed as dist
+
+        if not dist.is_initialized() or dist.get_rank() == 0:
+            from adaptor.checkpoint.retention import prune
+
+            prune_fn = functools.partial(prune, args.save, args.keep_checkpoint_max, args.save_retain_interval)
+            if request is not None:
+                request.finalize_fns.append(prune_fn)  # after Megatron's tracker update
+            else:
+                prune_fn()
+    return result
+
+
+def _load_checkpoint(wrapped, instance, args_, kwargs):
+    from megatron.training import get_args
+
+    args = get_args()
+    with _one_line_errors(f"loading the checkpoint under {args.load}"), _checkpoint_operation(args, saving=False):
+        return wrapped(*args_, **kwargs)
+
+
+def _dist_save(wrapped, instance, args_, kwargs):
+    global _pending_request
+    if not _saving:
+        return wrapped(*args_, **kwargs)
+    from adaptor.checkpoint import serialization
+
+    _pending_request = serialization.save(*args_, **kwargs)
+    return _pending_request
+
+
+def _dispatch_on_directory(name: str, position: int):
+    """A wrapper for ``dist_checkpointing.<name>``: our reader when the directory holds a safetensors checkpoint."""
+    def wrapper(wrapped, instance, args_, kwargs):
+        from adaptor.checkpoint import files, serialization
+
+        directory = args_[position] if len(args_) > position else kwargs.get("checkpoint_dir")
+        if directory is not None and files.is_safetensors_checkpoint(directory):
+            return getattr(serialization, name)(*args_, **kwargs)
+        return wrapped(*args_, **kwargs)
+    wrapper.__name__ = f"_{name}"
+    return wrapper
+
+
+def _sharding_metadata(wrapped, instance, args_, kwargs):
+    metadata = wrapped(*args_, **kwargs)
+    if _saving and metadata.get("distrib_optim_sharding_type") == "dp_reshardable":
+        metadata["distrib_optim_sharding_type"] = "fully_sharded_model_space"
+    return metadata
+
+
+def _swiglu_factory(wrapped, instance, args_, kwargs):
+    factory = wrapped(*args_, **kwargs)
+    original = argument(args_, kwargs, "original_sh_ten")
+    if getattr(original, "is_torch_fsdp2_param", False):
+        return factory  # FSDP2's own build; its shards are never flattened
+    from adaptor.checkpoint.flat_shards import with_flat_ranges
+
+    offsets = args_[1] if len(args_) > 1 else kwargs["sharded_offsets"]
+    singleton = args_[2] if len(args_) > 2 else kwargs.get("singleton_local_shards", False)
+    return with_flat_ranges(factory, original, offsets, singleton)
+
+
+def _set_main_param_and_optimizer_states(wrapped, instance, args_, kwargs):
+    model_param = argument(args_, kwargs, "model_param")
+    tensors = args_[1] if len(args_) > 1 else kwargs["tensors"]
+    group_index, group_order = instance.model_param_group_index_map[model_param]
+    main_param = instance.optimizer.param_groups[group_index]["params"][group_order]
+    # States the model-space layout does not store (torch Adam's per-parameter ``step``, which
+    # Megatron restores from the param groups) are left as they are instead of raising KeyError.
+    missing = {key: None for key in instance.optimizer.state.get(main_param, {}) if key not in tensors}
+    return wrapped(model_param, {**missing, **tensors})
+
+
+def _validate_metadata_integrity(wrapped, instance, args_, kwargs):
+    if instance.flattened_range is None or not _checkpoint_ops:
+        return wrapped(*args_, **kwargs)
+    from adaptor.checkpoint.validation import validate_flat_metadata
+
+    validate_flat_metadata(wrapped, instance)
+
+
+class SafetensorsFormat(Feature):
+    name = "safetensors_format"
+
+    def add_arguments(self, group) -> None:
+        # Megatron's own --ckpt-format gains a choice (its action lives in the parser this group belongs to).
+        for action in group._actions:
+            if {"--ckpt-format", "--ckpt-convert-format"} & set(action.option_strings) and action.choices \
+                    and FORMAT not in action.choices:
+                action.choices = (*action.choices, FORMAT)
+                action.help = (action.help or "") + " safetensors: sharded safetensors files, no pickle (megatron-adaptor)."
+        group.add_argument("--keep-checkpoint-max", type=int, default=None, dest="keep_checkpoint_max", metavar="N",
+                           help="Keep at most N finished checkpoints under --save (--ckpt-format safetensors): the "
+                                "oldest is deleted only after a newer one is complete; checkpoints kept by "
+                                "--save-retain-interval do not count.")
+
+    def register_patches(self, pm, ctx) -> None:
+        ckpt = "megatron.training.checkpointing"
+        serial = "megatron.core.dist_checkpointing.serialization"
+        pm.register_wrapper(f"{ckpt}.save_checkpoint", _save_checkpoint, OWNER)
+        pm.register_wrapper(f"{ckpt}.load_checkpoint", _load_checkpoint, OWNER)
+        pm.register_wrapper(f"{ckpt}._build_sharded_state_dict_metadata", _sharding_metadata, OWNER)
+        pm.register_wrapper(f"{serial}.save", _dist_save, OWNER)
+        # Where each function takes the checkpoint directory.
+        for name, position in (("load", 1), ("load_common_state_dict", 0), ("load_tensors_metadata", 0),
+                               ("load_sharded_metadata", 0)):
+            pm.register_wrapper(f"{serial}.{name}", _dispatch_on_directory(name, position), OWNER)
+        pm.register_wrapper("megatron.core.dist_checkpointing.mapping.ShardedTensor.validate_metadata_integrity",
+                            _validate_metadata_integrity, OWNER)
+        pm.register_wrapper("megatron.core.transformer.mlp.apply_swiglu_sharded_factory", _swiglu_factory, OWNER)
+        pm.register_wrapper("megatron.core.optimizer.distrib_optimizer.DistributedOptimizer."
+                            "_set_main_param_and_optimizer_states", _set_main_param_and_optimizer_states, OWNER)
+
+    def set_defaults(self, args, ctx) -> None:
+        if getattr(args, "ckpt_format", None) != FORMAT or not getattr(args, "async_save", False):
+            return
+        # Megatron runs async saves only in its persistent checkpoint worker, and its default queue
+        # needs nvidia-resiliency-ext; our writer needs neither, so use Megatron's own worker.
+        if "async_strategy" not in ctx.explicit:
+            args.async_strategy = "mcore"
+        if "use_persistent_ckpt_worker" not in ctx.explicit:
+            args.use_persistent_ckpt_worker = True
+
+    def validate(self, args, ctx) -> None:
+        keep = args.keep_checkpoint_max
+        if keep is not None and keep < 1:
+            raise ArgumentError(f"--keep-checkpoint-max must be at least 1 (got {keep})")
+        if args.ckpt_format != FORMAT:
+            if keep is not None:
+                raise ArgumentError("--keep-checkpoint-max needs --ckpt-format safetensors")
+            return
+        if getattr(args, "use_megatron_fsdp", False):
+            raise ArgumentError("--ckpt-format safetensors does not support --use-megatron-fsdp "
+                                "(it needs --ckpt-format fsdp_dtensor)")
+        if getattr(args, "verify_integrity", False):
+            raise ArgumentError("--verify-integrity is a torch_dist feature; safetensors files are checked "
+                                "against their headers on every load")

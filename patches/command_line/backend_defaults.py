@@ -1,0 +1,74 @@
+"""Pick Megatron settings that fit the backend, unless the user chose them.
+
+Upstream defaults assume a CUDA host with Transformer Engine and apex:
+``--distributed-backend nccl``, ``--transformer-impl transformer_engine``,
+gradient-accumulation fusion (an apex CUDA kernel) and CUDA-only bias/softmax/
+RoPE fusions. This feature sets, per backend, only the values the user did
+not pass on the command line (an explicit flag always wins), and prints what
+it set, so the same Megatron command line runs on NPU, GPU and CPU.
+
+Two explicit values are taken as the same request in this backend's words, with a printed line:
+a ``--distributed-backend`` this backend has no library for (MindSpeed-LLM's scripts say ``nccl``
+on Ascend, where it means hccl; on CPU it means gloo), and ``--transformer-impl
+transformer_engine`` where Transformer Engine cannot run (megatron-core's local layers compute the
+same model).
+"""
+from __future__ import annotations
+
+import importlib.util
+import os
+
+from adaptor.features import Feature
+from adaptor.log import notice_once
+
+_CUDA_ONLY_FUSIONS = ("masked_softmax_fusion", "bias_gelu_fusion", "bias_swiglu_fusion",
+                      "bias_dropout_fusion", "apply_rope_fusion")
+
+
+
+def _importable(name: str) -> bool:
+    try:
+        return importlib.util.find_spec(name) is not None
+    except (ImportError, ValueError):
+        return False
+
+
+def backend_defaults(backend: str) -> dict:
+    """Megatron argument dests and the values this backend needs."""
+    defaults = {"distributed_backend": {"npu": "hccl", "cuda": "nccl", "cpu": "gloo"}[backend]}
+    if backend != "cuda" or not _importable("transformer_engine"):
+        defaults["transformer_impl"] = "local"
+    if backend != "cuda" or not _importable("fused_weight_gradient_mlp_cuda"):
+        defaults["gradient_accumulation_fusion"] = False
+    if backend != "cuda" or not _importable("apex"):
+        defaults["no_persist_layer_norm"] = True  # apex's persistent LayerNorm kernel
+    if backend in ("cpu", "npu"):
+        defaults.update({name: False for name in _CUDA_ONLY_FUSIONS})
+    if backend == "cpu":
+        defaults["use_cpu_initialization"] = True
+    return defaults
+
+
+class BackendDefaults(Feature):
+    name = "backend_defaults"
+
+    def set_defaults(self, args, ctx) -> None:
+        changed = []
+        # Megatron asserts this CUDA scheduling knob is 1 for TP/CP; it means nothing off CUDA.
+        if ctx.backend.name != "cuda" and "CUDA_DEVICE_MAX_CONNECTIONS" not in os.environ:
+            os.environ["CUDA_DEVICE_MAX_CONNECTIONS"] = "1"
+            changed.append("CUDA_DEVICE_MAX_CONNECTIONS=1")
+        wanted = backend_defaults(ctx.backend.name)
+        for dest, value in wanted.items():
+            if dest in ctx.explicit or getattr(args, dest, None) == value:
+                continue
+            setattr(args, dest, value)
+            changed.append(f"{dest}={value}")
+        for dest, flag, unusable in (("distributed_backend", "--distributed-backend", ("nccl", "hccl")),
+                                     ("transformer_impl", "--transformer-impl", ("transformer_engine",))):
+            given = getattr(args, dest, None)
+            if dest in ctx.explicit and given in unusable and dest in wanted and given != wanted[dest]:
+                setattr(args, dest, wanted[dest])
+                changed.append(f"{dest}={wanted[dest]} (for {flag} {given}, which this backend cannot run)")
+        if changed:
+            notice_once(f"{ctx.backend.name} defaults: {', '.join(changed)}")

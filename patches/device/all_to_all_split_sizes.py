@@ -1,0 +1,60 @@
+"""Expert-parallel all-to-all off CUDA: split sizes as lists of ints, output on the input's device.
+
+Upstream: ``megatron.core.tensor_parallel.mappings._AllToAll.forward`` (the autograd function
+behind ``all_to_all``, which the alltoall MoE token dispatcher calls with ``--expert-model-parallel-size``
+> 1) passes ``input_split_sizes``/``output_split_sizes`` straight to
+``torch.distributed.all_to_all_single``. The dispatcher computes them as device tensors and turns
+them into numpy arrays only when they live on CUDA (``moe_utils.maybe_move_tensor_to_cpu`` checks
+``tensor.is_cuda``); on CPU and NPU they arrive as tensors, which ``all_to_all_single`` does not take
+("split sizes as tensors"). The output buffer is also allocated with
+``device=torch.cuda.current_device()``, an index that ``Tensor.new_empty`` reads as a CUDA device.
+
+The replacement forward converts split sizes (tensor, numpy array or list) to lists of ints and
+allocates the output on the input's device; everything else is upstream's, and the unchanged
+backward reuses the converted sizes. CUDA keeps upstream's code.
+"""
+from __future__ import annotations
+
+import torch
+
+from adaptor.features import Feature
+
+OWNER = __name__
+
+
+def split_sizes_as_ints(sizes):
+    """None, a tensor, a numpy array or a sequence of numbers -> None or a list of ints."""
+    if sizes is None:
+        return None
+    if hasattr(sizes, "tolist"):
+        sizes = sizes.tolist()
+    return [int(s) for s in sizes]
+
+
+def _all_to_all_forward(ctx, group, input, output_split_sizes, input_split_sizes, use_nccl_stream=False):
+    output_split_sizes = split_sizes_as_ints(output_split_sizes)
+    input_split_sizes = split_sizes_as_ints(input_split_sizes)
+    ctx.group = group
+    ctx.output_split_sizes = output_split_sizes
+    ctx.input_split_sizes = input_split_sizes
+    ctx.use_nccl_stream = use_nccl_stream
+    if group.size() == 1:
+        return input
+    input = input.contiguous()
+    if output_split_sizes is None:
+        output = torch.empty_like(input)
+    else:
+        output = input.new_empty(size=[sum(output_split_sizes)] + list(input.size()[1:]))
+    torch.distributed.all_to_all_single(
+        output, input, output_split_sizes=output_split_sizes, input_split_sizes=input_split_sizes, group=group,
+    )
+    return output
+
+
+class AllToAllSplitSizes(Feature):
+    name = "all_to_all_split_sizes"
+    backends = ("npu", "cpu")
+
+    def register_patches(self, pm, ctx) -> None:
+        pm.register_replacement("megatron.core.tensor_parallel.mappings._AllToAll.forward",
+                                staticmethod(_all_to_all_forward), OWNER)

@@ -1,0 +1,70 @@
+"""Uneven all-gather and reduce-scatter along the first dimension on gloo.
+
+Upstream: ``megatron.core.tensor_parallel.mappings._gather_along_first_dim`` and
+``_reduce_scatter_along_first_dim`` with ``output_split_sizes``/``input_split_sizes`` call
+``torch.distributed.all_gather``/``reduce_scatter`` with tensors of different sizes per rank.
+The alltoall MoE dispatcher does so with expert parallelism combined with (expert) tensor
+parallelism, where each TP rank holds a different number of routed tokens. NCCL/HCCL take
+uneven lists; gloo refuses them ("ProcessGroupGloo::allgather: invalid tensor size").
+
+On a gloo group the wrappers do the same with even collectives: the gather pads every rank's
+rows to the largest count and trims after; the reduce-scatter all-reduces the whole input and
+keeps this rank's rows. Other backends, and even splits, run upstream's code.
+"""
+from __future__ import annotations
+
+
+import torch
+
+from adaptor.features import Feature
+from adaptor.wrapping import call_arguments
+
+OWNER = __name__
+MAPPINGS = "megatron.core.tensor_parallel.mappings"
+
+
+def _on_gloo(group) -> bool:
+    return group is not None and group.size() > 1 and torch.distributed.get_backend(group) == "gloo"
+
+
+def uneven_all_gather(input_: torch.Tensor, group, sizes: list[int]) -> torch.Tensor:
+    """Concatenate each rank's ``input_`` (``sizes[r]`` rows on rank r) along dim 0, with even all_gather."""
+    rows = max(sizes)
+    padded = input_.new_zeros((rows,) + tuple(input_.shape[1:]))
+    padded[: input_.size(0)] = input_
+    gathered = [torch.empty_like(padded) for _ in sizes]
+    torch.distributed.all_gather(gathered, padded, group=group)
+    return torch.cat([g[:n] for g, n in zip(gathered, sizes)])
+
+
+def uneven_reduce_scatter(input_: torch.Tensor, group, sizes: list[int]) -> torch.Tensor:
+    """Sum ``input_`` over ranks and keep this rank's ``sizes[rank]`` rows (its offset is the sum before it)."""
+    total = input_.contiguous().clone()
+    torch.distributed.all_reduce(total, group=group)
+    rank = group.rank()
+    start = sum(sizes[:rank])
+    return total[start: start + sizes[rank]].contiguous()
+
+
+def _gather_along_first_dim(wrapped, instance, args, kwargs):
+    a = call_arguments(wrapped, args, kwargs)
+    sizes = a.get("output_split_sizes")
+    if sizes is None or not _on_gloo(a["group"]):
+        return wrapped(*args, **kwargs)
+    return uneven_all_gather(a["input_"], a["group"], [int(s) for s in sizes])
+
+
+def _reduce_scatter_along_first_dim(wrapped, instance, args, kwargs):
+    a = call_arguments(wrapped, args, kwargs)
+    sizes = a.get("input_split_sizes")
+    if sizes is None or not _on_gloo(a["group"]):
+        return wrapped(*args, **kwargs)
+    return uneven_reduce_scatter(a["input_"], a["group"], [int(s) for s in sizes])
+
+
+class GlooUnevenCollectives(Feature):
+    name = "gloo_uneven_collectives"
+
+    def register_patches(self, pm, ctx) -> None:
+        pm.register_wrapper(f"{MAPPINGS}._gather_along_first_dim", _gather_along_first_dim, OWNER)
+        pm.register_wrapper(f"{MAPPINGS}._reduce_scatter_along_first_dim", _reduce_scatter_along_first_dim, OWNER)

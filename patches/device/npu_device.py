@@ -1,0 +1,80 @@
+"""NPU backend: Megatron's CUDA calls go to torch_npu, as torch_npu's transfer_to_npu does.
+
+Upstream: megatron-core and megatron.training address the accelerator as
+``torch.cuda.*`` and ``device='cuda'``; on an Ascend host torch_npu provides
+the same API as ``torch.npu.*`` and device type ``npu``. This feature, only
+on the ``npu`` backend:
+
+* points the ``torch.cuda`` functions Megatron uses at their ``torch.npu``
+  namesakes (device, streams, events, RNG, memory statistics);
+* maps CUDA device arguments of tensor factories and ``.to()`` to ``npu``
+  (``'cuda:1'`` becomes ``npu:1``), and ``Tensor.cuda``/``Module.cuda`` to
+  ``.npu``;
+* reads and writes Megatron's tensor-parallel RNG tracker state through
+  ``torch.npu`` (upstream ``_get/_set_cuda_rng_state`` index
+  ``torch.cuda.default_generators``);
+* maps literal ``backend='nccl'`` in process-group creation to ``hccl``;
+* runs ``torch.compile``d functions eagerly (``torch._dynamo.config.disable``): Megatron's
+  ``jit_fuser`` is ``torch.compile``, already applied to its fusions at import, and inductor has
+  no Ascend target in a plain torch_npu install (Megatron's own ``--disable-jit-fuser`` only
+  affects modules imported after it is read, which is too late for those).
+
+Verified against a stand-in torch_npu (tests/npu_standin), not on Ascend hardware.
+"""
+from __future__ import annotations
+
+import torch
+
+from adaptor.features import Feature
+from adaptor.device_redirect import make_mapper, register_collective_backend, register_device_arguments
+
+OWNER = __name__
+
+#: torch.cuda names Megatron calls, each taken from torch.npu when torch_npu has it.
+CUDA_NAMES = (
+    "is_available", "current_device", "device_count", "set_device", "synchronize", "empty_cache",
+    "ipc_collect", "get_rng_state", "set_rng_state", "manual_seed", "manual_seed_all",
+    "Stream", "Event", "current_stream", "default_stream", "stream",
+    "memory_allocated", "max_memory_allocated", "memory_reserved", "max_memory_reserved",
+    "reset_peak_memory_stats", "reset_max_memory_allocated", "memory_stats", "mem_get_info",
+    "get_device_name", "get_device_properties", "get_device_capability",
+)
+
+
+def _npu():
+    return torch.npu  # set by `import torch_npu`
+
+
+def _tensor_cuda(self, device=None, non_blocking=False, **kwargs):
+    return self.npu(make_mapper("npu")(device) if device is not None else None, non_blocking=non_blocking, **kwargs)
+
+
+def _module_cuda(self, device=None):
+    return self.npu(make_mapper("npu")(device) if device is not None else None)
+
+
+def _get_rng_state(device="cuda", clone=False, graph_safe=False):
+    state = _npu().get_rng_state()
+    return state.clone() if clone else state
+
+
+def _set_rng_state(new_state, device=-1, graph_safe=False):
+    _npu().set_rng_state(new_state)
+
+
+class NpuDevice(Feature):
+    name = "npu_device"
+    backends = ("npu",)
+
+    def register_patches(self, pm, ctx) -> None:
+        npu = _npu()
+        for name in CUDA_NAMES:
+            if hasattr(npu, name):
+                pm.register_replacement(f"torch.cuda.{name}", getattr(npu, name), OWNER)
+        register_device_arguments(pm, OWNER, make_mapper("npu"))
+        register_collective_backend(pm, OWNER, ctx.backend.dist_backend)
+        pm.register_replacement("torch.Tensor.cuda", _tensor_cuda, OWNER)
+        pm.register_replacement("torch.nn.Module.cuda", _module_cuda, OWNER)
+        pm.register_replacement("megatron.core.tensor_parallel.random._get_cuda_rng_state", _get_rng_state, OWNER)
+        pm.register_replacement("megatron.core.tensor_parallel.random._set_cuda_rng_state", _set_rng_state, OWNER)
+        pm.register_replacement("torch._dynamo.config.disable", True, OWNER)

@@ -1,0 +1,58 @@
+"""Let Megatron's optimizers accept CPU and NPU parameters.
+
+Upstream: ``megatron.core.optimizer.optimizer.Float16OptimizerWithFloat16Params.__init__``
+(used by ``--bf16``/``--fp16``) and
+``megatron.core.optimizer.distrib_optimizer.DistributedOptimizer._build_model_and_main_param_groups``
+(``--use-distributed-optimizer``) sort parameters by comparing
+``param.type()`` with ``'torch.cuda.FloatTensor'``, ``'torch.cuda.HalfTensor'``
+and ``'torch.cuda.BFloat16Tensor'``, and raise ``TypeError`` for anything
+else — so CPU (``'torch.FloatTensor'``) and NPU (``'torch.npu.FloatTensor'``)
+parameters are rejected although the code that follows is device-agnostic.
+
+Copying those long methods to change one comparison would fork them. Instead,
+while (and only while) one of them runs, the no-argument form of
+``Tensor.type()`` reports a CPU or NPU tensor under the CUDA name of its
+dtype. ``Tensor.type(dtype)`` conversions are never touched.
+"""
+from __future__ import annotations
+
+import threading
+
+from adaptor.features import Feature
+
+OWNER = __name__
+_active = threading.local()
+
+SCOPED = (
+    "megatron.core.optimizer.optimizer.Float16OptimizerWithFloat16Params.__init__",
+    "megatron.core.optimizer.distrib_optimizer.DistributedOptimizer._build_model_and_main_param_groups",
+)
+
+
+def _type_name(wrapped, instance, args, kwargs):
+    name = wrapped(*args, **kwargs)
+    if args or kwargs or not getattr(_active, "depth", 0) or not isinstance(name, str):
+        return name
+    if name.startswith("torch.npu."):
+        return "torch.cuda." + name[len("torch.npu."):]
+    if name.startswith("torch.") and name.count(".") == 1:  # CPU: torch.FloatTensor
+        return "torch.cuda." + name[len("torch."):]
+    return name
+
+
+def _with_cuda_type_names(wrapped, instance, args, kwargs):
+    _active.depth = getattr(_active, "depth", 0) + 1
+    try:
+        return wrapped(*args, **kwargs)
+    finally:
+        _active.depth -= 1
+
+
+class OptimizerTensorTypeNames(Feature):
+    name = "optimizer_tensor_type_names"
+    backends = ("npu", "cpu")
+
+    def register_patches(self, pm, ctx) -> None:
+        pm.register_wrapper("torch.Tensor.type", _type_name, OWNER)
+        for target in SCOPED:
+            pm.register_wrapper(target, _with_cuda_type_names, OWNER)

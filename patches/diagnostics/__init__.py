@@ -1,0 +1,1 @@
+"""Opt-in reports printed during a run (``ADAPTOR_REPORT_MEMORY``)."""

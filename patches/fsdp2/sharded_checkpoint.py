@@ -1,0 +1,120 @@
+"""Checkpoints of an FSDP2 model: the upstream code that assumed no DTensor, or even shards.
+
+Enabled with ``--use-torch-fsdp2`` (see :mod:`patches.fsdp2.torch_fsdp2`). Upstream code changed, and why:
+
+* ``megatron.core.dist_checkpointing.optimizer.get_optim_param_to_id_map`` (checkpoints): it keys
+  the optimizer's parameters by ``id(param.to_local())``, but ``to_local()`` returns a new view
+  each call, so no FSDP2 parameter ever matched the model's checkpoint entries (which hold
+  ``param._local_tensor``) and every save failed ("Param id 0 does not match any model sharded
+  param"). DTensors are keyed by their ``_local_tensor``, the object the model entries hold.
+* ``megatron.core.optimizer.optimizer.FP32Optimizer.load_state_dict``: a checkpoint's optimizer
+  state arrives as each rank's local shard (plain tensors), and torch's ``load_state_dict`` puts
+  them in place of the DTensor state, so the first Adam step after a resume mixed DTensors and
+  tensors and failed. State of a DTensor parameter is given the parameter's mesh and placements.
+* ``megatron.core.utils.make_sharded_tensor_for_checkpoint`` / ``make_tp_sharded_tensor_for_checkpoint``
+  place a rank's FSDP2 shard at ``dp_rank * local_rows`` of ``dp_size * local_rows`` rows, which is
+  only true when the rows divide evenly; a 17-row position embedding over 2 ranks (9 + 8 rows)
+  gave the ranks different global shapes and the save was refused; a tensor with fewer rows than
+  ranks is gathered whole on every rank but still described as one row per rank. The shard's true
+  offset and row count (from the DTensor) are used instead, and a whole tensor is written once.
+"""
+from __future__ import annotations
+
+import torch
+
+from adaptor.features import Feature
+from adaptor.wrapping import argument
+
+OWNER = __name__
+
+
+def _optim_param_to_id_map(optim_params_iter) -> dict[int, int]:
+    """Optimizer parameter -> its index, keyed by the tensor object the model's checkpoint entries hold."""
+    from adaptor.fsdp2.wrapper import local
+
+    mapping: dict[int, int] = {}
+    for index, param in enumerate(optim_params_iter):
+        mapping.setdefault(id(local(param)), index)
+    return mapping
+
+
+def _dtensor_optimizer_state(wrapped, instance, args_, kwargs):
+    from torch.distributed.tensor import DTensor
+
+    result = wrapped(*args_, **kwargs)
+    for group in instance.optimizer.param_groups:
+        for param in group["params"]:
+            if not isinstance(param, DTensor):
+                continue
+            state = instance.optimizer.state.get(param, {})
+            for key, value in state.items():
+                if isinstance(value, torch.Tensor) and not isinstance(value, DTensor) \
+                        and value.shape == param._local_tensor.shape:
+                    state[key] = DTensor.from_local(value, param.device_mesh, param.placements, run_check=False,
+                                                    shape=param.shape, stride=param.stride())
+    return result
+
+
+def _true_fsdp2_rows(sh_ten, tensor, tp_axis: int | None, tp_group):
+    """A ShardedTensor of an unevenly sharded FSDP2 DTensor, placed where its rows really are."""
+    import dataclasses
+
+    from torch.distributed.tensor import DTensor
+    from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
+
+    if not getattr(sh_ten, "is_torch_fsdp2_param", False) or not isinstance(tensor, DTensor):
+        return sh_ten
+    rows = tensor.shape[0]
+    dp_size = tensor.device_mesh.size()
+    whole = sh_ten.local_shape[0] == rows and dp_size > 1  # upstream gathered a tensor with fewer rows than ranks
+    if rows % dp_size == 0 and not whole:
+        return sh_ten  # even rows: upstream is right
+    from megatron.core import parallel_state
+    from megatron.core.utils import get_pg_rank, get_pg_size
+
+    group = tp_group if tp_group is not None else parallel_state.get_tensor_model_parallel_group()
+    tp_rank, tp_size = get_pg_rank(group), get_pg_size(group)
+    replica_id = sh_ten.replica_id
+    if whole:  # every rank holds it all: one writes it
+        first_row = 0
+        replica_id = (*tuple(replica_id)[:2], tensor.device_mesh.get_local_rank())
+    else:
+        _, offset = compute_local_shape_and_global_offset(tensor.shape, tensor.device_mesh, tensor.placements)
+        first_row = offset[0]
+    axis = sh_ten.prepend_axis_num
+    shape, start = list(sh_ten.global_shape), list(sh_ten.global_offset)
+    if tp_axis == 0 and tp_size > 1:
+        shape[axis], start[axis] = tp_size * rows, tp_rank * rows + first_row
+    else:
+        shape[axis], start[axis] = rows, first_row
+    fixed = dataclasses.replace(sh_ten, global_shape=tuple(shape), global_offset=tuple(start),
+                                axis_fragmentations=None, replica_id=replica_id)
+    fixed.is_torch_fsdp2_param = True
+    return fixed
+
+
+def _tp_sharded_tensor(wrapped, instance, args_, kwargs):
+    tensor = argument(args_, kwargs, "tensor")
+    tp_axis = args_[2] if len(args_) > 2 else kwargs.get("tp_axis", 0)
+    return _true_fsdp2_rows(wrapped(*args_, **kwargs), tensor, tp_axis, kwargs.get("tp_group"))
+
+
+def _sharded_tensor(wrapped, instance, args_, kwargs):
+    tensor = argument(args_, kwargs, "tensor")
+    return _true_fsdp2_rows(wrapped(*args_, **kwargs), tensor, None, kwargs.get("tp_group"))
+
+
+class ShardedCheckpoint(Feature):
+    name = "sharded_checkpoint"
+    upstream_flags = ("--use-torch-fsdp2",)
+
+    def enabled(self, ctx) -> bool:
+        return super().enabled(ctx) and bool(getattr(ctx.flags, "use_torch_fsdp2", False))
+
+    def register_patches(self, pm, ctx) -> None:
+        pm.register_replacement("megatron.core.dist_checkpointing.optimizer.get_optim_param_to_id_map",
+                                _optim_param_to_id_map, OWNER)
+        pm.register_wrapper("megatron.core.optimizer.optimizer.FP32Optimizer.load_state_dict",
+                            _dtensor_optimizer_state, OWNER)
+        pm.register_wrapper("megatron.core.utils.make_tp_sharded_tensor_for_checkpoint", _tp_sharded_tensor, OWNER)
+        pm.register_wrapper("megatron.core.utils.make_sharded_tensor_for_checkpoint", _sharded_tensor, OWNER)

@@ -1,0 +1,44 @@
+"""``--cross-entropy-loss-fusion``: chunked vocabulary-parallel cross entropy on every backend.
+
+Upstream: ``LanguageModule.compute_language_model_loss`` calls
+``megatron.core.fusions.fused_cross_entropy.fused_vocab_parallel_cross_entropy``
+when ``--cross-entropy-loss-fusion`` is on with ``--cross-entropy-fusion-impl
+native``. That function upcasts the micro-batch's whole logits shard to fp32,
+keeps it as the softmax for backward and always returns a bf16 gradient (wrong
+dtype for fp32 or fp16 logits); with a large vocabulary its fp32 buffers are
+the biggest in the step. We replace it (the name imported into
+``language_module`` is rebound) with ``adaptor.ops.cross_entropy``'s version,
+which works on chunks of tokens so fp32 exists for one chunk at a time and the
+gradient comes back in the logits' dtype; results equal Megatron's
+``vocab_parallel_cross_entropy`` to fp32 round-off.
+
+``--cross-entropy-fusion-impl te`` needs Transformer Engine and Megatron
+0.19.2 rejects it anyway: one line pointing to ``native``.
+"""
+from __future__ import annotations
+
+from adaptor.features import ArgumentError, Feature
+
+OWNER = __name__
+TARGET = "megatron.core.fusions.fused_cross_entropy.fused_vocab_parallel_cross_entropy"
+
+
+class CrossEntropyFusion(Feature):
+    name = "cross_entropy"
+    upstream_flags = ("--cross-entropy-loss-fusion",)
+
+    def enabled(self, ctx) -> bool:
+        return super().enabled(ctx) and bool(getattr(ctx.flags, "cross_entropy_loss_fusion", False))
+
+    def register_patches(self, pm, ctx) -> None:
+        from adaptor.ops.cross_entropy import fused_vocab_parallel_cross_entropy
+
+        pm.register_replacement(TARGET, fused_vocab_parallel_cross_entropy, OWNER)
+
+    def validate(self, args, ctx) -> None:
+        if getattr(args, "cross_entropy_loss_fusion", False) and args.cross_entropy_fusion_impl == "te":
+            raise ArgumentError(
+                "--cross-entropy-fusion-impl te needs Transformer Engine and megatron-core 0.19.2 "
+                "rejects it; use --cross-entropy-fusion-impl native (the adaptor's chunked fused "
+                "cross entropy, on every backend)"
+            )

@@ -1,0 +1,189 @@
+"""``--hf-load-dir`` / ``--hf-save-dir``: train from, and save to, a Hugging Face directory (online conversion).
+
+Upstream functions wrapped:
+
+* ``megatron.training.training.setup_model_and_optimizer`` builds the model and the optimizer and
+  calls ``load_checkpoint`` when ``--load`` is given. When no ``--load`` checkpoint exists, the
+  wrapper fills each rank's own model shard from the Hugging Face safetensors
+  (:func:`adaptor.convert.megatron_rank_tensors`: mmap reads of only the tensors this rank holds,
+  no temporary Megatron checkpoint), then ``optimizer.reload_model_params()`` refreshes the fp32
+  main params / distributed-optimizer shards; training starts at iteration 0. A ``--load``
+  checkpoint that exists wins (resume).
+* ``megatron.training.training.train`` runs the training loop. After it returns, every rank with
+  expert-data-parallel rank 0 writes its model state to a temporary legacy (``--ckpt-format
+  torch``) checkpoint beside ``--hf-save-dir``; rank 0 converts it tensor by tensor
+  (:func:`adaptor.convert.convert_megatron_to_hf`, i.e. ``hf_tensors_from_megatron``) into
+  config.json + safetensors shards (+ index) and renames the finished directory into place; a
+  failure leaves nothing at ``--hf-save-dir``. The ranks must share a filesystem for this
+  directory. config.json (and tokenizer files) come from ``--hf-load-dir``, or are written from
+  the flags (``--model-type-hf`` names the architecture). With ``--bf16`` the saved tensors are
+  the bf16 model weights, and loading copies into them (the fp32 main params are then refreshed
+  from those copies).
+* ``megatron.core.tokenizers.utils.build_tokenizer._set_padded_vocab_size``: with ``--hf-load-dir``
+  the padded vocabulary is at least the HF ``vocab_size`` (rounded up to a multiple of TP), so a
+  checkpoint whose embedding has more rows than the tokenizer's padded vocabulary (Qwen3: 151936
+  rows, tokenizer 151669) loads whole; a tokenizer larger than the checkpoint's vocabulary is an
+  error.
+* ``megatron.training.arguments.validate_args``: after Megatron derives its values, the HF config
+  must describe the model the flags build (layers, hidden, heads, query groups, kv channels, MLA
+  dims, experts, ...): the flags :func:`adaptor.convert.megatron_args_from_hf_config` gives are
+  compared with the command line, and the first difference is one line naming the flag.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from adaptor.convert.config_check import HF_MODEL_TYPES, config_mismatch, hf_model_type, model_flags, read_hf_config
+from adaptor.convert.online import hf_config_from_args, load_hf_weights, save_hf_dir
+from adaptor.features import ArgumentError, Feature
+from adaptor.wrapping import argument
+
+OWNER = __name__
+# ----------------------------------------------------------------------------- loading
+def _setup_model_and_optimizer(wrapped, instance, args_, kwargs):
+    from megatron.training import get_args, print_rank_0
+    from megatron.training.checkpointing import checkpoint_exists
+
+    from adaptor.convert import ConversionError
+    from adaptor.errors import fail
+
+    args = get_args()
+    resume = checkpoint_exists(args.load)
+    model, optimizer, scheduler = wrapped(*args_, **kwargs)
+    if args.hf_load_dir is None:
+        return model, optimizer, scheduler
+    if resume:
+        print_rank_0(f"> --load {args.load} has a checkpoint: resuming from it, not from --hf-load-dir")
+        return model, optimizer, scheduler
+    try:
+        count = load_hf_weights(model, args)
+    except (ConversionError, OSError) as exc:
+        fail(f"--hf-load-dir {args.hf_load_dir}: {exc}")
+    if optimizer is not None:
+        optimizer.reload_model_params()
+    args.iteration = 0
+    args.num_floating_point_operations_so_far = 0
+    print_rank_0(f"> rank 0 loaded its {count} tensors from Hugging Face directory {args.hf_load_dir} "
+                 f"({args.model_type_hf}); training starts at iteration 0")
+    return model, optimizer, scheduler
+
+
+# ----------------------------------------------------------------------------- saving
+def _train(wrapped, instance, args_, kwargs):
+    from megatron.training import get_args
+
+    result = wrapped(*args_, **kwargs)
+    args = get_args()
+    if args.hf_save_dir is not None:
+        model = args_[1] if len(args_) > 1 else kwargs["model"]
+        save_hf_dir(model, args, result[0])
+    return result
+
+
+# ----------------------------------------------------------------------------- arguments
+def _set_padded_vocab_size(wrapped, instance, args_, kwargs):
+    args = argument(args_, kwargs, "args")
+    tokenizer = args_[1] if len(args_) > 1 else kwargs.get("tokenizer")
+    explicit = getattr(args, "padded_vocab_size", None) is not None
+    result = wrapped(*args_, **kwargs)
+    if args.hf_load_dir is not None:
+        from adaptor.errors import fail
+
+        hf_vocab = json.loads((Path(args.hf_load_dir) / "config.json").read_text())["vocab_size"]
+        if tokenizer is not None and tokenizer.vocab_size > hf_vocab:
+            fail(f"--hf-load-dir {args.hf_load_dir}: the tokenizer has {tokenizer.vocab_size} tokens but the "
+                 f"checkpoint's vocab_size is {hf_vocab}; use the checkpoint's tokenizer")
+        if not explicit:
+            tp = args.tensor_model_parallel_size
+            args.padded_vocab_size = max(args.padded_vocab_size, -(-hf_vocab // tp) * tp)
+    return result
+
+
+def _validate_args(wrapped, instance, args_, kwargs):
+    from adaptor.convert import ConversionError
+    from adaptor.errors import fail
+
+    result = wrapped(*args_, **kwargs)
+    args = argument(args_, kwargs, "args")
+    if args.hf_load_dir is not None:
+        where = f"--hf-load-dir {args.hf_load_dir}"
+        config = json.loads((Path(args.hf_load_dir) / "config.json").read_text())
+    else:
+        where = "--hf-save-dir"
+        try:
+            config = hf_config_from_args(args)
+        except (TypeError, ValueError, AttributeError) as exc:
+            fail(f"--hf-save-dir: cannot describe this model as {args.model_type_hf}: {exc}")
+    try:
+        mismatch = config_mismatch(args, model_flags(args.model_type_hf, config))
+    except ConversionError as exc:
+        fail(f"{where}: {exc}")
+    if mismatch:
+        if args.hf_load_dir is not None:
+            fail(f"{where}: config.json does not match the command line: {mismatch}")
+        fail(f"--hf-save-dir: a {args.model_type_hf} config cannot describe this model: {mismatch}")
+    return result
+
+
+class OnlineConversion(Feature):
+    name = "online_conversion"
+
+    def add_arguments(self, group) -> None:
+        group.add_argument("--hf-load-dir", default=None, dest="hf_load_dir", metavar="DIR",
+                           help="Start training from this Hugging Face directory (config.json + safetensors): "
+                                "each rank reads its own shard; a --load checkpoint that exists wins.")
+        group.add_argument("--hf-save-dir", default=None, dest="hf_save_dir", metavar="DIR",
+                           help="At the end of training write the model as a Hugging Face directory here.")
+        group.add_argument("--model-type-hf", default=None, dest="model_type_hf",
+                           choices=sorted(set(HF_MODEL_TYPES.values())),
+                           help="Architecture of --hf-load-dir/--hf-save-dir (default: config.json's model_type).")
+
+    def enabled(self, ctx) -> bool:
+        flags = ctx.flags
+        return super().enabled(ctx) and bool(getattr(flags, "hf_load_dir", None) or getattr(flags, "hf_save_dir", None))
+
+    def register_patches(self, pm, ctx) -> None:
+        pm.register_wrapper("megatron.training.training.setup_model_and_optimizer", _setup_model_and_optimizer, OWNER)
+        pm.register_wrapper("megatron.training.training.train", _train, OWNER)
+        pm.register_wrapper("megatron.core.tokenizers.utils.build_tokenizer._set_padded_vocab_size",
+                            _set_padded_vocab_size, OWNER)
+        pm.register_wrapper("megatron.training.arguments.validate_args", _validate_args, OWNER)
+
+    def validate(self, args, ctx) -> None:
+        if args.hf_load_dir is not None:
+            config = read_hf_config(args.hf_load_dir, "--hf-load-dir")
+            args.model_type_hf = hf_model_type(config, args.model_type_hf, f"--hf-load-dir {args.hf_load_dir}")
+            from adaptor.convert import ConversionError, HfCheckpoint
+
+            try:
+                HfCheckpoint(args.hf_load_dir).names()
+            except ConversionError as exc:
+                raise ArgumentError(f"--hf-load-dir {args.hf_load_dir}: {exc}") from None
+            if getattr(args, "pretrained_checkpoint", None):
+                raise ArgumentError("--hf-load-dir and --pretrained-checkpoint both give initial weights; pass one")
+            explicit_padded = getattr(args, "padded_vocab_size", None)
+            if explicit_padded is not None and explicit_padded < config.get("vocab_size", 0):
+                raise ArgumentError(f"--padded-vocab-size {explicit_padded} is smaller than vocab_size "
+                                    f"{config['vocab_size']} of --hf-load-dir {args.hf_load_dir}")
+        if args.hf_save_dir is not None:
+            if args.model_type_hf is None:
+                raise ArgumentError("--hf-save-dir without --hf-load-dir needs --model-type-hf qwen3|deepseek3")
+            final = Path(args.hf_save_dir)
+            if final.exists() and (not final.is_dir() or any(final.iterdir())):
+                raise ArgumentError(f"--hf-save-dir {args.hf_save_dir} exists and is not an empty directory")
+            if not final.absolute().parent.is_dir():
+                raise ArgumentError(f"--hf-save-dir {args.hf_save_dir}: parent directory does not exist")
+        vpp = getattr(args, "num_layers_per_virtual_pipeline_stage", None) or getattr(
+            args, "num_virtual_stages_per_pipeline_rank", None)
+        uneven = [flag for flag, dest in (("--decoder-first-pipeline-num-layers", "decoder_first_pipeline_num_layers"),
+                                          ("--decoder-last-pipeline-num-layers", "decoder_last_pipeline_num_layers"),
+                                          ("--pipeline-model-parallel-layout", "pipeline_model_parallel_layout"))
+                  if getattr(args, dest, None)]
+        if vpp or uneven:
+            what = f"{uneven[0]} is" if uneven else "virtual pipeline stages are"
+            raise ArgumentError(f"--hf-load-dir/--hf-save-dir split layers evenly over pipeline stages; "
+                                f"{what} not supported with them")
+        if args.num_layers and args.num_layers % args.pipeline_model_parallel_size:
+            raise ArgumentError(f"--num-layers {args.num_layers} is not divisible by "
+                                f"--pipeline-model-parallel-size {args.pipeline_model_parallel_size}")

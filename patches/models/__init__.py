@@ -1,0 +1,1 @@
+"""Model architectures megatron-core's local spec lacks a piece of (multi-latent attention)."""

@@ -1,0 +1,59 @@
+"""``--multi-latent-attention`` (DeepSeek-V3's MLA) on megatron-core's local spec.
+
+Two upstream gaps, both closed here so MLA is one feature in one place:
+
+* Core attention. The local spec builds ``megatron.core.transformer.dot_product_attention.
+  DotProductAttention`` for MLA too, but MLA's attention passes ``k_channels``/``v_channels``
+  (query/key and value head dims differ), which that class does not take. The feature's
+  ``module_swaps`` row puts ``adaptor.ops.mla_attention.MLADotProductAttention`` there.
+  ``--use-flash-attn`` (a later feature in the registry) swaps the same class for the fused
+  attention, which takes both head dims.
+* YaRN flags. ``megatron.training.argument_utils.core_transformer_config_from_args`` copies args
+  to config fields of the same name. ``MLATransformerConfig`` names its YaRN fields
+  ``original_max_position_embeddings``, ``beta_fast`` and ``beta_slow`` (defaults 4096, 32, 1),
+  while the command line spells them ``--yarn-original-max-position-embeddings``,
+  ``--yarn-beta-fast``, ``--yarn-beta-slow``, and ``_apply_yarn_config_from_args`` skips MLA
+  models: the flags were silently ignored (``--rotary-scaling-factor``, ``--mscale`` and
+  ``--mscale-all-dim`` do reach MLA). The wrapper copies the given ones onto the MLA config,
+  where ``MultiLatentAttention`` reads them to build its ``YarnRotaryEmbedding``.
+"""
+from __future__ import annotations
+
+from adaptor.features import Feature
+from adaptor.wrapping import argument
+
+OWNER = __name__
+
+# command-line dest -> MLATransformerConfig field
+MLA_YARN_FIELDS = {
+    "yarn_original_max_position_embeddings": "original_max_position_embeddings",
+    "yarn_beta_fast": "beta_fast",
+    "yarn_beta_slow": "beta_slow",
+}
+
+
+def _config_from_args(wrapped, instance, args, kwargs):
+    config = wrapped(*args, **kwargs)
+    margs = argument(args, kwargs, "args")
+    if getattr(margs, "multi_latent_attention", False):
+        for dest, field in MLA_YARN_FIELDS.items():
+            value = getattr(margs, dest, None)
+            if value is not None:
+                setattr(config, field, value)
+    return config
+
+
+class MultiLatentAttention(Feature):
+    name = "mla"
+    upstream_flags = ("--multi-latent-attention",)
+    module_swaps = (
+        ("multi_latent_attention", "megatron.core.transformer.dot_product_attention:DotProductAttention",
+         "adaptor.ops.mla_attention:MLADotProductAttention"),
+    )
+
+    def enabled(self, ctx) -> bool:
+        return super().enabled(ctx) and bool(getattr(ctx.flags, "multi_latent_attention", False))
+
+    def register_patches(self, pm, ctx) -> None:
+        pm.register_wrapper("megatron.training.argument_utils.core_transformer_config_from_args",
+                            _config_from_args, OWNER)

@@ -1,0 +1,71 @@
+"""Resuming a distributed-optimizer run without apex or Transformer Engine.
+
+Without apex or TE, Megatron's distributed optimizer drives torch's own Adam, which keeps a
+``step`` tensor per parameter. Two upstream functions get that wrong, so every
+``--use-distributed-optimizer`` resume on CPU (and on NPU without apex) failed, whatever the
+checkpoint format:
+
+* ``megatron.core.optimizer.distrib_optimizer.DistributedOptimizer.state_dict`` asserts that the
+  per-parameter steps hold exactly one value. While a checkpoint is being loaded the optimizer
+  has not stepped yet and holds no state, so the assertion fails. An optimizer that has taken
+  no step has taken zero: for the duration of the call, parameters without state report
+  ``step = 0``, and the optimizer is left as it was (the checkpoint's step is loaded after).
+* ``DistributedOptimizer.load_state_dict`` gives every parameter the *same* step tensor. torch's
+  Adam increments each parameter's step in place, so after a resume the shared counter advanced
+  once per parameter per iteration, and Adam's bias correction, hence every update, was wrong
+  from the first step after the resume. Each parameter now gets its own copy.
+"""
+from __future__ import annotations
+
+from adaptor.features import Feature
+
+OWNER = __name__
+
+
+def _state_dict(wrapped, instance, args_, kwargs):
+    inner = instance.optimizer
+    if any("step" in state for state in inner.state.values()):
+        return wrapped(*args_, **kwargs)
+    import torch
+
+    added = []
+    for group in inner.param_groups:
+        for param in group["params"]:
+            if "step" not in inner.state[param]:
+                inner.state[param]["step"] = torch.tensor(0.0)
+                added.append(param)
+    try:
+        return wrapped(*args_, **kwargs)
+    finally:
+        for param in added:
+            del inner.state[param]["step"]
+            if not inner.state[param]:
+                del inner.state[param]
+
+
+def _load_state_dict(wrapped, instance, args_, kwargs):
+    import torch
+
+    result = wrapped(*args_, **kwargs)
+    seen = set()
+    for state in instance.optimizer.state.values():
+        step = state.get("step")
+        if isinstance(step, torch.Tensor):
+            if id(step) in seen:
+                state["step"] = step.clone()
+            seen.add(id(step))
+    return result
+
+
+class DistributedOptimizerResume(Feature):
+    name = "distributed_optimizer_resume"
+
+    def enabled(self, ctx) -> bool:
+        from megatron.core.optimizer import distrib_optimizer
+
+        return super().enabled(ctx) and not distrib_optimizer.HAVE_APEX_OR_TE
+
+    def register_patches(self, pm, ctx) -> None:
+        target = "megatron.core.optimizer.distrib_optimizer.DistributedOptimizer"
+        pm.register_wrapper(f"{target}.state_dict", _state_dict, OWNER)
+        pm.register_wrapper(f"{target}.load_state_dict", _load_state_dict, OWNER)

@@ -1,0 +1,41 @@
+"""Stop with one line when a dataset split that must yield samples has no tokens.
+
+Upstream: ``megatron.core.datasets.gpt_dataset.GPTDataset._get_num_epochs``
+adds epochs until they cover the requested samples. When the split holds no
+tokens (a small dataset whose ``--split`` share rounds to zero documents, or
+documents that are all empty) an epoch adds nothing and the loop never ends:
+training hangs while building datasets, with no message. It hangs even when
+the split is asked for no samples (``--eval-iters 0``), because the request
+counts one extra token. An empty split asked for nothing gets one (empty)
+epoch; one that must yield samples stops with one line naming the dataset,
+the split and what to change.
+"""
+from __future__ import annotations
+
+from adaptor.errors import fail
+from adaptor.features import Feature
+from adaptor.wrapping import argument
+
+OWNER = __name__
+
+
+def _get_num_epochs(wrapped, instance, args, kwargs):
+    num_tokens_per_epoch = argument(args, kwargs, "num_tokens_per_epoch")
+    if num_tokens_per_epoch > 0:
+        return wrapped(*args, **kwargs)
+    if not instance.num_samples:
+        return 1
+    split = instance.index_split.name
+    fail(
+        f"dataset {instance.dataset_path}: the {split} split has {len(instance.indices)} documents and no "
+        f"tokens, but {instance.num_samples} {split} samples are needed; give it a larger share in "
+        f"--split (now {instance.config.split}), add data, or ask for no {split} samples "
+        f"(--eval-iters 0 for validation, a zero share for test)"
+    )
+
+
+class EmptyDatasetSplit(Feature):
+    name = "empty_dataset_split"
+
+    def register_patches(self, pm, ctx) -> None:
+        pm.register_wrapper("megatron.core.datasets.gpt_dataset.GPTDataset._get_num_epochs", _get_num_epochs, OWNER)

@@ -1,0 +1,31 @@
+"""Reset the loss accumulators after the first logged iteration when it is a scheduled log point.
+
+Upstream: ``megatron.training.training.training_log`` prints the first iteration of every run (to
+show start-up cost) but does not reset its accumulators then, so that the next scheduled print
+averages over a whole interval. When the first iteration *is* a scheduled print (always with
+``--log-interval 1``, and after resuming at a multiple of the interval), the next print averages
+two iterations: a resumed run then reports, for its second iteration, a loss that differs from
+the uninterrupted run's although every tensor is identical. We pass ``is_first_iteration=False``
+in exactly that case, so each printed loss is the loss of its own interval.
+"""
+from __future__ import annotations
+
+from adaptor.features import Feature
+
+OWNER = __name__
+
+
+def _training_log(wrapped, instance, args_, kwargs):
+    from megatron.training import get_args
+
+    iteration = kwargs.get("iteration", args_[3] if len(args_) > 3 else None)
+    if kwargs.get("is_first_iteration") and iteration is not None and iteration % get_args().log_interval == 0:
+        kwargs = dict(kwargs, is_first_iteration=False)
+    return wrapped(*args_, **kwargs)
+
+
+class FirstIterationLog(Feature):
+    name = "first_iteration_log"
+
+    def register_patches(self, pm, ctx) -> None:
+        pm.register_wrapper("megatron.training.training.training_log", _training_log, OWNER)

@@ -1,0 +1,31 @@
+"""Use the prebuilt dataset index helpers instead of compiling them.
+
+Upstream: ``megatron.core.datasets.utils.compile_helpers`` runs
+``make -C megatron/core/datasets`` on rank 0 before building datasets. The
+PyPI wheel ships no Makefile (so ``make`` fails and Megatron exits), but it
+does ship the compiled ``helpers_cpp`` extension. When that extension imports
+there is nothing to compile; otherwise we fall back to the original.
+Applies on every backend: the wheel lacks the Makefile on CUDA hosts too.
+"""
+from __future__ import annotations
+
+import importlib
+
+from adaptor.features import Feature
+
+OWNER = __name__
+
+
+def _compile_helpers(wrapped, instance, args, kwargs):
+    try:
+        importlib.import_module("megatron.core.datasets.helpers_cpp")
+    except ImportError:
+        return wrapped(*args, **kwargs)
+    return None
+
+
+class PrebuiltDatasetHelpers(Feature):
+    name = "prebuilt_dataset_helpers"
+
+    def register_patches(self, pm, ctx) -> None:
+        pm.register_wrapper("megatron.core.datasets.utils.compile_helpers", _compile_helpers, OWNER)

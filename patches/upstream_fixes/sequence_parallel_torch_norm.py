@@ -1,0 +1,47 @@
+"""``--sequence-parallel`` on the local spec: torch LayerNorm/RMSNorm that mark their parameters.
+
+Upstream: ``megatron.core.transformer.torch_norm.WrappedTorchNorm.__new__`` (the local spec's norm
+when apex is absent, as on NPU and CPU) asserts "sequence parallel not supported by torch
+LayerNorm". Tensor parallelism with MoE needs sequence parallelism (``MoELayer.forward`` refuses
+to train without it), so DeepSeek-V3-style models could not use TP at all without Transformer
+Engine or apex.
+
+What sequence parallelism asks of a norm is only this: each TP rank normalizes its own slice of
+the sequence, so the gradients of the norm's weights are partial sums, and Megatron all-reduces
+them over TP for parameters carrying ``sequence_parallel=True``
+(``finalize_model_grads._allreduce_non_tensor_model_parallel_grads``) — what apex's
+FusedLayerNorm and TE's norms declare. The wrapper builds the same torch norm with the assert
+skipped and marks its parameters so.
+"""
+from __future__ import annotations
+
+from adaptor.features import Feature
+from adaptor.wrapping import overridden
+
+OWNER = __name__
+
+
+def _config_of(args, kwargs):
+    from megatron.core.transformer.transformer_config import TransformerConfig
+
+    if "config" in kwargs:
+        return kwargs["config"]
+    return next(a for a in args if isinstance(a, TransformerConfig))
+
+
+def _torch_norm_new(wrapped, instance, args, kwargs):
+    config = _config_of(args, kwargs)
+    if not config.sequence_parallel:
+        return wrapped(*args, **kwargs)
+    with overridden(config, sequence_parallel=False):  # hide it from the assert only
+        norm = wrapped(*args, **kwargs)
+    for param in norm.parameters():
+        setattr(param, "sequence_parallel", True)
+    return norm
+
+
+class SequenceParallelTorchNorm(Feature):
+    name = "sequence_parallel_torch_norm"
+
+    def register_patches(self, pm, ctx) -> None:
+        pm.register_wrapper("megatron.core.transformer.torch_norm.WrappedTorchNorm.__new__", _torch_norm_new, OWNER)
