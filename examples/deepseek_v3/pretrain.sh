@@ -28,6 +28,10 @@
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
+SCRIPT=examples/deepseek_v3/pretrain.sh
+PYTHON="${PYTHON:-python}"
+# shellcheck source=../common.sh
+. "$ROOT/examples/common.sh"
 MODEL_SIZE="${MODEL_SIZE:-tiny}"
 
 case "$MODEL_SIZE" in
@@ -38,18 +42,16 @@ case "$MODEL_SIZE" in
   671b)
     SHAPE=(61 7168 18432 128 1536 512 128 64 128 256 8 8 4 2048 2048 3 1 40 4096 129280)
     DEF_SEQ=4096; DEF_MBS=1; DEF_GBS=4096; DEF_ITERS=10000; DEF_LR=2.2e-4; DEF_PREC=bf16; DEF_NPROC=8; DEF_EP=8 ;;
-  *) echo "examples/deepseek_v3/pretrain.sh: error: MODEL_SIZE must be tiny or 671b (got '$MODEL_SIZE')" >&2; exit 2 ;;
+  *) die "MODEL_SIZE must be tiny or 671b (got '$MODEL_SIZE')" ;;
 esac
 read -r LAYERS HIDDEN FFN HEADS Q_LORA KV_LORA QK_NOPE QK_ROPE V_DIM EXPERTS TOPK ROUTER_GROUPS GROUP_TOPK \
   EXPERT_FFN SHARED_FFN DENSE_FIRST MTP YARN_FACTOR YARN_ORIGINAL DEF_VOCAB <<<"${SHAPE[*]}"
 
-NPROC="${NPROC:-$DEF_NPROC}"; NNODES="${NNODES:-1}"; NODE_RANK="${NODE_RANK:-0}"
-MASTER_ADDR="${MASTER_ADDR:-127.0.0.1}"; MASTER_PORT="${MASTER_PORT:-29500}"
-TP="${TP:-1}"; PP="${PP:-1}"; EP="${EP:-$DEF_EP}"
+NPROC="${NPROC:-$DEF_NPROC}"; TP="${TP:-1}"; PP="${PP:-1}"; EP="${EP:-$DEF_EP}"
 SEQ_LEN="${SEQ_LEN:-$DEF_SEQ}"; MBS="${MBS:-$DEF_MBS}"; GBS="${GBS:-$DEF_GBS}"
-TRAIN_ITERS="${TRAIN_ITERS:-$DEF_ITERS}"; LR="${LR:-$DEF_LR}"; MIN_LR="${MIN_LR:-$(python3 -c "print(${LR}/10)")}"
-WARMUP="${WARMUP:-$(( TRAIN_ITERS / 10 ))}"
+TRAIN_ITERS="${TRAIN_ITERS:-$DEF_ITERS}"; LR="${LR:-$DEF_LR}"
 PRECISION="${PRECISION:-$DEF_PREC}"
+launch_defaults
 
 MODEL_ARGS=(
   --num-layers "$LAYERS" --hidden-size "$HIDDEN" --ffn-hidden-size "$FFN" --num-attention-heads "$HEADS"
@@ -74,31 +76,8 @@ MODEL_ARGS=(
 )
 [ "${GROUPED_GEMM:-1}" = 1 ] && MODEL_ARGS+=(--moe-grouped-gemm)
 
-PYTHON="${PYTHON:-python}"
-if [ -z "${DATA_PATH:-}" ] && [ "${MOCK_DATA:-0}" != 1 ]; then
-  # The embedded corpus: preprocess once, keyed by the content of the corpus and tokenizer.
-  CORPUS="$ROOT/examples/data/sample_corpus.jsonl"
-  TOKENIZER_MODEL="${TOKENIZER_MODEL:-$ROOT/examples/data/tokenizer}"
-  KEY=$(cat "$CORPUS" "$TOKENIZER_MODEL"/tokenizer*.json "$ROOT"/tools/{preprocess_data,indexed_writer,text_readers}.py | sha256sum | cut -c1-12)
-  DATA_CACHE="${DATA_CACHE:-$ROOT/.cache/data}"
-  PREFIX="$DATA_CACHE/sample_corpus-$KEY"
-  if [ ! -f "${PREFIX}_text_document.idx" ]; then
-    mkdir -p "$DATA_CACHE"
-    "$PYTHON" "$ROOT/tools/preprocess_data.py" --input "$CORPUS" --output-prefix "$PREFIX" \
-      --json-keys text --tokenizer-type HuggingFaceTokenizer --tokenizer-model "$TOKENIZER_MODEL" \
-      --append-eod --workers 1
-  fi
-  DATA_PATH="${PREFIX}_text_document"
-fi
-
-if [ -n "${DATA_PATH:-}" ]; then
-  # shellcheck disable=SC2206  # a blend "0.7 a 0.3 b" is several words on purpose
-  DATA_ARGS=(--data-path ${DATA_PATH} --split 98,2,0
-             --tokenizer-type "${TOKENIZER_TYPE:-HuggingFaceTokenizer}")
-  [ -n "${TOKENIZER_MODEL:-}" ] && DATA_ARGS+=(--tokenizer-model "$TOKENIZER_MODEL")
-else
-  DATA_ARGS=(--mock-data --tokenizer-type "${TOKENIZER_TYPE:-NullTokenizer}" --vocab-size "${VOCAB_SIZE:-$DEF_VOCAB}")
-fi
+prepare_sample_corpus
+data_args "$DEF_VOCAB"
 # DeepSeek-V3's 129280 = 3232 * 40: no padding of the published vocabulary.
 [ "$MODEL_SIZE" = 671b ] && DATA_ARGS+=(--make-vocab-size-divisible-by 3232)
 
@@ -112,16 +91,8 @@ TRAIN_ARGS=(
 )
 # Megatron trains MoE with tensor parallelism only together with sequence parallelism.
 [ "$TP" -gt 1 ] && TRAIN_ARGS+=(--sequence-parallel)
-case "$PRECISION" in bf16) TRAIN_ARGS+=(--bf16) ;; fp16) TRAIN_ARGS+=(--fp16) ;; fp32) ;;
-  *) echo "examples/deepseek_v3/pretrain.sh: error: PRECISION must be bf16, fp16 or fp32" >&2; exit 2 ;; esac
-[ "$NPROC" -gt 1 ] || [ "$NNODES" -gt 1 ] && TRAIN_ARGS+=(--use-distributed-optimizer)
-[ -n "${SAVE:-}" ] && TRAIN_ARGS+=(--save "$SAVE" --save-interval "${SAVE_INTERVAL:-$TRAIN_ITERS}")
-TRAIN_ARGS+=(--ckpt-format "${CKPT_FORMAT:-safetensors}")
-[ -n "${LOAD:-}" ] && TRAIN_ARGS+=(--load "$LOAD")
+precision_args TRAIN_ARGS
+if [ "$NPROC" -gt 1 ] || [ "$NNODES" -gt 1 ]; then TRAIN_ARGS+=(--use-distributed-optimizer); fi
+checkpoint_args TRAIN_ARGS
 
-export CUDA_DEVICE_MAX_CONNECTIONS="${CUDA_DEVICE_MAX_CONNECTIONS:-1}"
-export OMP_NUM_THREADS="${OMP_NUM_THREADS:-$(( $(nproc) / NPROC > 0 ? $(nproc) / NPROC : 1 ))}"
-
-exec torchrun --nproc_per_node "$NPROC" --nnodes "$NNODES" --node_rank "$NODE_RANK" \
-  --master_addr "$MASTER_ADDR" --master_port "$MASTER_PORT" \
-  "$ROOT/pretrain_gpt.py" "${MODEL_ARGS[@]}" "${DATA_ARGS[@]}" "${TRAIN_ARGS[@]}" "$@"
+launch "$ROOT/pretrain_gpt.py" "${MODEL_ARGS[@]}" "${DATA_ARGS[@]}" "${TRAIN_ARGS[@]}" "$@"

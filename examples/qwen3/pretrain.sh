@@ -31,6 +31,10 @@
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
+SCRIPT=examples/qwen3/pretrain.sh
+PYTHON="${PYTHON:-python}"
+# shellcheck source=../common.sh
+. "$ROOT/examples/common.sh"
 MODEL_SIZE="${MODEL_SIZE:-tiny}"
 
 # Qwen3's published shapes: layers hidden ffn heads kv-heads head-dim tied-embeddings
@@ -39,17 +43,15 @@ case "$MODEL_SIZE" in
   0.6b) SHAPE=(28 1024 3072 16 8 128 tied);  DEF_SEQ=4096; DEF_MBS=1; DEF_GBS=64; DEF_ITERS=5000; DEF_LR=3e-4; DEF_VOCAB=151936; DEF_PREC=bf16 ;;
   8b)   SHAPE=(36 4096 12288 32 8 128 untied); DEF_SEQ=4096; DEF_MBS=1; DEF_GBS=256; DEF_ITERS=5000; DEF_LR=3e-4; DEF_VOCAB=151936; DEF_PREC=bf16 ;;
   32b)  SHAPE=(64 5120 25600 64 8 128 untied); DEF_SEQ=4096; DEF_MBS=1; DEF_GBS=512; DEF_ITERS=5000; DEF_LR=2e-4; DEF_VOCAB=151936; DEF_PREC=bf16 ;;
-  *) echo "examples/qwen3/pretrain.sh: error: MODEL_SIZE must be tiny, 0.6b, 8b or 32b (got '$MODEL_SIZE')" >&2; exit 2 ;;
+  *) die "MODEL_SIZE must be tiny, 0.6b, 8b or 32b (got '$MODEL_SIZE')" ;;
 esac
 read -r LAYERS HIDDEN FFN HEADS KV_HEADS HEAD_DIM TIE <<<"${SHAPE[*]}"
 
-NPROC="${NPROC:-1}"; NNODES="${NNODES:-1}"; NODE_RANK="${NODE_RANK:-0}"
-MASTER_ADDR="${MASTER_ADDR:-127.0.0.1}"; MASTER_PORT="${MASTER_PORT:-29500}"
-TP="${TP:-1}"; PP="${PP:-1}"
+NPROC="${NPROC:-1}"; TP="${TP:-1}"; PP="${PP:-1}"
 SEQ_LEN="${SEQ_LEN:-$DEF_SEQ}"; MBS="${MBS:-$DEF_MBS}"; GBS="${GBS:-$DEF_GBS}"
-TRAIN_ITERS="${TRAIN_ITERS:-$DEF_ITERS}"; LR="${LR:-$DEF_LR}"; MIN_LR="${MIN_LR:-$(python3 -c "print(${LR}/10)")}"
-WARMUP="${WARMUP:-$(( TRAIN_ITERS / 10 ))}"
+TRAIN_ITERS="${TRAIN_ITERS:-$DEF_ITERS}"; LR="${LR:-$DEF_LR}"
 PRECISION="${PRECISION:-$DEF_PREC}"
+launch_defaults
 
 MODEL_ARGS=(
   --num-layers "$LAYERS" --hidden-size "$HIDDEN" --ffn-hidden-size "$FFN"
@@ -62,30 +64,10 @@ MODEL_ARGS=(
 )
 [ "$TIE" = untied ] && MODEL_ARGS+=(--untie-embeddings-and-output-weights)
 
-PYTHON="${PYTHON:-python}"
 if [ -n "${HF_LOAD:-}" ]; then
-  # The architecture of the Hugging Face directory (adaptor.convert.megatron_args_from_hf_config);
-  # the first line is its vocabulary size.
-  if [ ! -f "$HF_LOAD/config.json" ]; then
-    echo "examples/qwen3/pretrain.sh: error: HF_LOAD=$HF_LOAD has no config.json" >&2; exit 2
-  fi
-  HF_OUT="$(cd "$ROOT" && ADAPTOR_QUIET=1 ADAPTOR_BACKEND="${ADAPTOR_BACKEND:-cpu}" "$PYTHON" -W ignore -c '
-import json, sys
-import adaptor  # noqa: F401
-from adaptor.convert.config_check import HF_MODEL_TYPES, model_flags
-try:
-    config = json.load(open(sys.argv[1] + "/config.json"))
-    flags = model_flags(HF_MODEL_TYPES.get(config.get("model_type"), "qwen3"), config)
-except Exception as exc:
-    sys.exit(f"examples/qwen3/pretrain.sh: error: HF_LOAD={sys.argv[1]}: {exc}")
-pairs = [(f, v) for f, v in zip(flags, flags[1:] + [""]) if f.startswith("--")]
-print(config["vocab_size"])
-for flag, value in pairs:
-    if flag not in ("--vocab-size", "--max-position-embeddings"):
-        print(flag)
-        if value and not value.startswith("--"):
-            print(value)
-' "$HF_LOAD")" || exit 2
+  # The architecture of the Hugging Face directory; the first line is its vocabulary size.
+  [ -f "$HF_LOAD/config.json" ] || die "HF_LOAD=$HF_LOAD has no config.json"
+  HF_OUT="$("$PYTHON" "$ROOT/tools/hf_model_flags.py" "$HF_LOAD")" || exit 2
   mapfile -t HF_ARGS <<<"$HF_OUT"
   DEF_VOCAB="${HF_ARGS[0]}"
   MODEL_ARGS=("${HF_ARGS[@]:1}" --seq-length "$SEQ_LEN" --max-position-embeddings "$SEQ_LEN"
@@ -96,30 +78,8 @@ for flag, value in pairs:
 fi
 [ -n "${HF_SAVE:-}" ] && MODEL_ARGS+=(--hf-save-dir "$HF_SAVE")
 
-if [ -z "${DATA_PATH:-}" ] && [ "${MOCK_DATA:-0}" != 1 ]; then
-  # The embedded corpus: preprocess once, keyed by the content of the corpus and tokenizer.
-  CORPUS="$ROOT/examples/data/sample_corpus.jsonl"
-  TOKENIZER_MODEL="${TOKENIZER_MODEL:-$ROOT/examples/data/tokenizer}"
-  KEY=$(cat "$CORPUS" "$TOKENIZER_MODEL"/tokenizer*.json "$ROOT"/tools/{preprocess_data,indexed_writer,text_readers}.py | sha256sum | cut -c1-12)
-  DATA_CACHE="${DATA_CACHE:-$ROOT/.cache/data}"
-  PREFIX="$DATA_CACHE/sample_corpus-$KEY"
-  if [ ! -f "${PREFIX}_text_document.idx" ]; then
-    mkdir -p "$DATA_CACHE"
-    "$PYTHON" "$ROOT/tools/preprocess_data.py" --input "$CORPUS" --output-prefix "$PREFIX" \
-      --json-keys text --tokenizer-type HuggingFaceTokenizer --tokenizer-model "$TOKENIZER_MODEL" \
-      --append-eod --workers 1
-  fi
-  DATA_PATH="${PREFIX}_text_document"
-fi
-
-if [ -n "${DATA_PATH:-}" ]; then
-  # shellcheck disable=SC2206  # a blend "0.7 a 0.3 b" is several words on purpose
-  DATA_ARGS=(--data-path ${DATA_PATH} --split 98,2,0
-             --tokenizer-type "${TOKENIZER_TYPE:-HuggingFaceTokenizer}")
-  [ -n "${TOKENIZER_MODEL:-}" ] && DATA_ARGS+=(--tokenizer-model "$TOKENIZER_MODEL")
-else
-  DATA_ARGS=(--mock-data --tokenizer-type "${TOKENIZER_TYPE:-NullTokenizer}" --vocab-size "${VOCAB_SIZE:-$DEF_VOCAB}")
-fi
+prepare_sample_corpus
+data_args "$DEF_VOCAB"
 
 TRAIN_ARGS=(
   --tensor-model-parallel-size "$TP" --pipeline-model-parallel-size "$PP"
@@ -129,23 +89,8 @@ TRAIN_ARGS=(
   --seed 1234 --log-interval "${LOG_INTERVAL:-5}" --eval-interval "${EVAL_INTERVAL:-1000000}" --eval-iters 0
   --log-throughput
 )
-case "$PRECISION" in bf16) TRAIN_ARGS+=(--bf16) ;; fp16) TRAIN_ARGS+=(--fp16) ;; fp32) ;;
-  *) echo "examples/qwen3/pretrain.sh: error: PRECISION must be bf16, fp16 or fp32" >&2; exit 2 ;; esac
-if [ "${FSDP2:-0}" = 1 ]; then
-  TRAIN_ARGS+=(--use-torch-fsdp2)
-  [ -n "${FSDP2_CONFIG:-}" ] && TRAIN_ARGS+=(--fsdp2-config-path "$FSDP2_CONFIG")
-elif [ -n "${FSDP2_CONFIG:-}" ]; then
-  echo "examples/qwen3/pretrain.sh: error: FSDP2_CONFIG needs FSDP2=1" >&2; exit 2
-elif [ "$NPROC" -gt 1 ] || [ "$NNODES" -gt 1 ]; then
-  TRAIN_ARGS+=(--use-distributed-optimizer)
-fi
-[ -n "${SAVE:-}" ] && TRAIN_ARGS+=(--save "$SAVE" --save-interval "${SAVE_INTERVAL:-$TRAIN_ITERS}")
-TRAIN_ARGS+=(--ckpt-format "${CKPT_FORMAT:-safetensors}")
-[ -n "${LOAD:-}" ] && TRAIN_ARGS+=(--load "$LOAD")
+precision_args TRAIN_ARGS
+sharding_args TRAIN_ARGS
+checkpoint_args TRAIN_ARGS
 
-export CUDA_DEVICE_MAX_CONNECTIONS="${CUDA_DEVICE_MAX_CONNECTIONS:-1}"
-export OMP_NUM_THREADS="${OMP_NUM_THREADS:-$(( $(nproc) / NPROC > 0 ? $(nproc) / NPROC : 1 ))}"
-
-exec torchrun --nproc_per_node "$NPROC" --nnodes "$NNODES" --node_rank "$NODE_RANK" \
-  --master_addr "$MASTER_ADDR" --master_port "$MASTER_PORT" \
-  "$ROOT/pretrain_gpt.py" "${MODEL_ARGS[@]}" "${DATA_ARGS[@]}" "${TRAIN_ARGS[@]}" "$@"
+launch "$ROOT/pretrain_gpt.py" "${MODEL_ARGS[@]}" "${DATA_ARGS[@]}" "${TRAIN_ARGS[@]}" "$@"

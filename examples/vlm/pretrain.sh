@@ -23,17 +23,18 @@
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
+SCRIPT=examples/vlm/pretrain.sh
+# shellcheck source=../common.sh
+. "$ROOT/examples/common.sh"
 MM_MODEL="${MM_MODEL:-$ROOT/examples/vlm/model.json}"
 MM_DATA="${MM_DATA:-$ROOT/examples/vlm/data.json}"
 TOKENIZER_MODEL="${TOKENIZER_MODEL:-$ROOT/examples/data/tokenizer}"
 
-NPROC="${NPROC:-1}"; NNODES="${NNODES:-1}"; NODE_RANK="${NODE_RANK:-0}"
-MASTER_ADDR="${MASTER_ADDR:-127.0.0.1}"; MASTER_PORT="${MASTER_PORT:-29500}"
-TP="${TP:-1}"
+NPROC="${NPROC:-1}"; TP="${TP:-1}"
 SEQ_LEN="${SEQ_LEN:-48}"; MBS="${MBS:-8}"; GBS="${GBS:-16}"
-TRAIN_ITERS="${TRAIN_ITERS:-150}"; LR="${LR:-2e-3}"; MIN_LR="${MIN_LR:-$(python3 -c "print(${LR}/10)")}"
-WARMUP="${WARMUP:-$(( TRAIN_ITERS / 10 ))}"
+TRAIN_ITERS="${TRAIN_ITERS:-150}"; LR="${LR:-2e-3}"
 PRECISION="${PRECISION:-fp32}"
+launch_defaults
 
 ARGS=(
   --mm-model "$MM_MODEL" --mm-data "$MM_DATA"
@@ -45,24 +46,9 @@ ARGS=(
   --seed 1234 --log-interval "${LOG_INTERVAL:-10}" --eval-interval 1000000 --eval-iters 0
   --log-throughput
 )
-case "$PRECISION" in bf16) ARGS+=(--bf16) ;; fp16) ARGS+=(--fp16) ;; fp32) ;;
-  *) echo "examples/vlm/pretrain.sh: error: PRECISION must be bf16, fp16 or fp32" >&2; exit 2 ;; esac
-if [ "${FSDP2:-0}" = 1 ]; then
-  ARGS+=(--use-torch-fsdp2)
-  [ -n "${FSDP2_CONFIG:-}" ] && ARGS+=(--fsdp2-config-path "$FSDP2_CONFIG")
-elif [ -n "${FSDP2_CONFIG:-}" ]; then
-  echo "examples/vlm/pretrain.sh: error: FSDP2_CONFIG needs FSDP2=1" >&2; exit 2
-elif [ "$NPROC" -gt 1 ] || [ "$NNODES" -gt 1 ]; then
-  ARGS+=(--use-distributed-optimizer)
-fi
-[ -n "${SAVE:-}" ] && ARGS+=(--save "$SAVE" --save-interval "${SAVE_INTERVAL:-$TRAIN_ITERS}")
-ARGS+=(--ckpt-format "${CKPT_FORMAT:-safetensors}")
-[ -n "${LOAD:-}" ] && ARGS+=(--load "$LOAD")
+precision_args ARGS
+sharding_args ARGS
+checkpoint_args ARGS
 [ "${SKIP_BAD:-0}" = 1 ] && ARGS+=(--mm-skip-bad-records)
 
-export CUDA_DEVICE_MAX_CONNECTIONS="${CUDA_DEVICE_MAX_CONNECTIONS:-1}"
-export OMP_NUM_THREADS="${OMP_NUM_THREADS:-$(( $(nproc) / NPROC > 0 ? $(nproc) / NPROC : 1 ))}"
-
-exec torchrun --nproc_per_node "$NPROC" --nnodes "$NNODES" --node_rank "$NODE_RANK" \
-  --master_addr "$MASTER_ADDR" --master_port "$MASTER_PORT" \
-  "$ROOT/pretrain_mm.py" "${ARGS[@]}" "$@"
+launch "$ROOT/pretrain_mm.py" "${ARGS[@]}" "$@"
