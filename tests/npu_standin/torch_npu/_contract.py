@@ -89,7 +89,7 @@ def load() -> dict:
     if missing:
         raise ImportError(
             f"torch_npu stand-in: the torch_npu contract is missing under {directory} "
-            f"({', '.join(missing)}); run `python tests/npu_contract.py` to fetch it")
+            f"({', '.join(missing)}); run `python tests/helpers/npu_contract.py` to fetch it")
     spec = yaml.safe_load((directory / SCHEMAS).read_text())
     lib = torch.library.Library("npu", "DEF")
     defined = skipped = 0

@@ -1,0 +1,95 @@
+"""Test tiers, the shared helpers' import path, and fixtures both tiers use.
+
+* ``tests/unit``: in-process checks and single short child interpreters (ops, the patch manager, argument
+  tables, tokenizers, small conversions, the torch_npu contract): ``pytest -q tests/unit``, a few minutes.
+* ``tests/e2e``: real torchrun/gloo jobs, training runs, tools run on real files. Every test there is
+  marked ``e2e`` here, so ``pytest -m "not e2e" tests`` is the unit tier.
+
+``tests/`` goes on sys.path so that tests and child scripts import ``helpers.<module>``. Slow e2e fixtures
+declared ``@prefetched`` (helpers/prefetch.py) start on a background thread once collection ends.
+"""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+TESTS = Path(__file__).resolve().parent
+if str(TESTS) not in sys.path:
+    sys.path.insert(0, str(TESTS))
+
+from helpers.hf_fixtures import make_tiny_deepseek_v3, make_tiny_qwen3  # noqa: E402
+
+E2E = TESTS / "e2e"
+
+
+def pytest_collection_modifyitems(config, items):
+    """Mark everything under tests/e2e, and run the unit tier first (it fails fast and cheaply)."""
+    for item in items:
+        if E2E in Path(str(item.path)).resolve().parents:
+            item.add_marker(pytest.mark.e2e)
+    items.sort(key=lambda item: item.get_closest_marker("e2e") is not None)  # stable: file order kept
+
+
+def pytest_collection_finish(session):
+    """Start the slow fixtures of the selected e2e tests on the core the tests ahead of them leave idle."""
+    from helpers.prefetch import start_for
+
+    start_for(session)
+
+
+def pytest_sessionfinish(session):
+    from helpers.prefetch import PREFETCH
+
+    PREFETCH.stop()
+
+
+# YaRN stretching a 16-position original context 4x: test_hf_parity.py's 32-token batch crosses it.
+YARN = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 16}
+
+# Tiny random Hugging Face checkpoints (helpers/hf_fixtures.py) that tests in both tiers read. Each is
+# written on first use and then shared; a test that edits one copies it first.
+HF_MODELS = {
+    "qwen3_tied": lambda path: make_tiny_qwen3(path, tied=True, shards=1),
+    "qwen3_untied": lambda path: make_tiny_qwen3(path, tied=False, shards=2),
+    "deepseek_v3": lambda path: make_tiny_deepseek_v3(path, mtp_layers=1, shards=2),
+    "deepseek_v3_other": lambda path: make_tiny_deepseek_v3(path, mtp_layers=1, shards=2, seed=7),
+    "qwen3_yarn": lambda path: make_tiny_qwen3(path, rope_scaling=YARN),
+    "qwen3_yarn_factor": lambda path: make_tiny_qwen3(path, rope_scaling={
+        **YARN, "attention_factor": 1.3, "beta_fast": 16.0, "beta_slow": 2.0}),
+    "qwen3_linear": lambda path: make_tiny_qwen3(path, rope_scaling={"rope_type": "linear", "factor": 2.0}),
+    # The sample tokenizer's vocabulary (1,436 tokens): text decoders of pretrain_mm.py.
+    "qwen3_vocab1436": lambda path: make_tiny_qwen3(path, vocab_size=1436),
+}
+
+
+class HfModels:
+    """``tiny_hf[name]``: the directory of one of HF_MODELS, written the first time it is asked for."""
+
+    def __init__(self, root: Path):
+        self.root = root
+        self.made: dict[str, Path] = {}
+
+    def __getitem__(self, name: str) -> Path:
+        if name not in self.made:
+            self.made[name] = HF_MODELS[name](self.root / name)
+        return self.made[name]
+
+
+@pytest.fixture(scope="session")
+def tiny_hf(tmp_path_factory) -> HfModels:
+    return HfModels(tmp_path_factory.mktemp("tiny_hf"))
+
+
+@pytest.fixture(scope="session")
+def hf_models(tiny_hf) -> dict[str, Path]:
+    """The three checkpoints test_convert_ckpt.py (both tiers) converts, by its model-type keys."""
+    return {"qwen3_tied": tiny_hf["qwen3_tied"], "qwen3_untied": tiny_hf["qwen3_untied"],
+            "deepseek3": tiny_hf["deepseek_v3"]}
+
+
+@pytest.fixture(scope="session")
+def hf_dirs(tiny_hf) -> HfModels:
+    """test_hf_parity.py's checkpoints (both tiers), by name: every entry of HF_MODELS."""
+    return tiny_hf

@@ -1,0 +1,177 @@
+"""Hugging Face checkpoints in Megatron: logits equal transformers', and online load/save in training.
+
+Tiny random Qwen3ForCausalLM (tied and untied) and DeepseekV3ForCausalLM (MLA + MoE + MTP)
+from tests/helpers/hf_fixtures.py, saved by transformers as the Hub publishes them:
+
+* tools/check_hf_parity.py (torchrun, gloo) computes Megatron's logits at TP1/PP1, TP2/PP2
+  and TP2/PP2/EP2 and compares them with transformers' (fp32, eager attention);
+* pretrain_gpt.py --hf-load-dir trains from the HF weights (the same losses as a run that
+  --load's the offline-converted checkpoint), and --hf-save-dir writes a directory that
+  transformers loads and whose tensors are the Megatron weights at the end;
+* a config.json that does not match the flags is one line naming the flag, whether it comes with
+  --hf-load-dir or inside a checkpoint tools/convert_ckpt.py wrote (RoPE scaling included);
+* Qwen3 with YaRN ``rope_scaling`` (transformers' default attention factor, and an explicit one
+  with other betas) and with linear position interpolation has transformers' logits.
+
+That the scaling changes transformers' logits at all, and the parity tool's bad input:
+tests/unit/test_hf_parity.py.
+"""
+from __future__ import annotations
+
+import json
+import math
+import re
+
+import pytest
+import torch
+
+from helpers.megatron_runs import ROOT, TwoAtATime, run_pretrain, tail
+from helpers.one_line_errors import child_frames
+from helpers.processes import child_env, run_tool
+
+# Measured max abs logit differences are 0.8e-6 to 1.0e-6 with logits up to 1.8 (fp32: the sums
+# run in a different order — fused QKV, TP-split matmuls, vocab-parallel output). 1e-4 is the
+# bound we hold conversions to; a wrong mapping or semantic (rope layout, yarn mscale, router scaling, a swapped
+# tensor) gives differences of 1e-2 or more on these random weights.
+LOGIT_BOUND = 1e-4
+# Runs of the same layout and data compute the same float operations in the same order: the loss
+# curves of two ways of loading the same weights agree to print precision (7 digits).
+SAME_RUN_RTOL = 1e-6
+
+_DIFF = re.compile(r"max abs logit difference ([0-9.eE+-]+)")
+
+
+def parity(hf_dir, *extra):
+    proc = run_tool("check_hf_parity.py", "--hf-dir", hf_dir, *extra, cwd=ROOT, timeout=900, env=child_env())
+    found = _DIFF.search(proc.stdout)
+    assert found, tail(proc.stdout + proc.stderr)
+    return proc.returncode, float(found.group(1)), proc.stdout.strip()
+
+
+# The one-process checks (no --tp/--pp/--ep) keep one core busy each: they start together, two at a
+# time, when the first of them is asked for, and each test waits for its own; the others run in their test.
+ONE_PROCESS = [("qwen3_tied", ("--tolerance", "0")), ("deepseek_v3", ()), ("qwen3_yarn_factor", ()), ("qwen3_linear", ())]
+
+
+@pytest.fixture(scope="module")
+def one_process_parity(hf_dirs):
+    dirs = {case: hf_dirs[case[0]] for case in ONE_PROCESS}  # written here, in this thread
+    pool = TwoAtATime()
+    yield pool.start({case: (lambda case=case: parity(dirs[case], *case[1])) for case in ONE_PROCESS})
+    pool.close()
+
+
+@pytest.mark.parametrize("name,layout", [
+    # With --tolerance 0 the tool must also report its own failure: exit 1 and "FAILED" as soon as
+    # fp32 rounding leaves any difference (measured: 1e-6 here).
+    ("qwen3_tied", ["--tolerance", "0"]),
+    ("qwen3_tied", ["--tp", "2", "--pp", "2"]),       # the tied output layer copy on the last stage
+    ("qwen3_untied", ["--tp", "2", "--pp", "2"]),
+    ("deepseek_v3", []),
+    ("deepseek_v3", ["--tp", "2", "--pp", "2", "--ep", "2"]),  # 4 processes, expert tensor parallel 1
+    ("qwen3_yarn", ["--tp", "2"]),
+    ("qwen3_yarn_factor", []),
+    ("qwen3_linear", []),
+])
+def test_logits_match_transformers(hf_dirs, one_process_parity, name, layout):
+    started = one_process_parity.get((name, tuple(layout)))
+    code, diff, line = started.result() if started else parity(hf_dirs[name], *layout)
+    print(line)
+    assert diff <= LOGIT_BOUND, line
+    if "--tolerance" in layout and diff > 0:
+        assert code == 1 and line.endswith("FAILED"), line
+    else:
+        assert code == 0 and line.endswith("ok"), line
+
+
+# ----------------------------------------------------------------------------- training
+def model_flags(hf_dir, model_type):
+    import adaptor  # noqa: F401  (before patches: it registers them)
+    from adaptor.convert.config_check import model_flags as flags
+
+    return flags(model_type, json.loads((hf_dir / "config.json").read_text()))
+
+
+TRAIN = ["--seq-length", "64", "--micro-batch-size", "2", "--global-batch-size", "8", "--train-iters", "3",
+         "--lr", "1e-3", "--min-lr", "1e-4", "--lr-decay-style", "cosine", "--clip-grad", "1.0",
+         "--attention-dropout", "0", "--hidden-dropout", "0", "--seed", "1234", "--log-interval", "1",
+         "--eval-iters", "0", "--eval-interval", "100000", "--mock-data", "--tokenizer-type", "NullTokenizer",
+         "--moe-token-dispatcher-type", "alltoall", "--expert-model-parallel-size", "2", "--ckpt-format", "torch"]
+
+
+def rank_files(checkpoint):
+    tracker = (checkpoint / "latest_checkpointed_iteration.txt").read_text().strip()
+    step = "release" if tracker == "release" else f"iter_{int(tracker):07d}"
+    return sorted((checkpoint / step).glob("mp_rank_*/model_optim_rng.pt"))
+
+
+def test_deepseek_v3_trains_from_hf_dir_and_saves_one(hf_dirs, tmp_path):
+    """EP=2 on 2 processes: --hf-load-dir equals --load of the offline conversion; --hf-save-dir equals --save."""
+    from adaptor.convert import HfCheckpoint, Layout, convert_hf_to_megatron, megatron_rank_tensors
+
+    source = hf_dirs["deepseek_v3"]
+    flags = model_flags(source, "deepseek3") + TRAIN
+    online = run_pretrain(flags + ["--hf-load-dir", str(source), "--hf-save-dir", str(tmp_path / "hf_out"),
+                                   "--save", str(tmp_path / "ckpt"), "--save-interval", "1000"], nproc=2)
+    assert online.returncode == 0, tail(online.output)
+    assert "from Hugging Face directory" in online.output
+
+    # The offline conversion, --load'ed as a fine-tuning start; --hf-load-dir names other weights,
+    # so equal losses also show that an existing --load checkpoint wins over --hf-load-dir.
+    offline_dir = convert_hf_to_megatron(source, tmp_path / "offline", "deepseek3", Layout(ep=2))
+    offline = run_pretrain(flags + ["--load", str(offline_dir), "--finetune",
+                                    "--hf-load-dir", str(hf_dirs["deepseek_v3_other"])], nproc=2)
+    assert offline.returncode == 0, tail(offline.output)
+    assert "resuming from it, not from --hf-load-dir" in offline.output
+    assert len(online.losses) == 3 and sorted(online.losses) == sorted(offline.losses)
+    for it, loss in online.losses.items():
+        assert math.isclose(loss, offline.losses[it], rel_tol=SAME_RUN_RTOL), (online.curve(), offline.curve())
+    assert online.mtp_losses == pytest.approx(offline.mtp_losses, rel=SAME_RUN_RTOL)
+
+    # --hf-save-dir: transformers loads it; mapped back to each rank it is exactly what --save holds.
+    from transformers import AutoModelForCausalLM
+
+    saved = HfCheckpoint(tmp_path / "hf_out")
+    AutoModelForCausalLM.from_pretrained(tmp_path / "hf_out", dtype=torch.float32)
+    files = rank_files(tmp_path / "ckpt")
+    assert len(files) == 2  # mp_rank_00_000, mp_rank_00_001 (EP ranks)
+    for ep_rank, file in enumerate(files):
+        state = torch.load(file, map_location="cpu", weights_only=False)["model"]
+        compared = 0
+        for name, tensor in megatron_rank_tensors(saved, "deepseek3", Layout(ep=2), 0, 0, ep_rank,
+                                                  padded_vocab_size=state["embedding.word_embeddings.weight"].shape[0]):
+            assert torch.equal(tensor, state[name]), f"{name} (EP rank {ep_rank})"
+            compared += 1
+        assert compared == sum(1 for n in state if not n.endswith("_extra_state"))
+    original = HfCheckpoint(source)
+    assert not torch.equal(saved.get("model.embed_tokens.weight"), original.get("model.embed_tokens.weight"))
+    assert not list(tmp_path.glob(".*partial*"))
+
+
+def test_config_mismatch_names_the_flag(hf_dirs, tmp_path):
+    flags = model_flags(hf_dirs["qwen3_tied"], "qwen3")
+    flags[flags.index("--num-query-groups") + 1] = "4"
+    run = run_pretrain(flags + TRAIN[:-6] + ["--hf-load-dir", str(hf_dirs["qwen3_tied"]),
+                                             "--hf-save-dir", str(tmp_path / "out")], nproc=1)
+    errors = [line for line in run.output.splitlines() if "error:" in line]
+    assert run.returncode != 0
+    assert errors == [f"megatron-adaptor: error: --hf-load-dir {hf_dirs['qwen3_tied']}: config.json does not match "
+                      f"the command line: --num-query-groups (--group-query-attention) is 4 on the command line "
+                      f"but 2 in the Hugging Face config"], tail(run.output)
+    assert child_frames(run.output) == [], tail(run.output)
+    assert not (tmp_path / "out").exists()
+
+
+def test_converted_checkpoint_refuses_flags_without_its_rope_scaling(hf_dirs, tmp_path):
+    """YaRN is not in any tensor's shape: a --load of the converted checkpoint with plain RoPE flags is one line."""
+    from adaptor.convert import Layout, convert_hf_to_megatron
+
+    converted = convert_hf_to_megatron(hf_dirs["qwen3_yarn"], tmp_path / "mg", "qwen3", Layout())
+    flags = model_flags(hf_dirs["qwen3_tied"], "qwen3")  # the same architecture, plain RoPE
+    run = run_pretrain(flags + TRAIN[:-6] + ["--load", str(converted), "--ckpt-format", "torch",
+                                             "--no-load-optim", "--no-load-rng", "--finetune"])
+    assert run.returncode != 0
+    errors = [line for line in run.output.splitlines() if "error:" in line]
+    assert errors == [f"megatron-adaptor: error: --load {converted}: --position-embedding-type is 'rope' on the "
+                      f"command line but 'yarn' in the Hugging Face config ({converted / 'hf' / 'config.json'}); "
+                      f"change the flag, or convert again"], tail(run.output)

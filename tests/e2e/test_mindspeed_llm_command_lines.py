@@ -1,0 +1,257 @@
+"""MindSpeed-LLM's own pretrain scripts run through pretrain_gpt.py, and train what our flags train.
+
+The flag sets are those of MindSpeed-LLM's ``examples/mcore/qwen3/pretrain_qwen3_8b_4K_ptd.sh`` and
+``examples/mcore/deepseek3/pretrain_deepseek3_671b_4k_ptd.sh`` as published, every flag kept, with
+only sizes scaled to two CPU cores (layers, hidden, heads, experts, vocabulary, sequence, batch,
+iterations, parallel sizes) and paths pointed at the embedded corpus and tokenizer. Each runs
+beside the same model written in Megatron's and our own flags; the loss curves must be equal to
+the last printed digit: the same model, data and order of operations give the same floats.
+
+Also here: ``python pretrain_gpt.py`` without torchrun is one torchrun process, and MindSpeed-LLM flags
+that have no equivalent are refused in one line. MindSpeed-LLM's conversion and instruction-data
+scripts: tests/unit/test_mindspeed_llm_command_lines.py.
+"""
+from __future__ import annotations
+
+import pytest
+
+from helpers.hf_fixtures import make_tiny_qwen3
+from helpers.megatron_runs import (
+    SAMPLE_CORPUS, SAMPLE_TOKENIZER, TINY_QWEN3, TwoAtATime, run_pretrain, side_by_side, tail,
+)
+from helpers.one_line_errors import PREFIX, error_lines
+from helpers.prefetch import prefetched
+from helpers.processes import run_tool
+
+TOKENIZER = str(SAMPLE_TOKENIZER)
+
+
+@prefetched
+def corpus(tmp_path_factory):
+    out = tmp_path_factory.mktemp("corpus")
+    proc = run_tool("preprocess_data.py", "--input", SAMPLE_CORPUS, "--output-prefix", out / "corpus",
+                    "--tokenizer-type", "PretrainedFromHF", "--tokenizer-name-or-path", TOKENIZER,
+                    "--handler-name", "GeneralPretrainHandler", "--append-eod", "--workers", "1",
+                    "--log-interval", "1000", timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return str(out / "corpus_text_document")
+
+
+def qwen3_8b_script(hf_dir, data, save) -> list[str]:
+    """pretrain_qwen3_8b_4K_ptd.sh: 36 layers / 4096 hidden / 32 heads / 8 groups / 151936 vocab -> tiny."""
+    optimize = ["--use-flash-attn", "--use-fused-rotary-pos-emb", "--use-rotary-position-embeddings",
+                "--use-fused-swiglu", "--use-fused-rmsnorm", "--no-masked-softmax-fusion",
+                "--use-distributed-optimizer", "--reuse-fp32-param", "--overlap-grad-reduce",
+                "--overlap-param-gather", "--use-ascend-coc"]
+    train = ["--micro-batch-size", "1", "--global-batch-size", "8", "--lr", "1.25e-6", "--lr-decay-style", "cosine",
+             "--min-lr", "1.25e-7", "--weight-decay", "1e-1", "--lr-warmup-fraction", "0.01",
+             "--attention-dropout", "0.0", "--init-method-std", "0.01", "--hidden-dropout", "0.0",
+             "--clip-grad", "1.0", "--adam-beta1", "0.9", "--adam-beta2", "0.95", "--initial-loss-scale", "4096",
+             "--seed", "42", "--bf16", "--train-iters", "4", "--seq-length", "64"]
+    model_parallel = ["--tensor-model-parallel-size", "1", "--pipeline-model-parallel-size", "2"]
+    gpt = ["--use-mcore-models", "--spec", "mindspeed_llm.tasks.models.spec.qwen3_spec", "layer_spec",
+           "--qk-layernorm", "--tokenizer-name-or-path", TOKENIZER, "--max-position-embeddings", "64",
+           "--num-layers", "4", "--hidden-size", "64", "--ffn-hidden-size", "192", "--num-attention-heads", "4",
+           "--tokenizer-type", "PretrainedFromHF", "--make-vocab-size-divisible-by", "1",
+           "--padded-vocab-size", "1536", "--rotary-base", "1000000", "--untie-embeddings-and-output-weights",
+           "--disable-bias-linear", "--position-embedding-type", "rope", "--normalization", "RMSNorm", "--swiglu",
+           "--attention-softmax-in-fp32", "--no-gradient-accumulation-fusion", "--group-query-attention",
+           "--num-query-groups", "2", "--norm-epsilon", "1e-6", "--ckpt-format", "torch"]
+    data_args = ["--handler-name", "GeneralPretrainHandler", "--workers", "4", "--data-path", data,
+                 "--split", "100,0,0"]
+    output = ["--log-interval", "1", "--save-interval", "4", "--eval-interval", "4", "--eval-iters", "0",
+              "--no-load-optim", "--no-load-rng"]
+    return (gpt + data_args + output + optimize + train + model_parallel
+            + ["--load", str(hf_dir), "--save", str(save), "--distributed-backend", "nccl",
+               "--transformer-impl", "local", "--enable-hf2mg-convert", "--model-type-hf", "qwen3"])
+
+
+def qwen3_ours(hf_dir, data) -> list[str]:
+    """The same model and training as we would write it."""
+    return ["--num-layers", "4", "--hidden-size", "64", "--ffn-hidden-size", "192", "--num-attention-heads", "4",
+            "--group-query-attention", "--num-query-groups", "2", "--qk-layernorm", "--normalization", "RMSNorm",
+            "--norm-epsilon", "1e-6", "--swiglu", "--disable-bias-linear", "--position-embedding-type", "rope",
+            "--rotary-base", "1000000", "--untie-embeddings-and-output-weights", "--seq-length", "64",
+            "--max-position-embeddings", "64", "--attention-dropout", "0", "--hidden-dropout", "0",
+            "--init-method-std", "0.01", "--attention-softmax-in-fp32",
+            "--tokenizer-type", "HuggingFaceTokenizer", "--tokenizer-model", TOKENIZER, "--padded-vocab-size", "1536",
+            "--data-path", data, "--split", "100,0,0", "--hf-load-dir", str(hf_dir),
+            "--bf16", "--use-flash-attn", "--use-fused-rmsnorm", "--use-fused-swiglu", "--use-fused-rotary-pos-emb",
+            "--use-distributed-optimizer", "--overlap-grad-reduce", "--overlap-param-gather",
+            "--micro-batch-size", "1", "--global-batch-size", "8", "--lr", "1.25e-6", "--min-lr", "1.25e-7",
+            "--lr-decay-style", "cosine", "--lr-warmup-fraction", "0.01", "--weight-decay", "0.1",
+            "--adam-beta2", "0.95", "--initial-loss-scale", "4096", "--seed", "42", "--train-iters", "4",
+            "--pipeline-model-parallel-size", "2", "--log-interval", "1", "--eval-iters", "0",
+            "--eval-interval", "4"]
+
+
+def test_qwen3_8b_script_trains_like_our_flags(tmp_path, corpus):
+    hf = make_tiny_qwen3(tmp_path / "hf", tied=False, vocab_size=1536, head_dim=16)
+    theirs, ours = side_by_side(lambda: run_pretrain(qwen3_8b_script(hf, corpus, tmp_path / "save"), nproc=2),
+                                lambda: run_pretrain(qwen3_ours(hf, corpus), nproc=2))
+    assert theirs.returncode == 0, tail(theirs.output)
+    assert ours.returncode == 0, tail(ours.output)
+    assert sorted(theirs.losses) == [1, 2, 3, 4], tail(theirs.output)
+    assert theirs.curve() == ours.curve(), (theirs.curve(), ours.curve())
+    # Loaded from the Hugging Face directory, not initialised: ln(1536) = 7.34 is a fresh model's loss.
+    assert "loaded" in theirs.output and "--hf-load-dir" in theirs.output
+    for said in ("--use-ascend-coc is not applied here", "--reuse-fp32-param is not applied here",
+                 "--tokenizer-type PretrainedFromHF -> --tokenizer-type HuggingFaceTokenizer",
+                 "--tokenizer-name-or-path -> --tokenizer-model",
+                 "--spec mindspeed_llm.tasks.models.spec.qwen3_spec layer_spec: MindSpeed-LLM's Qwen3 layer spec",
+                 "--enable-hf2mg-convert --load", "distributed_backend=gloo (for --distributed-backend nccl"):
+        assert said in theirs.output, said
+    assert (tmp_path / "save" / "latest_checkpointed_iteration.txt").read_text().strip() == "4"
+
+
+def deepseek3_script(data, load, save) -> list[str]:
+    """pretrain_deepseek3_671b_4k_ptd.sh: 64 slots (61 layers + noop 61,62,63), 256 experts, ... -> tiny.
+
+    Scaled: 6 slots with noop slot 5 (5 layers, as 61 of 64), first 1 dense (3 of 61), 4 experts top-2 in
+    2 groups keeping 1 (256 top-8 in 8 keeping 4), YaRN factor 4 over 16 positions (40 over 4096),
+    TP 4 / PP 8 / EP 8 -> 1 / 2 / 1.
+    """
+    mla = ["--multi-latent-attention", "--qk-pos-emb-head-dim", "8", "--qk-head-dim", "16", "--q-lora-rank", "32",
+           "--kv-lora-rank", "24", "--v-head-dim", "16", "--qk-layernorm", "--mla-fa-without-pad"]
+    moe = ["--moe-router-dtype", "fp32", "--moe-grouped-gemm", "--moe-permutation-async-comm",
+           "--moe-token-dispatcher-type", "alltoall", "--moe-permute-fusion", "--first-k-dense-replace", "1",
+           "--moe-layer-freq", "1", "--n-shared-experts", "1", "--num-experts", "4", "--moe-router-topk", "2",
+           "--moe-ffn-hidden-size", "32", "--moe-router-load-balancing-type", "none", "--moe-router-num-groups", "2",
+           "--moe-router-group-topk", "1", "--moe-router-topk-scaling-factor", "2.5", "--moe-aux-loss-coeff", "0.0001",
+           "--seq-aux", "--norm-topk-prob", "--moe-router-score-function", "sigmoid",
+           "--moe-router-enable-expert-bias", "--expert-tensor-parallel-size", "1"]
+    mtp = ["--mtp-num-layers", "1", "--mtp-loss-scaling-factor", "0.3", "--mtp-mem-efficient-logits"]
+    rope = ["--beta-fast", "32", "--beta-slow", "1", "--rope-scaling-factor", "4", "--rope-scaling-mscale", "1.0",
+            "--rope-scaling-mscale-all-dim", "1.0", "--rope-scaling-original-max-position-embeddings", "16",
+            "--rope-scaling-type", "yarn"]
+    dualpipe = ["--moe-fb-overlap", "--schedules-method", "dualpipev"]
+    mem = ["--swap-optimizer", "--swap-optimizer-times", "4", "--use-distributed-optimizer",
+           "--recompute-method", "uniform", "--recompute-granularity", "full", "--recompute-num-layers", "1"]
+    gpt = ["--spec", "mindspeed_llm.tasks.models.spec.deepseek_spec", "layer_spec", "--reset-attention-mask",
+           "--gemm-gradient-accumulation-fusion", "--noop-layers", "5", "--manual-gc", "--manual-gc-interval", "50",
+           "--no-shared-storage", "--use-flash-attn", "--use-mcore-models", "--tensor-model-parallel-size", "1",
+           "--pipeline-model-parallel-size", "2", "--expert-model-parallel-size", "1", "--sequence-parallel",
+           "--context-parallel-size", "1", "--context-parallel-algo", "ulysses_cp_algo", "--num-layers", "6",
+           "--hidden-size", "64", "--ffn-hidden-size", "128", "--num-attention-heads", "4",
+           "--tokenizer-type", "PretrainedFromHF", "--tokenizer-name-or-path", TOKENIZER, "--seq-length", "64",
+           "--max-position-embeddings", "64", "--micro-batch-size", "1", "--global-batch-size", "8",
+           "--make-vocab-size-divisible-by", "1", "--lr", "1.0e-5", "--train-iters", "4", "--lr-decay-style", "cosine",
+           "--untie-embeddings-and-output-weights", "--disable-bias-linear", "--attention-dropout", "0.0",
+           "--init-method-std", "0.02", "--hidden-dropout", "0.0", "--position-embedding-type", "rope",
+           "--normalization", "RMSNorm", "--use-fused-rotary-pos-emb", "--use-rotary-position-embeddings",
+           "--use-fused-swiglu", "--use-fused-rmsnorm", "--swiglu", "--no-masked-softmax-fusion",
+           "--attention-softmax-in-fp32", "--min-lr", "1.0e-7", "--weight-decay", "1e-2", "--lr-warmup-iters", "1",
+           "--clip-grad", "1.0", "--adam-beta1", "0.9", "--adam-beta2", "0.999", "--initial-loss-scale", "65536",
+           "--vocab-size", "1536", "--padded-vocab-size", "1536", "--rotary-base", "10000", "--norm-epsilon", "1e-6",
+           "--no-load-optim", "--no-load-rng", "--bf16", "--use-ascend-coc", "--coc-fused-kernel",
+           "--distributed-timeout-minutes", "120"]
+    data_args = ["--data-path", data, "--split", "100,0,0"]
+    output = ["--log-interval", "1", "--save-interval", "4", "--eval-interval", "4", "--eval-iters", "0",
+              "--no-save-optim", "--no-save-rng"]
+    return (gpt + data_args + output + mla + rope + moe + mtp + dualpipe + mem
+            + ["--distributed-backend", "nccl", "--save", str(save), "--load", str(load)])
+
+
+def deepseek3_ours(data) -> list[str]:
+    return ["--num-layers", "5", "--hidden-size", "64", "--ffn-hidden-size", "128", "--num-attention-heads", "4",
+            "--multi-latent-attention", "--q-lora-rank", "32", "--kv-lora-rank", "24", "--qk-head-dim", "16",
+            "--qk-pos-emb-head-dim", "8", "--v-head-dim", "16", "--qk-layernorm",
+            "--rope-type", "yarn", "--rotary-base", "10000", "--rotary-scaling-factor", "4",
+            "--yarn-original-max-position-embeddings", "16", "--yarn-beta-fast", "32", "--yarn-beta-slow", "1",
+            "--mscale", "1.0", "--mscale-all-dim", "1.0", "--normalization", "RMSNorm", "--norm-epsilon", "1e-6",
+            "--swiglu", "--disable-bias-linear", "--position-embedding-type", "rope",
+            "--untie-embeddings-and-output-weights", "--attention-softmax-in-fp32",
+            "--num-experts", "4", "--moe-layer-freq", "[0,1,1,1,1]", "--moe-ffn-hidden-size", "32",
+            "--moe-shared-expert-intermediate-size", "32", "--moe-router-topk", "2",
+            "--moe-router-score-function", "sigmoid", "--moe-router-enable-expert-bias",
+            "--moe-router-num-groups", "2", "--moe-router-group-topk", "1", "--moe-router-topk-scaling-factor", "2.5",
+            "--moe-router-load-balancing-type", "seq_aux_loss", "--moe-aux-loss-coeff", "0.0001",
+            "--moe-router-dtype", "fp32", "--moe-token-dispatcher-type", "alltoall", "--moe-grouped-gemm",
+            "--moe-permute-fusion", "--mtp-num-layers", "1", "--mtp-loss-scaling-factor", "0.3",
+            "--pipeline-model-parallel-size", "2", "--pipeline-model-parallel-layout", "Ettt|ttmL",
+            "--seq-length", "64", "--max-position-embeddings", "64", "--attention-dropout", "0", "--hidden-dropout", "0",
+            "--reset-attention-mask", "--tokenizer-type", "HuggingFaceTokenizer", "--tokenizer-model", TOKENIZER,
+            "--padded-vocab-size", "1536", "--data-path", data, "--split", "100,0,0",
+            "--bf16", "--use-flash-attn", "--use-fused-rmsnorm", "--use-fused-swiglu", "--use-distributed-optimizer",
+            "--recompute-granularity", "full", "--recompute-method", "uniform", "--recompute-num-layers", "1",
+            "--micro-batch-size", "1", "--global-batch-size", "8", "--lr", "1e-5", "--min-lr", "1e-7",
+            "--lr-decay-style", "cosine", "--lr-warmup-iters", "1", "--initial-loss-scale", "65536",
+            "--seed", "1234", "--train-iters", "4", "--log-interval", "1", "--eval-iters", "0", "--eval-interval", "4"]
+
+
+def test_deepseek3_script_trains_like_our_flags(tmp_path, corpus):
+    theirs, ours = side_by_side(
+        lambda: run_pretrain(deepseek3_script(corpus, tmp_path / "none", tmp_path / "save"), nproc=2),
+        lambda: run_pretrain(deepseek3_ours(corpus), nproc=2))
+    assert theirs.returncode == 0, tail(theirs.output)
+    assert ours.returncode == 0, tail(ours.output)
+    assert sorted(theirs.losses) == [1, 2, 3, 4], tail(theirs.output)
+    assert theirs.curve() == ours.curve(), (theirs.curve(), ours.curve())
+    assert [theirs.mtp_losses[i] for i in sorted(theirs.mtp_losses)] == \
+        [ours.mtp_losses[i] for i in sorted(ours.mtp_losses)]
+    for said in ("--noop-layers: 1 identity layers dropped, --num-layers 5, --pipeline-model-parallel-layout Ettt|ttmL",
+                 "--first-k-dense-replace 1: --moe-layer-freq [0,1,1,1,1]",
+                 "--n-shared-experts 1: --moe-shared-expert-intermediate-size 32",
+                 "--seq-aux: --moe-router-load-balancing-type seq_aux_loss",
+                 "--rope-scaling-type yarn: --rope-type yarn, --rotary-scaling-factor 4",
+                 "--schedules-method is not applied here", "--swap-optimizer is not applied here",
+                 "--context-parallel-algo is not applied here"):
+        assert said in theirs.output, said
+
+
+REFUSED_OR_NOTED = [
+    ["--rope-scaling-type", "longrope"], ["--moe-tp-extend-ep"], ["--sft"],
+    ["--context-parallel-size", "1", "--context-parallel-algo", "megatron_cp_algo", "--tensor-model-parallel-size", "1"],
+]
+PARTIAL_LAUNCHER = {"WORLD_SIZE": "2"}
+
+
+@pytest.fixture(scope="module")
+def one_process_runs():
+    """The one-process runs of the one-line cases below, started together (two at a time); each test waits
+    for its own: ``--train-iters 1`` with each MindSpeed-LLM flag set, and plain python with a partial
+    launcher environment."""
+    pool = TwoAtATime()
+    jobs = {tuple(flags): (lambda flags=flags: run_pretrain(TINY_QWEN3 + ["--train-iters", "1"] + flags))
+            for flags in REFUSED_OR_NOTED}
+    jobs["partial_launcher"] = lambda: run_pretrain(TINY_QWEN3 + ["--train-iters", "1"], torchrun=False,
+                                                    env=PARTIAL_LAUNCHER)
+    yield pool.start(jobs)
+    pool.close()
+
+
+@pytest.mark.parametrize("flags,line", [
+    (["--rope-scaling-type", "longrope"], "--rope-scaling-type longrope (MindSpeed-LLM) has no Megatron equivalent "
+                                          "here; supported: yarn, llama3"),
+    (["--moe-tp-extend-ep"], "--moe-tp-extend-ep (MindSpeed-LLM): pass --expert-tensor-parallel-size 1 and "
+                             "--expert-model-parallel-size TPxEP, the same layout in Megatron's flags"),
+    (["--sft"], "--sft: pretrain_gpt.py builds GPTDataset pretraining samples only; drop it (supervised "
+                "fine-tuning is not supported yet)"),
+    (["--context-parallel-size", "1", "--context-parallel-algo", "megatron_cp_algo", "--tensor-model-parallel-size",
+      "1"], None),  # CP 1: the algorithm choice is not applied, and the run goes on
+])
+def test_refused_or_noted_in_one_line(one_process_runs, flags, line):
+    run = one_process_runs[tuple(flags)].result()  # run_pretrain(TINY_QWEN3 + ["--train-iters", "1"] + flags)
+    if line is None:
+        assert run.returncode == 0, tail(run.output)
+        assert "--context-parallel-algo is not applied here" in run.output
+        return
+    assert run.returncode != 0
+    assert error_lines(run.output) == [f"{PREFIX} {line}"], tail(run.output)
+
+
+def test_plain_python_is_one_torchrun_process():
+    args = TINY_QWEN3 + ["--train-iters", "3"]
+    plain, launched = side_by_side(lambda: run_pretrain(args, torchrun=False), lambda: run_pretrain(args))
+    assert plain.returncode == 0, tail(plain.output)
+    assert "no torchrun environment: one process on 127.0.0.1:" in plain.output
+    assert plain.curve() == launched.curve() and len(plain.curve()) == 3
+
+
+def test_a_partial_launcher_environment_is_one_line(one_process_runs):
+    # run_pretrain(TINY_QWEN3 + ["--train-iters", "1"], torchrun=False, env={"WORLD_SIZE": "2"})
+    run = one_process_runs["partial_launcher"].result()
+    assert run.returncode == 2
+    assert error_lines(run.output) == [
+        f"{PREFIX} the launcher set WORLD_SIZE but not RANK, LOCAL_RANK, MASTER_ADDR, MASTER_PORT; start with "
+        f"torchrun, or unset them all to run as a single process"], tail(run.output)

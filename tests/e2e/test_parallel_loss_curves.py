@@ -1,0 +1,90 @@
+"""Tensor, pipeline and data parallelism reproduce the single-process loss curve.
+
+Every run starts from one checkpoint written by a single process (Megatron
+seeds pipeline stages differently, so fresh PP=2 weights would differ from
+PP=1's) and trains 10 iterations in fp32 on the same mock data: the same
+global batch of 8 sequences per iteration, split differently across ranks.
+
+Tolerance: runs at different layouts add the same numbers in a different
+order (TP splits matmuls and all-reduces partial sums, DP all-reduces
+gradients), so they agree to fp32 rounding, not bit for bit. fp32 has a unit
+roundoff of 6e-8; a few hundred reordered additions per value and ten Adam
+steps keep the relative loss difference near 1e-6 (Megatron prints 7
+significant digits). rtol=2e-5 is an order of magnitude above that, and far
+below the 1e-2 difference per iteration that one wrong gradient would cause
+(checked by `test_tolerance_detects_a_wrong_run`).
+"""
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from helpers.megatron_runs import TINY_QWEN3, run_pretrain, side_by_side, tail, worst_relative_gap
+from helpers.prefetch import prefetched
+
+ITERS = 10
+RTOL = 2e-5
+
+
+@prefetched
+def common_start(tmp_path_factory):
+    """Initial weights: one iteration at lr=0 changes nothing and lets Megatron save them."""
+    ckpt = tmp_path_factory.mktemp("common_start")
+    args = TINY_QWEN3 + ["--train-iters", "1", "--lr", "0", "--min-lr", "0",
+                         "--save", str(ckpt), "--save-interval", "1"]
+    run = run_pretrain(args)
+    assert run.returncode == 0, tail(run.output)
+    assert (ckpt / "latest_checkpointed_iteration.txt").read_text().strip() == "1"
+    return ckpt
+
+
+def train_from(ckpt, nproc=1, extra=()):
+    args = TINY_QWEN3 + ["--train-iters", str(ITERS), "--load", str(ckpt),
+                         "--finetune", "--no-load-optim", "--no-load-rng", *extra]
+    run = run_pretrain(args, nproc=nproc)
+    assert run.returncode == 0, tail(run.output)
+    assert sorted(run.losses) == list(range(1, ITERS + 1)), tail(run.output)
+    return run.curve()
+
+
+@prefetched
+def one_process_curves(common_start):
+    """The reference and the wrong-learning-rate run: one process each, side by side."""
+    reference, wrong_lr = side_by_side(lambda: train_from(common_start),
+                                       lambda: train_from(common_start, extra=["--lr", "1.1e-3"]))
+    return {"reference": reference, "wrong_lr": wrong_lr}
+
+
+@pytest.fixture(scope="module")
+def reference(one_process_curves):
+    curve = one_process_curves["reference"]
+    assert all(math.isfinite(x) for x in curve)
+    assert curve[-1] < curve[0], f"loss did not fall: {curve}"
+    return curve
+
+
+def assert_same_curve(curve, reference):
+    worst = worst_relative_gap(curve, reference)
+    assert worst <= RTOL, f"max relative difference {worst:.2e} > {RTOL}\n{curve}\n{reference}"
+
+
+LAYOUTS = {
+    "tp2": ["--tensor-model-parallel-size", "2"],
+    "pp2": ["--pipeline-model-parallel-size", "2"],
+    "dp2": [],
+    "dp2_distributed_optimizer": ["--use-distributed-optimizer"],
+}
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_layout_reproduces_single_process_curve(layout, common_start, reference):
+    curve = train_from(common_start, nproc=2, extra=LAYOUTS[layout])
+    assert_same_curve(curve, reference)
+
+
+def test_tolerance_detects_a_wrong_run(one_process_curves, reference):
+    """A run that differs in one hyperparameter (lr 1e-3 -> 1.1e-3) must fail the comparison."""
+    curve = one_process_curves["wrong_lr"]
+    with pytest.raises(AssertionError):
+        assert_same_curve(curve, reference)

@@ -1,0 +1,208 @@
+"""Tiny random Hugging Face checkpoints, saved as the Hub publishes them.
+
+Every parameter is random (norm weights around 1, biases non-zero) so that a
+mapping that swaps two tensors of the same shape is caught by a comparison.
+"""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
+
+VOCAB_SIZE = 512
+HIDDEN_SIZE = 64
+
+
+def _randomize(model: torch.nn.Module, seed: int) -> None:
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, tensor in list(model.named_parameters()) + list(model.named_buffers()):
+            if not tensor.is_floating_point() or "rotary_emb" in name:
+                continue
+            noise = torch.randn(tensor.shape, generator=generator, dtype=torch.float32)
+            if "norm" in name:
+                tensor.copy_(1.0 + 0.1 * noise)
+            elif "e_score_correction_bias" in name:
+                tensor.copy_(0.05 * noise)
+            else:
+                tensor.copy_(0.05 * noise)
+
+
+def _read_weights(path: Path) -> dict[str, torch.Tensor]:
+    tensors = {}
+    for file in sorted(path.glob("*.safetensors")):
+        with safe_open(str(file), "pt") as handle:
+            for name in handle.keys():
+                tensors[name] = handle.get_tensor(name)
+        file.unlink()
+    index = path / "model.safetensors.index.json"
+    if index.exists():
+        index.unlink()
+    return tensors
+
+
+def write_safetensors_shards(path: Path, tensors: dict[str, torch.Tensor], shards: int) -> None:
+    """Write `tensors` as model.safetensors (shards=1) or N shards + index, in name order."""
+    names = sorted(tensors)
+    if shards <= 1:
+        save_file({n: tensors[n].contiguous() for n in names}, str(path / "model.safetensors"),
+                  metadata={"format": "pt"})
+        return
+    total = sum(t.numel() * t.element_size() for t in tensors.values())
+    target = total / shards
+    groups: list[list[str]] = [[] for _ in range(shards)]
+    filled = 0
+    for name in names:
+        shard = min(int(filled // target), shards - 1)
+        groups[shard].append(name)
+        filled += tensors[name].numel() * tensors[name].element_size()
+    weight_map = {}
+    for i, group in enumerate(groups):
+        file = f"model-{i + 1:05d}-of-{shards:05d}.safetensors"
+        save_file({n: tensors[n].contiguous() for n in group}, str(path / file), metadata={"format": "pt"})
+        weight_map.update({n: file for n in group})
+    (path / "model.safetensors.index.json").write_text(json.dumps(
+        {"metadata": {"total_size": total}, "weight_map": weight_map}, indent=2))
+
+
+def make_tiny_qwen3(path, tied: bool = True, shards: int = 1, seed: int = 0, vocab_size: int = VOCAB_SIZE,
+                    rope_scaling: dict | None = None, head_dim: int = 32) -> Path:
+    """A 4-layer Qwen3ForCausalLM: GQA 4 heads / 2 groups, head_dim 32 != 64/4, qk-norm, rope 1e6.
+
+    ``rope_scaling``: extra RoPE parameters, e.g. YaRN's ``{"rope_type": "yarn", "factor": 4.0, ...}``.
+    """
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    config = Qwen3Config(
+        vocab_size=vocab_size, hidden_size=HIDDEN_SIZE, intermediate_size=192, num_hidden_layers=4,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=head_dim, max_position_embeddings=64,
+        rms_norm_eps=1e-6,
+        rope_parameters={"rope_type": "default", "rope_theta": 1000000.0, **(rope_scaling or {})},
+        tie_word_embeddings=tied, attention_bias=False, hidden_act="silu",
+        bos_token_id=0, eos_token_id=1,
+    )
+    torch.manual_seed(seed)
+    model = Qwen3ForCausalLM(config).to(torch.float32)
+    _randomize(model, seed)
+    model.save_pretrained(path)
+    if shards > 1:
+        write_safetensors_shards(path, _read_weights(path), shards)
+    return path
+
+
+def _mtp_layer_tensors(config, layer_index: int, generator: torch.Generator) -> dict[str, torch.Tensor]:
+    """The tensors of one DeepSeek-V3 MTP layer (a MoE decoder layer plus its MTP parts)."""
+    h, v = config.hidden_size, config.vocab_size
+    heads = config.num_attention_heads
+    qk_head = config.qk_nope_head_dim + config.qk_rope_head_dim
+    shapes = {
+        "enorm.weight": (h,), "hnorm.weight": (h,), "eh_proj.weight": (h, 2 * h),
+        "shared_head.norm.weight": (h,), "shared_head.head.weight": (v, h), "embed_tokens.weight": (v, h),
+        "input_layernorm.weight": (h,), "post_attention_layernorm.weight": (h,),
+        "self_attn.q_a_proj.weight": (config.q_lora_rank, h),
+        "self_attn.q_a_layernorm.weight": (config.q_lora_rank,),
+        "self_attn.q_b_proj.weight": (heads * qk_head, config.q_lora_rank),
+        "self_attn.kv_a_proj_with_mqa.weight": (config.kv_lora_rank + config.qk_rope_head_dim, h),
+        "self_attn.kv_a_layernorm.weight": (config.kv_lora_rank,),
+        "self_attn.kv_b_proj.weight": (heads * (config.qk_nope_head_dim + config.v_head_dim),
+                                       config.kv_lora_rank),
+        "self_attn.o_proj.weight": (h, heads * config.v_head_dim),
+        "mlp.gate.weight": (config.n_routed_experts, h),
+        "mlp.gate.e_score_correction_bias": (config.n_routed_experts,),
+    }
+    moe = config.moe_intermediate_size
+    for e in range(config.n_routed_experts):
+        shapes[f"mlp.experts.{e}.gate_proj.weight"] = (moe, h)
+        shapes[f"mlp.experts.{e}.up_proj.weight"] = (moe, h)
+        shapes[f"mlp.experts.{e}.down_proj.weight"] = (h, moe)
+    shared = moe * config.n_shared_experts
+    shapes["mlp.shared_experts.gate_proj.weight"] = (shared, h)
+    shapes["mlp.shared_experts.up_proj.weight"] = (shared, h)
+    shapes["mlp.shared_experts.down_proj.weight"] = (h, shared)
+    tensors = {}
+    for name, shape in shapes.items():
+        noise = torch.randn(shape, generator=generator, dtype=torch.float32)
+        tensors[f"model.layers.{layer_index}.{name}"] = 1.0 + 0.1 * noise if "norm" in name else 0.05 * noise
+    return tensors
+
+
+def make_tiny_deepseek_v3(path, mtp_layers: int = 1, shards: int = 2, seed: int = 0) -> Path:
+    """A 4-layer DeepseekV3ForCausalLM (1 dense + 3 MoE layers) plus `mtp_layers` MTP layers.
+
+    MLA: q_lora_rank 32, kv_lora_rank 24, qk nope 16 / rope 8, v 16 (matches
+    tests/helpers/megatron_runs.py's TINY_DEEPSEEK_V3). MoE: 4 routed experts, top-2, 2 groups
+    limited to 1, sigmoid scores with a non-zero correction bias, scaling 2.5,
+    one shared expert. YaRN RoPE (factor 4 over 16 original positions).
+    """
+    from transformers import DeepseekV3Config, DeepseekV3ForCausalLM
+
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    config = DeepseekV3Config(
+        vocab_size=VOCAB_SIZE, hidden_size=HIDDEN_SIZE, intermediate_size=128, moe_intermediate_size=32,
+        num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=4, n_shared_experts=1,
+        n_routed_experts=4, routed_scaling_factor=2.5, kv_lora_rank=24, q_lora_rank=32,
+        qk_rope_head_dim=8, v_head_dim=16, qk_nope_head_dim=16, n_group=2, topk_group=1,
+        num_experts_per_tok=2, first_k_dense_replace=1, norm_topk_prob=True, max_position_embeddings=64,
+        rms_norm_eps=1e-6, tie_word_embeddings=False, num_nextn_predict_layers=mtp_layers,
+        rope_parameters={"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0,
+                         "original_max_position_embeddings": 16, "mscale": 1.0, "mscale_all_dim": 1.0,
+                         "beta_fast": 32.0, "beta_slow": 1.0},
+        bos_token_id=0, eos_token_id=1,
+    )
+    torch.manual_seed(seed)
+    model = DeepseekV3ForCausalLM(config).to(torch.float32)
+    _randomize(model, seed)
+    model.save_pretrained(path)
+    tensors = _read_weights(path)
+    generator = torch.Generator().manual_seed(seed + 1)
+    for k in range(mtp_layers):
+        layer = _mtp_layer_tensors(config, config.num_hidden_layers + k, generator)
+        # As published: the MTP layer's embedding and head are copies of the main model's.
+        layer[f"model.layers.{config.num_hidden_layers + k}.embed_tokens.weight"] = tensors["model.embed_tokens.weight"]
+        layer[f"model.layers.{config.num_hidden_layers + k}.shared_head.head.weight"] = tensors["lm_head.weight"]
+        tensors.update(layer)
+    write_safetensors_shards(path, tensors, shards)
+    # The published config names the MTP depth and the scoring function explicitly.
+    config_file = path / "config.json"
+    config_dict = json.loads(config_file.read_text())
+    config_dict["num_nextn_predict_layers"] = mtp_layers
+    config_dict.setdefault("scoring_func", "sigmoid")
+    config_dict.setdefault("topk_method", "noaux_tc")
+    config_file.write_text(json.dumps(config_dict, indent=2))
+    return path
+
+
+def make_tiny_vision_tower(path, kind: str = "clip", layers: int = 3, seed: int = 0) -> Path:
+    """A 32x32-pixel, patch-8 CLIPVisionModel (quick_gelu, class token, pre-norm) or SiglipVisionModel
+    (gelu tanh, patch bias, post-norm): hidden 64, 4 heads, MLP 128."""
+    from transformers import CLIPVisionConfig, CLIPVisionModel, SiglipVisionConfig, SiglipVisionModel
+
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    shape = dict(hidden_size=HIDDEN_SIZE, intermediate_size=128, num_hidden_layers=layers, num_attention_heads=4,
+                 num_channels=3, image_size=32, patch_size=8)
+    if kind == "clip":
+        model = CLIPVisionModel(CLIPVisionConfig(**shape, hidden_act="quick_gelu", layer_norm_eps=1e-5))
+    else:
+        model = SiglipVisionModel(SiglipVisionConfig(**shape, hidden_act="gelu_pytorch_tanh", layer_norm_eps=1e-6))
+    model = model.to(torch.float32)
+    _randomize(model, seed)
+    model.save_pretrained(path)
+    return path
+
+
+if __name__ == "__main__":  # python tests/helpers/hf_fixtures.py OUT_DIR: writes both tiny models
+    import sys
+
+    out = Path(sys.argv[1] if len(sys.argv) > 1 else "tiny_hf")
+    make_tiny_qwen3(out / "qwen3_tied", tied=True)
+    make_tiny_qwen3(out / "qwen3_untied", tied=False, shards=2)
+    make_tiny_deepseek_v3(out / "deepseek_v3", mtp_layers=1, shards=2)
+    print(os.fspath(out))

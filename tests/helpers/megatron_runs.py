@@ -1,0 +1,247 @@
+"""Run pretrain_gpt.py through torchrun, as a user would, and read its loss curve."""
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import threading
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+
+from helpers.paths import ROOT, SAMPLE_CORPUS, SAMPLE_TOKENIZER  # noqa: F401  (re-exported)
+from helpers.processes import free_port, without_launcher
+
+TORCHRUN = [sys.executable, "-m", "torch.distributed.run"]
+
+# A Qwen3-shaped model small enough for two CPU cores: GQA, qk-layernorm,
+# kv-channels != hidden/heads, RMSNorm, SwiGLU, RoPE base 1e6, tied embeddings.
+TINY_QWEN3 = [
+    "--num-layers", "4", "--hidden-size", "64", "--ffn-hidden-size", "192",
+    "--num-attention-heads", "4", "--group-query-attention", "--num-query-groups", "2",
+    "--kv-channels", "32", "--qk-layernorm", "--normalization", "RMSNorm", "--swiglu",
+    "--disable-bias-linear", "--position-embedding-type", "rope", "--rotary-base", "1000000",
+    "--seq-length", "64", "--max-position-embeddings", "64",
+    "--attention-dropout", "0", "--hidden-dropout", "0",
+    "--micro-batch-size", "2", "--global-batch-size", "8",
+    "--lr", "1e-3", "--min-lr", "1e-4", "--lr-decay-style", "cosine", "--clip-grad", "1.0",
+    "--seed", "1234", "--log-interval", "1", "--eval-iters", "0", "--eval-interval", "100000",
+]
+TINY_QWEN3_MODEL = list(TINY_QWEN3)  # without data: for runs on real datasets
+TINY_QWEN3 += ["--mock-data", "--tokenizer-type", "NullTokenizer", "--vocab-size", "512"]
+# A DeepSeek-V3-shaped model at the same scale: MLA (q/kv LoRA ranks, qk 16+8 rope dims, v 16,
+# q/kv layernorms, YaRN RoPE), one dense layer then MoE layers (4 experts, top-2 of 2 groups
+# limited to 1, sigmoid scores with expert bias, scaling 2.5, a shared expert, seq aux loss),
+# alltoall dispatch, one MTP layer, untied embeddings. 4 layers so that PP=2 splits evenly.
+TINY_DEEPSEEK_V3 = [
+    "--num-layers", "4", "--hidden-size", "64", "--ffn-hidden-size", "128",
+    "--num-attention-heads", "4",
+    "--multi-latent-attention", "--q-lora-rank", "32", "--kv-lora-rank", "24",
+    "--qk-head-dim", "16", "--qk-pos-emb-head-dim", "8", "--v-head-dim", "16", "--qk-layernorm",
+    "--rope-type", "yarn", "--rotary-base", "10000", "--rotary-scaling-factor", "4",
+    "--yarn-original-max-position-embeddings", "16", "--mscale", "1.0", "--mscale-all-dim", "1.0",
+    "--normalization", "RMSNorm", "--swiglu", "--disable-bias-linear", "--position-embedding-type", "rope",
+    "--untie-embeddings-and-output-weights",
+    "--num-experts", "4", "--moe-layer-freq", "[0,1,1,1]", "--moe-ffn-hidden-size", "32",
+    "--moe-shared-expert-intermediate-size", "32", "--moe-router-topk", "2",
+    "--moe-router-score-function", "sigmoid", "--moe-router-enable-expert-bias",
+    "--moe-router-num-groups", "2", "--moe-router-group-topk", "1", "--moe-router-topk-scaling-factor", "2.5",
+    "--moe-router-load-balancing-type", "seq_aux_loss", "--moe-aux-loss-coeff", "1e-3",
+    "--moe-router-dtype", "fp32", "--moe-token-dispatcher-type", "alltoall",
+    "--mtp-num-layers", "1", "--mtp-loss-scaling-factor", "0.1",
+    "--seq-length", "64", "--max-position-embeddings", "64",
+    "--attention-dropout", "0", "--hidden-dropout", "0",
+    "--micro-batch-size", "2", "--global-batch-size", "8",
+    "--lr", "1e-3", "--min-lr", "1e-4", "--lr-decay-style", "cosine", "--clip-grad", "1.0",
+    "--seed", "1234", "--log-interval", "1", "--eval-iters", "0", "--eval-interval", "100000",
+    "--mock-data", "--tokenizer-type", "NullTokenizer", "--vocab-size", "512",
+]
+
+# One logged iteration's lm loss (and MTP loss) in Megatron's training log.
+LOSS_LINE = re.compile(r"iteration\s+(\d+)/\s*\d+ .*?lm loss: ([0-9.Ee+-]+)")
+_LOSS = LOSS_LINE
+_MTP_LOSS = re.compile(r"iteration\s+(\d+)/\s*\d+ .*?mtp_1 loss: ([0-9.Ee+-]+)")
+
+
+@dataclass
+class Run:
+    returncode: int
+    output: str
+    losses: dict[int, float]
+    mtp_losses: dict[int, float]
+
+    def curve(self) -> list[float]:
+        return [self.losses[i] for i in sorted(self.losses)]
+
+
+def side_by_side(*jobs):
+    """Run independent jobs two at a time and return their results in order.
+
+    Our runs use one thread per process (OMP_NUM_THREADS=1), so a one-process run leaves the second
+    core idle; pairing two of them roughly halves their wall time. Each job is a no-argument callable.
+    """
+    with ThreadPoolExecutor(2) as pool:
+        futures = [pool.submit(job) for job in jobs]
+        return [f.result() for f in futures]
+
+
+class TwoAtATime:
+    """Independent one-process jobs started now, two at a time, each waited for by the test that needs it.
+
+    ``start(jobs)`` (a dict of no-argument callables) returns ``{key: Future}`` at once; a test calls
+    ``.result()`` on its own future, so each job's failure is reported by its own test. A module fixture
+    that starts a module's one-process runs this way keeps both cores busy while its tests go on.
+    ``close()`` waits for what is still running.
+    """
+
+    def __init__(self) -> None:
+        self._pool = ThreadPoolExecutor(2)
+
+    def start(self, jobs: dict) -> dict:
+        return {key: self._pool.submit(job) for key, job in jobs.items()}
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=True, cancel_futures=True)
+
+
+def _launch(args: list[str], nproc: int, env: dict | None, script: str,
+            torchrun: bool = True) -> tuple[list[str], dict]:
+    """The command line (torchrun, or plain python for one process) and environment of one pretrain run on CPU."""
+    if torchrun:
+        cmd = TORCHRUN + [f"--nproc_per_node={nproc}", f"--master_port={free_port()}", str(ROOT / script)] + args
+    else:
+        assert nproc == 1, "plain python runs one process"
+        cmd = [sys.executable, str(ROOT / script)] + args
+    full_env = dict(os.environ, ADAPTOR_BACKEND="cpu", OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+    if not torchrun:  # as a user's shell would have it: no launcher variables
+        without_launcher(full_env)
+    full_env.update(env or {})
+    return cmd, full_env
+
+
+def losses_of(output: str) -> dict[int, float]:
+    """Iteration -> lm loss, as Megatron logged them."""
+    return {int(i): float(v) for i, v in LOSS_LINE.findall(output)}
+
+
+def worst_relative_gap(curve, reference) -> float:
+    """max |a - b| / |b| over two loss curves, iteration by iteration."""
+    return max(abs(a - b) / abs(b) for a, b in zip(curve, reference))
+
+
+def _parsed(returncode: int, output: str) -> Run:
+    losses = losses_of(output)
+    mtp_losses = {int(i): float(v) for i, v in _MTP_LOSS.findall(output)}
+    return Run(returncode, output, losses, mtp_losses)
+
+
+def run_pretrain(args: list[str], nproc: int = 1, env: dict | None = None, timeout: int = 600,
+                 script: str = "pretrain_gpt.py", torchrun: bool = True) -> Run:
+    for _ in range(3):
+        cmd, full_env = _launch(args, nproc, env, script, torchrun)
+        proc = subprocess.run(cmd, cwd=ROOT, env=full_env, capture_output=True, text=True, timeout=timeout)
+        output = proc.stdout + proc.stderr
+        # free_port() closes the port before torchrun binds it; a run beside this one may take it first
+        if proc.returncode == 0 or "EADDRINUSE" not in output:
+            break
+    return _parsed(proc.returncode, output)
+
+
+def tail(text: str, n: int = 60) -> str:
+    return "\n".join(text.splitlines()[-n:])
+
+
+class LiveRun:
+    """A pretrain run whose output is read while it runs, so a test can signal it at a chosen moment.
+
+    ``signal`` reaches the launcher and every process under it at once (torchrun starts its
+    workers in sessions of their own), as a dying node or a scheduler's SIGTERM would.
+    """
+
+    def __init__(self, args: list[str], nproc: int = 1, env: dict | None = None, script: str = "pretrain_gpt.py"):
+        import queue
+        import threading
+
+        cmd, full_env = _launch(args, nproc, env, script)
+        self.proc = subprocess.Popen(cmd, cwd=ROOT, env=full_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                     text=True, start_new_session=True)
+        self.lines: list[str] = []
+        self._queue: queue.Queue = queue.Queue()
+        threading.Thread(target=self._pump, daemon=True).start()
+
+    def _pump(self) -> None:
+        for line in self.proc.stdout:
+            self._queue.put(line)
+        self._queue.put(None)
+
+    def wait_for(self, pattern: str, timeout: float = 300) -> str:
+        """The first output line matching ``pattern``; fails if the run ends or ``timeout`` passes first."""
+        import queue
+        import time
+
+        regex = re.compile(pattern)
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                line = self._queue.get(timeout=max(0.0, deadline - time.monotonic()))
+            except queue.Empty:
+                self.signal(9)
+                raise AssertionError(f"no line matching {pattern!r} within {timeout} s:\n{tail(''.join(self.lines))}")
+            if line is None:
+                raise AssertionError(f"run ended before {pattern!r}:\n{tail(''.join(self.lines))}")
+            self.lines.append(line)
+            if regex.search(line):
+                return line
+
+    def signal(self, sig: int) -> None:
+        import psutil
+
+        try:
+            tree = [psutil.Process(self.proc.pid)]
+            tree += tree[0].children(recursive=True)
+        except psutil.NoSuchProcess:
+            return
+        for process in tree:
+            try:
+                process.send_signal(sig)
+            except psutil.NoSuchProcess:
+                pass
+
+    def finish(self, timeout: float = 300) -> Run:
+        self.proc.wait(timeout=timeout)
+        while True:
+            line = self._queue.get(timeout=timeout)
+            if line is None:
+                break
+            self.lines.append(line)
+        return _parsed(self.proc.returncode, "".join(self.lines))
+
+
+class SharedRuns:
+    """Runs that several tests compare against, made once per session and shared read-only.
+
+    ``run(args, nproc, env)`` returns the same :class:`Run` for the same command line, whichever test
+    asks first (the others wait for it). Only for runs that write nothing a test reads (no --save).
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._runs: dict[tuple, Future] = {}
+
+    def run(self, args: list[str], nproc: int = 1, env: dict | None = None) -> Run:
+        assert "--save" not in args, "a shared run must not write a checkpoint that one test could change"
+        key = (tuple(args), nproc, tuple(sorted((env or {}).items())))
+        with self._lock:
+            future = self._runs.get(key)
+            owner = future is None
+            if owner:
+                future = self._runs[key] = Future()
+        if owner:
+            try:
+                future.set_result(run_pretrain(list(args), nproc=nproc, env=env))
+            except BaseException as exc:  # noqa: BLE001  (raised to every test that asks)
+                future.set_exception(exc)
+        return future.result()
+
+
+SHARED_RUNS = SharedRuns()

@@ -1,0 +1,62 @@
+"""Child processes: free ports, environments, Python snippets and tools run as subprocesses."""
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import socket
+import subprocess
+import sys
+
+from helpers.paths import ROOT, TOOLS
+
+LAUNCHER_VARIABLES = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def child_env(base: dict | None = None, **extra: str) -> dict:
+    """``base`` (default: this process's environment) with one thread per process on the cpu backend, then ``extra``."""
+    env = dict(os.environ if base is None else base)
+    env.update(OMP_NUM_THREADS="1", ADAPTOR_BACKEND="cpu")
+    env.update(extra)
+    return env
+
+
+def without_launcher(env: dict) -> dict:
+    """``env`` without torchrun's rendezvous variables, as a user's shell would have it."""
+    for name in LAUNCHER_VARIABLES:
+        env.pop(name, None)
+    return env
+
+
+def run_child(code: str, *argv, env: dict, timeout: float = 300, cwd=ROOT) -> subprocess.CompletedProcess:
+    """``python -c code argv...`` in the repository root; output captured as text."""
+    return subprocess.run([sys.executable, "-c", code, *map(str, argv)], cwd=cwd, env=env, capture_output=True,
+                          text=True, timeout=timeout)
+
+
+def tagged_json(output: str, tag: str = "FACTS"):
+    """The JSON after ``tag`` on the first output line that starts with it (a child's one-line report)."""
+    return json.loads(next(line for line in output.splitlines() if line.startswith(tag))[len(tag):])
+
+
+def tool_command(name: str, *args) -> list[str]:
+    """The command line of ``tools/<name>`` with ``args``."""
+    return [sys.executable, str(TOOLS / name), *map(str, args)]
+
+
+def run_tool(name: str, *args, timeout: float = 300, **kwargs) -> subprocess.CompletedProcess:
+    """``tools/<name>`` as a user runs it, output captured as text (``kwargs`` go to subprocess.run)."""
+    return subprocess.run(tool_command(name, *args), capture_output=True, text=True, timeout=timeout, **kwargs)
+
+
+def import_tool(name: str):
+    """The module ``tools/<name>.py``, imported into this process (its ``main(argv)`` runs in-process)."""
+    if str(TOOLS) not in sys.path:
+        sys.path.insert(0, str(TOOLS))
+    return importlib.import_module(name)
