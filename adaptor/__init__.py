@@ -43,6 +43,14 @@ registry: FeatureRegistry | None = None
 context: FeatureContext | None = None
 
 
+def _detected_backend() -> Backend:
+    """The backend this process runs on; an unknown or unusable ``ADAPTOR_BACKEND`` is one line."""
+    try:
+        return detect_backend()
+    except BackendError as exc:
+        fail(str(exc))
+
+
 def setup(argv=None, quiet: bool = False) -> FeatureContext:
     """Detect the backend and apply the enabled features' patches (idempotent)."""
     global backend, registry, context
@@ -51,10 +59,7 @@ def setup(argv=None, quiet: bool = False) -> FeatureContext:
     from adaptor import arguments_hook
     from patches import all_features
 
-    try:
-        backend = detect_backend()
-    except BackendError as exc:
-        fail(str(exc))
+    backend = _detected_backend()
     registry = FeatureRegistry(all_features())
     argv = registry.rewrite_argv(sys.argv[1:] if argv is None else list(argv))
     context = FeatureContext(backend=backend, flags=registry.preparse(argv), argv=argv)
@@ -116,7 +121,4 @@ def teardown() -> None:
 if env.is_on("ADAPTOR_PATCH"):
     setup()
 else:
-    try:
-        backend = detect_backend()
-    except BackendError as exc:
-        fail(str(exc))
+    backend = _detected_backend()
