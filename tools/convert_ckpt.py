@@ -1,14 +1,16 @@
 #!/usr/bin/env python
-"""Convert checkpoints between Hugging Face and Megatron (legacy --ckpt-format torch), MindSpeed-LLM style.
+"""Convert checkpoints between Hugging Face and Megatron (safetensors, or legacy torch format), MindSpeed-LLM style.
 
     python tools/convert_ckpt.py --load-model-type hf --save-model-type mg --model-type-hf qwen3 \\
         --load-dir Qwen3-0.6B --save-dir qwen3-mg-tp2 --target-tensor-parallel-size 2
     python tools/convert_ckpt.py --load-model-type mg --save-model-type hf \\
         --load-dir qwen3-mg-tp2 --save-dir Qwen3-0.6B-back
 
-hf -> mg writes a release checkpoint that ``pretrain_gpt.py --load DIR --ckpt-format torch``
-reads at the target layout, and keeps config.json (and tokenizer files) under DIR/hf so that
-mg -> hf needs nothing else. Tensors stream one at a time; --save-dir is written beside
+hf -> mg writes a release checkpoint that ``pretrain_gpt.py --load DIR`` reads: by default in the
+safetensors format (one file of whole tensors, no pickle; any TP/PP/EP layout loads it), with
+``--save-format torch`` as Megatron's legacy rank files at the target layout. It keeps config.json
+(and tokenizer files) under DIR/hf so that mg -> hf needs nothing else; mg -> hf reads either
+format (torch files with ``weights_only=True``: a file that names anything else is refused). Tensors stream one at a time; --save-dir is written beside
 itself under a temporary name and renamed at the end.
 """
 from __future__ import annotations
@@ -44,6 +46,9 @@ def parse_args(argv=None) -> argparse.Namespace:
                         help="1 or the tensor parallel size (Megatron's default)")
     parser.add_argument("--make-vocab-size-divisible-by", type=int, default=128,
                         help="as pretrain_gpt.py's flag: the vocabulary is padded to a multiple of this times TP")
+    parser.add_argument("--save-format", choices=["safetensors", "torch"], default="safetensors",
+                        help="hf -> mg: safetensors (default; no pickle, loads at any parallel layout) or torch "
+                             "(Megatron's legacy mp_rank_* files, loaded at the target layout)")
     parser.add_argument("--hf-config-dir", help="mg -> hf: directory with config.json when the checkpoint has none")
     parser.add_argument("--max-shard-size", default="5GB", help="mg -> hf: largest safetensors shard, e.g. 2GB, 500MB")
     args = parser.parse_args(argv)
@@ -88,7 +93,8 @@ def main(argv=None) -> int:
             layout = Layout(args.target_tensor_parallel_size, args.target_pipeline_parallel_size,
                             args.target_expert_parallel_size, args.target_expert_tensor_parallel_size)
             out = convert_hf_to_megatron(args.load_dir, args.save_dir, args.model_type_hf, layout,
-                                         make_vocab_size_divisible_by=args.make_vocab_size_divisible_by)
+                                         make_vocab_size_divisible_by=args.make_vocab_size_divisible_by,
+                                         save_format=args.save_format)
         else:
             out = convert_megatron_to_hf(args.load_dir, args.save_dir, args.model_type_hf,
                                          hf_config_dir=args.hf_config_dir, max_shard_bytes=args.max_shard_bytes)

@@ -111,7 +111,8 @@ _FUSED_NORMS = (("self_attention.linear_qkv.layer_norm_", "input_layernorm."),
                 ("mlp.linear_fc1.layer_norm_", "pre_mlp_layernorm."))
 
 
-def _module_name(name: str) -> str:
+def module_name(name: str) -> str:
+    """A checkpoint tensor's name with the module names the local spec uses (``input_layernorm``)."""
     for fused, module in _FUSED_NORMS:
         name = name.replace(fused, module)
     return name
@@ -178,7 +179,7 @@ def _write_hf(source: GlobalTensors, args, model_type: str, temp: Path, max_shar
     from adaptor.convert import ConversionError, Layout, hf_tensors_from_megatron, write_safetensors_checkpoint
     from adaptor.convert.online import hf_config_from_args
 
-    by_module_name = {_module_name(n): n for n in source.tensors}
+    by_module_name = {module_name(n): n for n in source.tensors}
 
     def name_of(name):
         if name not in by_module_name:

@@ -5,8 +5,10 @@ headers first) and on real ones (memory-mapped inputs, one output tensor alive a
 """
 from __future__ import annotations
 
+import itertools
 import json
 import os
+import re
 import shutil
 from pathlib import Path
 from typing import Callable, Iterator
@@ -17,6 +19,7 @@ from adaptor.convert.errors import ConversionError
 from adaptor.convert.layout import Layout, padded_vocab_size as default_padded_vocab
 from adaptor.convert.mapping import EMBEDDING, ModelMapping, Param, extra_state_names, model_mapping
 from adaptor.convert.hf_directory import HfCheckpoint, write_safetensors_checkpoint
+from adaptor.checkpoint.files import is_safetensors_checkpoint
 from adaptor.convert.torch_legacy import (
     CHECKPOINT_FILE, TRACKER_FILE, drop_pages, mapped_ranges, rank_dir_name, read_model_state, write_model_file,
 )
@@ -113,14 +116,19 @@ def hf_tensors_from_megatron(get: Callable[[tuple[int, int, int], str], torch.Te
 # -- directories ---------------------------------------------------------------------------
 
 class MegatronCheckpoint:
-    """A legacy-format Megatron checkpoint directory, read rank file by rank file (memory-mapped)."""
+    """A Megatron checkpoint directory (``latest_checkpointed_iteration.txt`` + iteration directory), read
+    tensor by tensor: legacy ``--ckpt-format torch`` rank files (memory-mapped, unpickled with
+    ``weights_only=True``) at their layout, or a safetensors checkpoint (any saved layout) as whole
+    tensors at TP=PP=EP=1."""
 
     def __init__(self, path, layout: Layout | None = None, hf_config_dir=None, model_type: str | None = None):
         self.path = Path(path)
         tracker = self.path / TRACKER_FILE
         if not tracker.is_file():
-            raise ConversionError(f"{tracker}: missing (not a Megatron --ckpt-format torch checkpoint)")
+            raise ConversionError(f"{tracker}: missing (not a Megatron checkpoint directory)")
         text = tracker.read_text().strip()
+        if text != "release" and not text.isdigit():
+            raise ConversionError(f"{tracker}: does not name an iteration ({text!r})")
         self.iteration_dir = self.path / ("release" if text == "release" else f"iter_{int(text):07d}")
         if not self.iteration_dir.is_dir():
             raise ConversionError(f"{self.iteration_dir}: missing (named by {tracker.name})")
@@ -137,16 +145,43 @@ class MegatronCheckpoint:
             raise ConversionError("the checkpoint does not record its model type: pass --model-type-hf")
         self._states: dict = {}
         self._mapped: dict = {}
-        if layout is None and meta:
-            layout = Layout(meta["tp"], meta["pp"], meta["ep"], meta.get("etp"))
-        self.layout = layout or self._layout_from_args()
-        self.padded_vocab_size = meta.get("padded_vocab_size") or self._padded_vocab()
+        self.global_tensors = None
+        if is_safetensors_checkpoint(self.iteration_dir):
+            self.save_format = "safetensors"
+            self._open_safetensors()
+            self.layout = Layout()  # whole tensors, whatever layout it was saved at
+        else:
+            self.save_format = "torch"
+            if layout is None and meta:
+                layout = Layout(meta["tp"], meta["pp"], meta["ep"], meta.get("etp"))
+            self.layout = layout or self._layout_from_args()
+        if self.save_format == "safetensors" or not meta.get("padded_vocab_size"):
+            self.padded_vocab_size = self._padded_vocab()
+        else:
+            self.padded_vocab_size = meta["padded_vocab_size"]
+
+    def _open_safetensors(self) -> None:
+        from adaptor.checkpoint.errors import CheckpointError
+        from adaptor.checkpoint.unified import GlobalTensors, module_name
+
+        try:
+            self.global_tensors = GlobalTensors(self.iteration_dir)
+        except CheckpointError as exc:
+            raise ConversionError(str(exc)) from None
+        self._by_module_name = {module_name(n): n for n in self.global_tensors.tensors}
 
     def _layout_from_args(self) -> Layout:
         first = next(iter(sorted(self.iteration_dir.glob(f"mp_rank_*/{CHECKPOINT_FILE}"))), None)
         if first is None:
             raise ConversionError(f"{self.iteration_dir}: no mp_rank_*/{CHECKPOINT_FILE}")
-        args = torch.load(first, map_location="cpu", mmap=True, weights_only=False).get("args")
+        from adaptor.safe_load import RefusedPickle, torch_load
+
+        try:
+            args = torch_load(first, map_location="cpu", mmap=True).get("args")
+        except RefusedPickle as exc:
+            raise ConversionError(str(exc)) from None
+        except Exception as exc:  # torch raises RuntimeError/EOFError for damaged files
+            raise ConversionError(f"{first}: cannot read the checkpoint ({str(exc).splitlines()[0]})") from None
         if args is None:
             raise ConversionError(f"{first}: no saved args to read the parallel layout from")
         tp, pp = args.tensor_model_parallel_size, args.pipeline_model_parallel_size
@@ -157,7 +192,7 @@ class MegatronCheckpoint:
         return Layout(tp, pp, ep, etp if etp != tp else None)
 
     def _padded_vocab(self) -> int:
-        return self.get((0, 0, 0), EMBEDDING).shape[0] * self.layout.tp
+        return self.get_meta((0, 0, 0), EMBEDDING).shape[0] * self.layout.tp
 
     def file(self, key: tuple[int, int, int]) -> Path:
         tp_rank, pp_rank, ep_rank = key
@@ -165,12 +200,17 @@ class MegatronCheckpoint:
             / CHECKPOINT_FILE
 
     def state(self, key) -> dict:
+        """Every tensor of rank ``key`` = (tp, pp, ep) by its state-dict name (``_extra_state`` entries None)."""
+        if self.global_tensors is not None:
+            return {name: self.get(key, name) for name in self._by_module_name}
         if key not in self._states:
             self._states[key] = read_model_state(self.file(key))
             self._mapped[key] = mapped_ranges(self.file(key))
         return self._states[key]
 
     def get(self, key, name: str) -> torch.Tensor:
+        if self.global_tensors is not None:
+            return self._global(name, meta=False)
         state = self.state(key)
         if name not in state:
             raise ConversionError(f"{self.file(key)}: tensor {name} missing")
@@ -183,7 +223,20 @@ class MegatronCheckpoint:
             drop_pages(state[name], self._mapped[key])
 
     def get_meta(self, key, name: str) -> torch.Tensor:
+        if self.global_tensors is not None:
+            return self._global(name, meta=True)
         return self.get(key, name).to("meta")
+
+    def _global(self, name: str, meta: bool) -> torch.Tensor:
+        from adaptor.checkpoint.errors import CheckpointError
+
+        stored = self._by_module_name.get(name)
+        if stored is None:
+            raise ConversionError(f"{self.iteration_dir}: tensor {name} missing")
+        try:
+            return self.global_tensors.meta(stored) if meta else self.global_tensors.get(stored)
+        except CheckpointError as exc:
+            raise ConversionError(str(exc)) from None
 
 
 def _temp_beside(save_dir: Path) -> Path:
@@ -230,9 +283,93 @@ def _check_hf_tensors(hf: HfCheckpoint, mapping: ModelMapping, padded: int) -> N
                               f"({len(unused)} unused tensors)")
 
 
+SAVE_FORMATS = ("safetensors", "torch")
+
+
+def sharded_key(name: str, stacked: bool, fused_norms: bool) -> tuple[str, tuple[int, ...]]:
+    """The sharded-checkpoint key and prepended-axis index Megatron saves the TP=PP=EP=1 tensor ``name`` under.
+
+    As Megatron's ``sharded_state_dict`` names them for the layer specs and flags
+    :func:`adaptor.convert.megatron_args_from_hf_config` gives: decoder layers stacked on a leading
+    axis when all layers are alike (``stacked``; a ``--moe-layer-freq`` list makes them one key
+    each), experts stacked on the next axis, the local spec's norms under Transformer Engine's
+    fused names in layers with ``linear_qkv`` (``fused_norms``), an MTP layer's
+    ``mtp_model_layer`` saved as ``transformer_layer``. :func:`adaptor.checkpoint.unified.global_name`
+    is the inverse.
+    """
+    index: list[int] = []
+    layer = re.match(r"decoder\.layers\.(\d+)\.(.*)$", name)
+    if layer:
+        rest = layer.group(2)
+        if fused_norms:
+            rest = re.sub(r"^input_layernorm\.", "self_attention.linear_qkv.layer_norm_", rest)
+            rest = re.sub(r"^pre_mlp_layernorm\.", "mlp.linear_fc1.layer_norm_", rest)
+        if stacked:
+            index.append(int(layer.group(1)))
+            name = "decoder.layers." + rest
+        else:
+            name = f"decoder.layers.{layer.group(1)}.{rest}"
+    name = re.sub(r"^mtp\.layers\.(\d+)\.mtp_model_layer\.", r"mtp.layers.\1.transformer_layer.", name)
+    expert = re.search(r"\.experts\.local_experts\.(\d+)\.", name)
+    if expert:
+        index.append(int(expert.group(1)))
+        name = name[:expert.start()] + ".experts.experts." + name[expert.end():]
+    return name, tuple(index)
+
+
+def _write_safetensors_release(release: Path, hf: HfCheckpoint, mapping: ModelMapping, padded: int,
+                               source: str) -> None:
+    """One rank file of whole tensors (``release``): Megatron loads it at any layout, resharding on load."""
+    from adaptor.checkpoint import files
+    from adaptor.checkpoint.writer import rank_metadata
+    from adaptor.safetensors_file import fsync_dir, header_bytes, tensor_bytes
+
+    layout = Layout()
+    specs = list(megatron_rank_tensors(hf, mapping, layout, padded_vocab_size=padded, meta=True))
+    names = {name for name, _ in specs}
+    dense_qkv = any(".self_attention.linear_qkv.weight" in n for n in names)
+    stacked = mapping.num_experts == 0  # megatron_args_from_hf_config gives MoE models a --moe-layer-freq list
+    keyed = [(name, meta, *sharded_key(name, stacked, dense_qkv)) for name, meta in specs]
+    counts: dict[str, list[int]] = {}
+    for _, _, key, index in keyed:
+        grown = counts.setdefault(key, [0] * len(index))
+        counts[key] = [max(c, i + 1) for c, i in zip(grown, index)]
+    shards = [{"name": name, "key": key, "dtype": str(meta.dtype).removeprefix("torch."),
+               "global_shape": counts[key] + list(meta.shape), "global_offset": list(index) + [0] * meta.dim(),
+               "local_shape": list(meta.shape), "prepend_axis_num": len(index), "flattened_range": None}
+              for name, meta, key, index in keyed]
+    staging = files.prepare_staging(release)
+    rank_file = staging / files.rank_file(0)
+    header = header_bytes(((n, m.dtype, tuple(m.shape)) for n, m in specs), rank_metadata(0, shards, {}))
+    with open(rank_file, "wb") as out:
+        out.write(header)
+        tensors = megatron_rank_tensors(hf, mapping, layout, padded_vocab_size=padded)
+        for (name, meta), (got, tensor) in itertools.zip_longest(specs, tensors, fillvalue=(None, None)):
+            if got != name or tuple(tensor.shape) != tuple(meta.shape) or tensor.dtype != meta.dtype:
+                raise ConversionError(f"internal: expected tensor {name}, got {got}")
+            out.write(tensor_bytes(tensor))
+            del tensor
+        out.flush()
+        os.fsync(out.fileno())
+    files.write_json(staging / files.COMMON_JSON, {
+        "format": files.FORMAT_NAME, "version": files.BACKEND_VERSION, "iteration": 0, "world_size": 1,
+        "files": [files.rank_file(0)], "source": source, "command_line": None, "weights_only": True,
+        "state": {"checkpoint_version": 3.0, "iteration": 0}}, indent=1)
+    fsync_dir(staging)
+    files.commit(release)
+
+
 def convert_hf_to_megatron(load_dir, save_dir, model_type: str, layout: Layout, *,
-                           make_vocab_size_divisible_by: int = 128, padded_vocab_size: int | None = None) -> Path:
-    """Write a release checkpoint `pretrain_gpt.py --load save_dir --ckpt-format torch` reads at `layout`."""
+                           make_vocab_size_divisible_by: int = 128, padded_vocab_size: int | None = None,
+                           save_format: str = "safetensors") -> Path:
+    """Write a release checkpoint `pretrain_gpt.py --load save_dir` reads.
+
+    ``save_format="safetensors"`` (default): one file of whole tensors, no pickle; any TP/PP/EP layout
+    loads it (resharded on load; `layout` sets the vocabulary padding and is checked). ``"torch"``:
+    Megatron's legacy ``--ckpt-format torch`` rank files, for that exact `layout`.
+    """
+    if save_format not in SAVE_FORMATS:
+        raise ConversionError(f"save format {save_format!r}: choose {' or '.join(SAVE_FORMATS)}")
     hf = HfCheckpoint(load_dir)
     mapping = model_mapping(model_type, hf.config)
     mapping.check_layout(layout)
@@ -245,20 +382,24 @@ def convert_hf_to_megatron(load_dir, save_dir, model_type: str, layout: Layout, 
     temp = _temp_beside(save_dir)
     try:
         release = temp / "release"
-        for tp_rank, pp_rank, ep_rank in layout.rank_keys():
-            kwargs = dict(padded_vocab_size=padded)
-            specs = list(megatron_rank_tensors(hf, mapping, layout, tp_rank, pp_rank, ep_rank, meta=True, **kwargs))
-            names = [name for name, _ in specs]
-            specs += [(name, None) for name in extra_state_names(names, pp_rank, layout, mapping.tied)]
-            rank_dir = release / rank_dir_name(tp_rank, pp_rank, ep_rank, layout.pp, layout.ep)
-            rank_dir.mkdir(parents=True)
-            tensors = megatron_rank_tensors(hf, mapping, layout, tp_rank, pp_rank, ep_rank, **kwargs)
-            write_model_file(rank_dir / CHECKPOINT_FILE, specs, tensors)
+        if save_format == "safetensors":
+            _write_safetensors_release(release, hf, mapping, padded, str(hf.path))
+        else:
+            for tp_rank, pp_rank, ep_rank in layout.rank_keys():
+                kwargs = dict(padded_vocab_size=padded)
+                specs = list(megatron_rank_tensors(hf, mapping, layout, tp_rank, pp_rank, ep_rank, meta=True,
+                                                   **kwargs))
+                names = [name for name, _ in specs]
+                specs += [(name, None) for name in extra_state_names(names, pp_rank, layout, mapping.tied)]
+                rank_dir = release / rank_dir_name(tp_rank, pp_rank, ep_rank, layout.pp, layout.ep)
+                rank_dir.mkdir(parents=True)
+                tensors = megatron_rank_tensors(hf, mapping, layout, tp_rank, pp_rank, ep_rank, **kwargs)
+                write_model_file(rank_dir / CHECKPOINT_FILE, specs, tensors)
         (temp / TRACKER_FILE).write_text("release")
         _copy_side_files(hf.path, temp / HF_SUBDIR)
         (temp / HF_SUBDIR / CONVERSION_FILE).write_text(json.dumps({
-            "model_type": model_type, "tp": layout.tp, "pp": layout.pp, "ep": layout.ep, "etp": layout.etp,
-            "vocab_size": mapping.vocab_size, "padded_vocab_size": padded}, indent=2) + "\n")
+            "model_type": model_type, "format": save_format, "tp": layout.tp, "pp": layout.pp, "ep": layout.ep,
+            "etp": layout.etp, "vocab_size": mapping.vocab_size, "padded_vocab_size": padded}, indent=2) + "\n")
         _publish(temp, save_dir)
     finally:
         shutil.rmtree(temp, ignore_errors=True)
@@ -267,7 +408,8 @@ def convert_hf_to_megatron(load_dir, save_dir, model_type: str, layout: Layout, 
 
 def convert_megatron_to_hf(load_dir, save_dir, model_type: str | None = None, *, hf_config_dir=None,
                            layout: Layout | None = None, max_shard_bytes: int = 5 * 2**30) -> Path:
-    """Write config.json (+ tokenizer files) and safetensors shards from a legacy Megatron checkpoint."""
+    """Write config.json (+ tokenizer files) and safetensors shards from a Megatron checkpoint (safetensors or
+    legacy ``--ckpt-format torch``; see :class:`MegatronCheckpoint`)."""
     mg = MegatronCheckpoint(load_dir, layout, hf_config_dir, model_type)
     mapping = model_mapping(mg.model_type, mg.hf_config)
     mapping.check_layout(mg.layout)

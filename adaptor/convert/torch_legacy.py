@@ -5,7 +5,8 @@ format): ``data.pkl`` (the object, whose tensors are ``_rebuild_tensor_v2`` call
 storages named by persistent ids), then one ``data/<key>`` record per storage. This
 writer pickles placeholders that reduce exactly as real tensors do (known shapes and
 dtypes, from meta tensors), then writes each storage record as its tensor is produced.
-``torch.load(path, mmap=True)`` reads the result back without loading it all.
+``torch.load(path, mmap=True)`` reads the result back without loading it all; reads here go through
+:mod:`adaptor.safe_load` (``weights_only=True``, an explicit allow-list), so a file cannot run code.
 """
 from __future__ import annotations
 
@@ -112,8 +113,12 @@ def read_model_state(path) -> dict:
     path = Path(path)
     if not path.is_file():
         raise ConversionError(f"{path}: missing Megatron checkpoint file")
+    from adaptor.safe_load import RefusedPickle, torch_load
+
     try:
-        state = torch.load(path, map_location="cpu", mmap=True, weights_only=False)
+        state = torch_load(path, map_location="cpu", mmap=True)
+    except RefusedPickle as exc:
+        raise ConversionError(str(exc)) from None
     except Exception as exc:  # torch raises RuntimeError/EOFError/UnpicklingError for damaged files
         raise ConversionError(f"{path}: cannot read the checkpoint ({str(exc).splitlines()[0]})") from exc
     if "model" not in state:
