@@ -66,6 +66,7 @@ def all_features():
         FirstIterationLog(),
         DistributedOptimizerResume(),
         SequenceParallelTorchNorm(),
+        __import__("patches.upstream_fixes.resume_rng_state", fromlist=["ResumeRngState"]).ResumeRngState(),
         # Models, then the fused operators (their swaps win over the model's).
         MultiLatentAttention(),
         RmsNormFusion(),
