@@ -81,16 +81,19 @@ def refused_global(exc: BaseException) -> str:
     return lines[-1] if lines else type(exc).__name__
 
 
-def load(load_fn, f, *args, **kwargs):
+def load(load_fn, *args, **kwargs):
     """``load_fn(f, ...)`` (``torch.load`` or the function it wraps) with ``weights_only=True`` and
     :data:`ALLOWED`; a refused global raises :class:`RefusedPickle` naming the file and the global."""
     import torch
 
+    f = args[0] if args else kwargs.get("f")
     kwargs["weights_only"] = True
     kwargs.pop("pickle_module", None)  # weights_only uses its own unpickler
+    if len(args) > 2:  # torch.load(f, map_location, pickle_module)
+        args = (*args[:2], None, *args[3:])
     with torch.serialization.safe_globals(allowed_globals()):
         try:
-            return load_fn(f, *args, **kwargs)
+            return load_fn(*args, **kwargs)
         except pickle.UnpicklingError as exc:
             raise RefusedPickle(describe(f), refused_global(exc)) from None
 

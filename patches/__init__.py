@@ -80,6 +80,7 @@ def all_features():
         OnlineConversion(),
         SafetensorsFormat(),
         LoadFit(),
+        __import__("patches.checkpoint.safe_torch_load", fromlist=["SafeTorchLoad"]).SafeTorchLoad(),
         # pretrain_mm.py.
         MultimodalArguments(),
         VisionTowerNorms(),

@@ -1,0 +1,96 @@
+"""Checkpoints are unpickled with ``weights_only=True`` and an explicit allow-list, and a refused or
+unreadable file is one line.
+
+A ``--ckpt-format torch`` checkpoint (and ``torch_dist``'s ``common.pt``, and the distributed
+optimizer's parameter-state file) is a pickle: unpickled without restriction it can run any code
+its author chose. Upstream code changed:
+
+* ``torch.load``, for the whole run: every call passes ``weights_only=True`` with the globals of
+  :data:`adaptor.safe_load.ALLOWED` (the argument namespace, RNG states, Megatron's enums and rerun
+  state), whatever the caller or ``TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD`` asked for. Megatron's own
+  loads pass nothing (``megatron.training.checkpointing._load_base_checkpoint``,
+  ``megatron.core.dist_checkpointing.strategies.common.load_common``,
+  ``DistributedOptimizer.load_parameter_state``), so they followed that variable. A file naming
+  any other global ends the run with one line naming the file and the global; nothing in it runs.
+* ``megatron.training.checkpointing._load_base_checkpoint``: for ``--ckpt-format torch`` it catches
+  every exception of ``torch.load``, prints it and calls ``sys.exit()``, which exits with status 0
+  after a traceback-free but reason-less message. A file that cannot be read while it runs (truncated,
+  not a checkpoint) is one ``megatron-adaptor: error:`` line naming it, exit status 2.
+
+``--ckpt-allow-unsafe-pickle`` turns the restriction off (``weights_only=False`` where the caller did
+not ask for ``True``) for checkpoints the user trusts, and says so when the run starts.
+"""
+from __future__ import annotations
+
+import contextvars
+
+from adaptor.features import Feature
+
+OWNER = __name__
+_in_checkpoint_load = contextvars.ContextVar("in_megatron_checkpoint_load", default=False)
+
+
+def _fail_on(f, exc: BaseException) -> "NoReturn":  # noqa: F821
+    from adaptor.errors import fail
+    from adaptor.safe_load import describe
+
+    first = next((line.strip() for line in str(exc).splitlines() if line.strip()), type(exc).__name__)
+    fail(f"{describe(f)}: cannot read the checkpoint ({type(exc).__name__}: {first})")
+
+
+def _safe_torch_load(wrapped, instance, args, kwargs):
+    from adaptor.errors import fail
+    from adaptor.safe_load import RefusedPickle, load
+
+    f = args[0] if args else kwargs.get("f")
+    try:
+        return load(wrapped, *args, **kwargs)
+    except RefusedPickle as exc:
+        fail(f"{exc}; if you trust this file, --ckpt-allow-unsafe-pickle loads it anyway")
+    except Exception as exc:  # noqa: BLE001  (only inside Megatron's checkpoint load, below)
+        if _in_checkpoint_load.get():
+            _fail_on(f, exc)
+        raise
+
+
+def _unsafe_torch_load(wrapped, instance, args, kwargs):
+    if kwargs.get("weights_only") is not True:
+        kwargs["weights_only"] = False
+    f = args[0] if args else kwargs.get("f")
+    try:
+        return wrapped(*args, **kwargs)
+    except Exception as exc:  # noqa: BLE001
+        if _in_checkpoint_load.get():
+            _fail_on(f, exc)
+        raise
+
+
+def _load_base_checkpoint(wrapped, instance, args, kwargs):
+    token = _in_checkpoint_load.set(True)
+    try:
+        return wrapped(*args, **kwargs)
+    finally:
+        _in_checkpoint_load.reset(token)
+
+
+class SafeTorchLoad(Feature):
+    name = "safe_torch_load"
+
+    def add_arguments(self, group) -> None:
+        group.add_argument("--ckpt-allow-unsafe-pickle", action="store_true", dest="ckpt_allow_unsafe_pickle",
+                           help="Unpickle torch-format checkpoint files without restriction (weights_only=False). "
+                                "RISK: a checkpoint file can then run arbitrary code in this process; use only "
+                                "for files you trust. Without it, a file naming anything beyond tensors and the "
+                                "types Megatron saves is refused.")
+
+    def register_patches(self, pm, ctx) -> None:
+        unsafe = bool(getattr(ctx.flags, "ckpt_allow_unsafe_pickle", False))
+        pm.register_wrapper("torch.load", _unsafe_torch_load if unsafe else _safe_torch_load, OWNER)
+        pm.register_wrapper("megatron.training.checkpointing._load_base_checkpoint", _load_base_checkpoint, OWNER)
+
+    def validate(self, args, ctx) -> None:
+        if getattr(args, "ckpt_allow_unsafe_pickle", False):
+            from adaptor.log import notice_once
+
+            notice_once("warning: --ckpt-allow-unsafe-pickle: checkpoint files are unpickled without restriction; "
+                        "a malicious file can run arbitrary code in this process", key="ckpt_allow_unsafe_pickle")
