@@ -16,12 +16,23 @@ wrap both:
 from __future__ import annotations
 
 import sys
+import traceback
+from pathlib import Path
 
 from adaptor.errors import fail
 from adaptor.features import ArgumentError, explicit_dests
 from adaptor.wrapping import argument
 
 OWNER = "adaptor.arguments_hook"
+
+
+def _failed_assertion(exc: AssertionError) -> str:
+    """``assert x is not None`` failed (file:line): the statement, for Megatron's message-less asserts."""
+    frames = traceback.extract_tb(exc.__traceback__)
+    if not frames:
+        return "an assertion in validate_args failed"
+    last = frames[-1]
+    return f"`{(last.line or '').strip()}` failed ({Path(last.filename).name}:{last.lineno})"
 
 
 def register(pm, registry, ctx) -> None:
@@ -60,7 +71,7 @@ def register(pm, registry, ctx) -> None:
         try:
             return wrapped(*args, **kwargs)
         except AssertionError as exc:
-            fail(f"invalid Megatron arguments: {exc or 'an assertion in validate_args failed'}")
+            fail(f"invalid Megatron arguments: {str(exc) or _failed_assertion(exc)}")
 
     pm.register_wrapper("megatron.training.arguments.parse_args", parse_args, OWNER)
     pm.register_wrapper("megatron.training.arguments.validate_args", validate_args, OWNER)

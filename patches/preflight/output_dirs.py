@@ -1,0 +1,63 @@
+"""Directories a run writes into, checked before the first step; and room for one checkpoint.
+
+Upstream creates ``--save``'s iteration directory only at the first save
+(``megatron.training.checkpointing.save_checkpoint``), so ``--save`` pointing at a regular
+file trains a whole save interval and then dies with ``NotADirectoryError``; a full disk
+surfaces the same way. This feature changes no upstream function:
+
+* at argument validation, on every rank, ``--save``, ``--data-cache-path``,
+  ``--tensorboard-dir``, ``--wandb-save-dir`` and ``--hf-save-dir`` must each be a writable
+  directory or creatable as one (:func:`adaptor.preflight.output_dirs.check_writable_dir`);
+* once Megatron has built the tokenizer (``megatron.training.global_vars.set_global_variables``,
+  wrapped: the padded vocabulary is known then, process groups do not exist yet), the
+  filesystem of ``--save`` must have room for one checkpoint as
+  :mod:`adaptor.preflight.checkpoint_size` estimates it: a new checkpoint is complete before
+  the previous one may be pruned, so that much must be free. ``--skip-save-space-check``
+  skips it (a filesystem that reports its free space wrongly, say).
+"""
+from __future__ import annotations
+
+from adaptor.errors import fail
+from adaptor.features import ArgumentError, Feature
+from adaptor.preflight.checkpoint_size import checkpoint_bytes
+from adaptor.preflight.output_dirs import check_free_space, check_writable_dir
+from adaptor.wrapping import argument
+
+OWNER = __name__
+DIRECTORIES = (("save", "--save"), ("data_cache_path", "--data-cache-path"), ("tensorboard_dir", "--tensorboard-dir"),
+               ("wandb_save_dir", "--wandb-save-dir"), ("hf_save_dir", "--hf-save-dir"))
+
+
+def check_save_space(args) -> None:
+    if not getattr(args, "save", None) or getattr(args, "skip_save_space_check", False):
+        return
+    need = checkpoint_bytes(args)
+    if need is None:
+        return
+    check_free_space(args.save, "--save", need, "one checkpoint of this model", "--skip-save-space-check")
+
+
+def _set_global_variables(wrapped, instance, args_, kwargs):
+    result = wrapped(*args_, **kwargs)
+    try:
+        check_save_space(argument(args_, kwargs, "args"))
+    except ArgumentError as exc:
+        fail(str(exc))
+    return result
+
+
+class OutputDirs(Feature):
+    name = "output_dirs"
+
+    def add_arguments(self, group) -> None:
+        group.add_argument("--skip-save-space-check", action="store_true", dest="skip_save_space_check",
+                           help="do not check at start that --save's filesystem has room for one checkpoint")
+
+    def register_patches(self, pm, ctx) -> None:
+        pm.register_wrapper("megatron.training.global_vars.set_global_variables", _set_global_variables, OWNER)
+
+    def validate(self, args, ctx) -> None:
+        for dest, flag in DIRECTORIES:
+            path = getattr(args, dest, None)
+            if path:
+                check_writable_dir(path, flag)
