@@ -38,6 +38,9 @@ def all_features():
     from patches.models.mla import MultiLatentAttention
     from patches.multimodal.mm_arguments import MultimodalArguments
     from patches.multimodal.vision_tower_norms import VisionTowerNorms
+    from patches.preflight.checkpoint_inputs import CheckpointInputs
+    from patches.preflight.data_files import DataFiles
+    from patches.preflight.output_dirs import OutputDirs
     from patches.upstream_fixes.distributed_optimizer_resume import DistributedOptimizerResume
     from patches.upstream_fixes.empty_dataset_split import EmptyDatasetSplit
     from patches.upstream_fixes.first_iteration_log import FirstIterationLog
@@ -50,6 +53,10 @@ def all_features():
         BackendDefaults(),
         SingleProcessLaunch(),
         ArgumentChecks(),
+        # Every file and directory the run reads or writes, before the first step.
+        DataFiles(),
+        CheckpointInputs(),
+        OutputDirs(),
         # The device Megatron runs on.
         AllowNoCuda(),
         CpuDevice(),
