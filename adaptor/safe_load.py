@@ -99,7 +99,10 @@ def load(load_fn, *args, **kwargs):
 
 
 def torch_load(f, **kwargs):
-    """:func:`load` of ``torch.load``."""
+    """:func:`load` of torch's own ``torch.load`` (unwrapped: errors come back as exceptions to the caller,
+    also in a training process, where the ``safe_torch_load`` feature wraps ``torch.load``)."""
+    import inspect
+
     import torch
 
-    return load(torch.load, f, **kwargs)
+    return load(inspect.unwrap(torch.load), f, **kwargs)

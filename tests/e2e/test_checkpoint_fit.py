@@ -53,7 +53,7 @@ def _train_flags(hf_dir, data, load, save=None):
 
 def test_offline_qwen3_with_a_smaller_tokenizer_trains_and_converts_back(tmp_path):
     hf = make_tiny_qwen3(tmp_path / "hf", tied=False, vocab_size=HF_ROWS)
-    converted = convert_hf_to_megatron(hf, tmp_path / "mg", "qwen3", Layout())
+    converted = convert_hf_to_megatron(hf, tmp_path / "mg", "qwen3", Layout(), save_format="torch")
     unrecorded = shutil.copytree(converted, tmp_path / "mg_unrecorded")
     (unrecorded / "hf" / "conversion.json").unlink()
     data = _data(tmp_path)

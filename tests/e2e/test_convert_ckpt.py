@@ -43,7 +43,7 @@ def test_rank_files_match_megatrons_own_checkpoint(hf_models, tmp_path, key, fla
     run = run_pretrain(flags + parallel + ["--train-iters", "1", "--save", str(saved), "--save-interval", "1",
                                            "--ckpt-format", "torch"], nproc=nproc)
     assert run.returncode == 0, tail(run.output)
-    convert_hf_to_megatron(hf_models[key], tmp_path / "converted", model_type(key), layout)
+    convert_hf_to_megatron(hf_models[key], tmp_path / "converted", model_type(key), layout, save_format="torch")
     real_files = sorted((saved / "iter_0000001").glob("mp_rank_*/model_optim_rng.pt"))
     assert len(real_files) == nproc
     for real in real_files:
@@ -65,9 +65,13 @@ LOAD_LAYOUTS = {
 }
 
 
-@pytest.mark.parametrize("key", list(LOAD_LAYOUTS))
-def test_pretrain_loads_converted_checkpoint_same_loss_as_single_process(hf_models, tmp_path, key):
-    """pretrain_gpt.py --load DIR --ckpt-format torch, model flags from megatron_args_from_hf_config."""
+@pytest.mark.parametrize("key,save_format", [("qwen3_tied", "safetensors"), ("qwen3_tied", "torch"),
+                                             ("deepseek3", "safetensors"), ("deepseek3", "torch")])
+def test_pretrain_loads_converted_checkpoint_same_loss_as_single_process(hf_models, tmp_path, key, save_format):
+    """pretrain_gpt.py --load DIR --ckpt-format FORMAT, model flags from megatron_args_from_hf_config.
+
+    The safetensors release (the default) is one file of whole tensors whatever the target layout,
+    resharded on load."""
     config = json.loads((hf_models[key] / "config.json").read_text())
     extra, layout, parallel = LOAD_LAYOUTS[key]
     flags = megatron_args_from_hf_config(model_type(key), config) + TRAIN + extra
@@ -76,13 +80,15 @@ def test_pretrain_loads_converted_checkpoint_same_loss_as_single_process(hf_mode
         runs = {}
         for name, lay, par in (("single", Layout(), []), ("parallel", layout, parallel)):
             ckpt = tmp_path / name
-            convert_hf_to_megatron(hf_models[key], ckpt, model_type(key), lay)
-            runs[name] = run_pretrain(flags + par + ["--load", str(ckpt), "--ckpt-format", "torch"],
+            convert_hf_to_megatron(hf_models[key], ckpt, model_type(key), lay, save_format=save_format)
+            assert (ckpt / "release" / "metadata.json").is_file() == (save_format == "safetensors")
+            runs[name] = run_pretrain(flags + par + ["--load", str(ckpt), "--ckpt-format", save_format],
                                       nproc=lay.tp * lay.pp * lay.ep)
         return runs
 
     # qwen3_tied also trains from a fresh init (one process, beside the loaded runs)
-    runs, fresh = side_by_side(loaded_runs, lambda: run_pretrain(flags) if key == "qwen3_tied" else None)
+    fresh_run = key == "qwen3_tied" and save_format == "safetensors"
+    runs, fresh = side_by_side(loaded_runs, lambda: run_pretrain(flags) if fresh_run else None)
     for run in runs.values():
         assert run.returncode == 0, tail(run.output)
         assert "successfully loaded checkpoint" in run.output
@@ -99,7 +105,7 @@ def test_pretrain_loads_converted_checkpoint_same_loss_as_single_process(hf_mode
 
 def test_missing_megatron_rank_file_via_command_line(hf_models, tmp_path):
     """The real command line: exit status 2, one stderr line naming the file, no HF directory left."""
-    mg = convert_hf_to_megatron(hf_models["qwen3_tied"], tmp_path / "mg", "qwen3", Layout(tp=2))
+    mg = convert_hf_to_megatron(hf_models["qwen3_tied"], tmp_path / "mg", "qwen3", Layout(tp=2), save_format="torch")
     (mg / "release" / "mp_rank_01" / "model_optim_rng.pt").unlink()
     proc = run_tool("convert_ckpt.py", "--load-model-type", "mg", "--save-model-type", "hf", "--load-dir", mg,
                     "--save-dir", tmp_path / "hf", env=dict(os.environ, OMP_NUM_THREADS="1"), timeout=120)

@@ -118,7 +118,8 @@ def test_deepseek_v3_trains_from_hf_dir_and_saves_one(hf_dirs, tmp_path):
 
     # The offline conversion, --load'ed as a fine-tuning start; --hf-load-dir names other weights,
     # so equal losses also show that an existing --load checkpoint wins over --hf-load-dir.
-    offline_dir = convert_hf_to_megatron(source, tmp_path / "offline", "deepseek3", Layout(ep=2))
+    offline_dir = convert_hf_to_megatron(source, tmp_path / "offline", "deepseek3", Layout(ep=2),
+                                         save_format="torch")
     offline = run_pretrain(flags + ["--load", str(offline_dir), "--finetune",
                                     "--hf-load-dir", str(hf_dirs["deepseek_v3_other"])], nproc=2)
     assert offline.returncode == 0, tail(offline.output)
@@ -166,7 +167,7 @@ def test_converted_checkpoint_refuses_flags_without_its_rope_scaling(hf_dirs, tm
     """YaRN is not in any tensor's shape: a --load of the converted checkpoint with plain RoPE flags is one line."""
     from adaptor.convert import Layout, convert_hf_to_megatron
 
-    converted = convert_hf_to_megatron(hf_dirs["qwen3_yarn"], tmp_path / "mg", "qwen3", Layout())
+    converted = convert_hf_to_megatron(hf_dirs["qwen3_yarn"], tmp_path / "mg", "qwen3", Layout(), save_format="torch")
     flags = model_flags(hf_dirs["qwen3_tied"], "qwen3")  # the same architecture, plain RoPE
     run = run_pretrain(flags + TRAIN[:-6] + ["--load", str(converted), "--ckpt-format", "torch",
                                              "--no-load-optim", "--no-load-rng", "--finetune"])

@@ -193,7 +193,8 @@ def test_pretrained_decoder_and_tower_load_and_stay_frozen(tmp_path, tiny_hf):
     from adaptor.mm.weights import vision_tower_tensors
 
     qwen3 = tiny_hf["qwen3_vocab1436"]  # make_tiny_qwen3(vocab_size=1436): the sample tokenizer's vocabulary
-    converted = convert_hf_to_megatron(qwen3, tmp_path / "qwen3_mg", "qwen3", Layout())  # tools/convert_ckpt.py's
+    # tools/convert_ckpt.py --save-format torch: the legacy files, compared below with the saved ones
+    converted = convert_hf_to_megatron(qwen3, tmp_path / "qwen3_mg", "qwen3", Layout(), save_format="torch")
     clip = make_tiny_vision_tower(tmp_path / "clip_hf", "clip", layers=3)
     model = json.loads((EXAMPLE / "model.json").read_text())
     model["image_encoder"]["vision_encoder"].update(num_layers=2, ffn_hidden_size=128, freeze=True,

@@ -33,9 +33,10 @@ def model_type(key: str) -> str:
     ("qwen3_untied", Layout(2, 2)), ("deepseek3", Layout()), ("deepseek3", Layout(2, 2, 2)),
     ("deepseek3", Layout(2, 1, 2, etp=1)),
 ])
-def test_round_trip_is_bit_exact(hf_models, tmp_path, key, layout):
+@pytest.mark.parametrize("save_format", ["safetensors", "torch"])
+def test_round_trip_is_bit_exact(hf_models, tmp_path, key, layout, save_format):
     src = hf_models[key]
-    convert_hf_to_megatron(src, tmp_path / "mg", model_type(key), layout)
+    convert_hf_to_megatron(src, tmp_path / "mg", model_type(key), layout, save_format=save_format)
     convert_megatron_to_hf(tmp_path / "mg", tmp_path / "hf", max_shard_bytes=100_000)  # forces several shards
     before, after = HfCheckpoint(src), HfCheckpoint(tmp_path / "hf")
     assert sorted(after.names()) == sorted(before.names())
@@ -190,3 +191,56 @@ def test_existing_save_dir_is_not_clobbered(hf_models, tmp_path, capsys):
     code, err = cli(hf_to_mg(hf_models["qwen3_tied"], save, "qwen3"), capsys)
     assert_failed_cleanly(code, err, tmp_path, "exists and is not empty", before=["mg"])
     assert (save / "keep.txt").read_text() == "mine"
+
+
+# -- the default format, and pickles that would run code ------------------------------------------
+
+def mg_to_hf(src, dst):
+    return ["--load-model-type", "mg", "--save-model-type", "hf", "--load-dir", str(src), "--save-dir", str(dst)]
+
+
+def test_hf_to_mg_writes_safetensors_by_default_and_torch_on_request(hf_models, tmp_path, capsys):
+    """The default output holds no pickle: one safetensors release file; --save-format torch writes
+    Megatron's legacy rank files at the target layout. mg -> hf reads both."""
+    src = hf_models["qwen3_tied"]
+    code, err = cli(hf_to_mg(src, tmp_path / "st", "qwen3", "--target-tensor-parallel-size", "2"), capsys)
+    assert code == 0, err
+    written = sorted(str(p.relative_to(tmp_path / "st")) for p in (tmp_path / "st").rglob("*") if p.is_file())
+    assert [p for p in written if not p.startswith("hf/")] == [
+        "latest_checkpointed_iteration.txt", "release/common.json", "release/metadata.json",
+        "release/rank_00000.safetensors"]
+    code, err = cli(hf_to_mg(src, tmp_path / "pt", "qwen3", "--target-tensor-parallel-size", "2",
+                             "--save-format", "torch"), capsys)
+    assert code == 0, err
+    assert sorted(p.parent.name for p in (tmp_path / "pt" / "release").glob("*/model_optim_rng.pt")) == [
+        "mp_rank_00", "mp_rank_01"]
+    for name in ("st", "pt"):
+        code, err = cli(mg_to_hf(tmp_path / name, tmp_path / f"{name}_hf"), capsys)
+        assert code == 0, err
+        before, after = HfCheckpoint(src), HfCheckpoint(tmp_path / f"{name}_hf")
+        assert all(torch.equal(before.get(n), after.get(n)) for n in before.names())
+
+
+class _RunsShell:
+    def __init__(self, marker):
+        self.marker = marker
+
+    def __reduce__(self):
+        return os.system, (f"touch {self.marker}",)
+
+
+def test_mg_to_hf_refuses_a_torch_checkpoint_that_would_run_code(hf_models, tmp_path, capsys, monkeypatch):
+    from adaptor.safe_load import torch_load
+
+    monkeypatch.setenv("TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD", "1")
+    mg = convert_hf_to_megatron(hf_models["qwen3_tied"], tmp_path / "mg", "qwen3", Layout(), save_format="torch")
+    rank_file = mg / "release" / "mp_rank_00" / "model_optim_rng.pt"
+    marker = tmp_path / "code_ran"
+    state = torch_load(rank_file)
+    state["args"] = _RunsShell(marker)
+    torch.save(state, rank_file)
+    before = rank_file.read_bytes()
+    (tmp_path / "out").mkdir()
+    code, err = cli(mg_to_hf(mg, tmp_path / "out" / "hf"), capsys)
+    assert_failed_cleanly(code, err, tmp_path / "out", f"{rank_file}: refused to unpickle posix.system")
+    assert not marker.exists() and rank_file.read_bytes() == before

@@ -431,7 +431,7 @@ def test_text_decoder_from_hf_dir_equals_converted_checkpoint(tmp_path, tiny_hf)
 
     hf_dir = tiny_hf["qwen3_vocab1436"]  # make_tiny_qwen3(vocab_size=1436), shared read-only
     config = json.loads((hf_dir / "config.json").read_text())
-    converted = convert_hf_to_megatron(hf_dir, tmp_path / "mg_tp2", "qwen3", Layout(tp=2))
+    converted = convert_hf_to_megatron(hf_dir, tmp_path / "mg_tp2", "qwen3", Layout(tp=2), save_format="torch")
     args, _, _ = megatron_namespace(model_flags("qwen3", config) + ["--tensor-model-parallel-size", "2"])
     args.padded_vocab_size = 1536  # 1436 padded to a multiple of 128 x TP, as Megatron and the converter pad
     for rank in (0, 1):
