@@ -24,6 +24,10 @@ Upstream functions wrapped:
   checkpoint whose embedding has more rows than the tokenizer's padded vocabulary (Qwen3: 151936
   rows, tokenizer 151669) loads whole; a tokenizer larger than the checkpoint's vocabulary is an
   error.
+* Defaults: a run given ``--hf-load-dir`` or ``--hf-save-dir`` that saves checkpoints (``--save``)
+  without ``--ckpt-format`` saves them as ``safetensors`` (no pickle) instead of Megatron's
+  ``torch_dist``; the start-up log says so. The temporary per-rank files of ``--hf-save-dir`` are
+  legacy torch files this process writes and reads back with ``weights_only=True``.
 * ``megatron.training.arguments.validate_args``: after Megatron derives its values, the HF config
   must describe the model the flags build (layers, hidden, heads, query groups, kv channels, MLA
   dims, experts, ...): the flags :func:`adaptor.convert.megatron_args_from_hf_config` gives are
@@ -149,6 +153,15 @@ class OnlineConversion(Feature):
         pm.register_wrapper("megatron.core.tokenizers.utils.build_tokenizer._set_padded_vocab_size",
                             _set_padded_vocab_size, OWNER)
         pm.register_wrapper("megatron.training.arguments.validate_args", _validate_args, OWNER)
+
+    def set_defaults(self, args, ctx) -> None:
+        if (getattr(args, "save", None) and "ckpt_format" not in ctx.explicit
+                and not getattr(args, "use_megatron_fsdp", False) and args.ckpt_format != "safetensors"):
+            from adaptor.log import notice_once
+
+            args.ckpt_format = "safetensors"
+            notice_once("--hf-load-dir/--hf-save-dir: --save checkpoints use --ckpt-format safetensors "
+                        "(no pickle; pass --ckpt-format to choose another)", key="hf_ckpt_format")
 
     def validate(self, args, ctx) -> None:
         if args.hf_load_dir is not None:

@@ -149,6 +149,19 @@ def test_deepseek_v3_trains_from_hf_dir_and_saves_one(hf_dirs, tmp_path):
     assert not list(tmp_path.glob(".*partial*"))
 
 
+def test_hf_load_dir_run_saves_safetensors_unless_told(hf_dirs, tmp_path):
+    """--hf-load-dir with --save and no --ckpt-format: the checkpoints hold no pickle."""
+    from adaptor.checkpoint.files import is_safetensors_checkpoint
+
+    flags = model_flags(hf_dirs["qwen3_tied"], "qwen3") + TRAIN[:-6]
+    run = run_pretrain(flags + ["--hf-load-dir", str(hf_dirs["qwen3_tied"]), "--save", str(tmp_path / "ckpt"),
+                                "--save-interval", "3"])
+    assert run.returncode == 0, tail(run.output)
+    assert "--save checkpoints use --ckpt-format safetensors" in run.output, tail(run.output)
+    assert is_safetensors_checkpoint(tmp_path / "ckpt" / "iter_0000003")
+    assert not [p for p in (tmp_path / "ckpt").rglob("*") if p.suffix in (".pt", ".distcp")]
+
+
 def test_config_mismatch_names_the_flag(hf_dirs, tmp_path):
     flags = model_flags(hf_dirs["qwen3_tied"], "qwen3")
     flags[flags.index("--num-query-groups") + 1] = "4"
