@@ -15,8 +15,8 @@ On CUDA and NPU only the saved ``torch_rng_state`` shows it. On the CPU backend 
 generator *is* torch's CPU generator (``torch.cuda.get/set_rng_state`` and the RNG tracker's
 ``_get/_set_cuda_rng_state`` are redirected to it by the ``cpu_device`` feature, as
 ``npu_device`` redirects them to the NPU's), so every dropout mask drawn outside a tracker fork
-(hidden dropout; attention dropout without tensor parallelism's fork) differs after a resume and
-the losses leave the uninterrupted curve.
+(the hidden dropout after attention and MLP; attention dropout runs in the tracker's fork, whose
+state was restored right) differs after a resume, and the losses leave the uninterrupted curve.
 
 The fix gives each pretraining data loader a generator of its own, seeded from ``--seed``, so the
 data pipeline no longer consumes the generator that training and checkpoints share. The loader
