@@ -10,8 +10,9 @@ hf -> mg writes a release checkpoint that ``pretrain_gpt.py --load DIR`` reads: 
 safetensors format (one file of whole tensors, no pickle; any TP/PP/EP layout loads it), with
 ``--save-format torch`` as Megatron's legacy rank files at the target layout. It keeps config.json
 (and tokenizer files) under DIR/hf so that mg -> hf needs nothing else; mg -> hf reads either
-format (torch files with ``weights_only=True``: a file that names anything else is refused). Tensors stream one at a time; --save-dir is written beside
-itself under a temporary name and renamed at the end.
+format (torch files with ``weights_only=True``: a file that names anything else is refused).
+Tensors stream one at a time; --save-dir is written beside itself under a temporary name and
+renamed at the end.
 """
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """Initial weights of LLaVAModel's parts, from the checkpoints model.json names (``ckpt_path``).
 
-* ``text_decoder.ckpt_path``: a Qwen3 checkpoint converted by tools/convert_ckpt.py (a legacy
-  ``release`` checkpoint; converted at this run's --tensor-model-parallel-size), or a Hugging Face
+* ``text_decoder.ckpt_path``: a Qwen3 checkpoint converted by tools/convert_ckpt.py (its default
+  safetensors output at TP 1, or ``--save-format torch`` at this run's --tensor-model-parallel-size), or a Hugging Face
   Qwen3 directory (config.json + safetensors, split for any TP size on the fly). Its config.json
   must describe the decoder model.json and the flags build (the check ``--hf-load-dir`` does).
 * ``image_encoder.vision_encoder.ckpt_path``: a Hugging Face CLIP or SigLIP directory (vision model
@@ -47,9 +47,11 @@ def text_decoder_tensors(path: str, args, tp_rank: int):
             raise ConversionError(f"the checkpoint holds a {mg.model_type} model; the text decoder loads qwen3")
         _check_decoder_config(args, mg.hf_config)
         if (mg.layout.tp, mg.layout.pp, mg.layout.ep) != (tp, 1, 1):
-            raise ConversionError(f"converted for TP={mg.layout.tp} PP={mg.layout.pp}; this run has TP={tp} PP=1 "
-                                  f"(convert with --target-tensor-parallel-size {tp}, or give the Hugging Face "
-                                  f"directory, which is split on the fly)")
+            held = "whole tensors (safetensors)" if mg.save_format == "safetensors" else \
+                f"converted for TP={mg.layout.tp} PP={mg.layout.pp}"
+            raise ConversionError(f"{held}; this run has TP={tp} PP=1 (convert with --save-format torch "
+                                  f"--target-tensor-parallel-size {tp}, or give the Hugging Face directory, which "
+                                  f"is split on the fly)")
         if mg.padded_vocab_size != args.padded_vocab_size:
             raise ConversionError(f"the checkpoint's padded vocabulary is {mg.padded_vocab_size} rows, the model's "
                                   f"{args.padded_vocab_size}; set text_decoder.vocab_size to {mg.padded_vocab_size}")

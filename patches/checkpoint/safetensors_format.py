@@ -11,6 +11,8 @@ and pickle. We keep Megatron's path and replace only the storage:
   return), so every branch Megatron has for sharded checkpoints is taken as it is. An async save
   first waits for the previous one (one save in flight); ``--keep-checkpoint-max`` prunes after
   the new checkpoint is complete. A bad checkpoint ends in one line naming the file and tensor.
+  A ``--ckpt-format torch`` run whose ``--load`` holds a safetensors checkpoint (such as
+  ``tools/convert_ckpt.py``'s default output) loads it the same way; its saves stay ``torch``.
 * ``dist_checkpointing.serialization.save``: inside such a save, writes through
   :mod:`adaptor.checkpoint.serialization` (staging directory, fsync, rename; async through
   Megatron's own checkpoint worker).
@@ -52,11 +54,12 @@ _pending_request = None  # the AsyncRequest our save returned, for save_checkpoi
 
 
 @contextlib.contextmanager
-def _checkpoint_operation(args, saving: bool):
-    """Present the run as ``torch_dist`` to Megatron's checkpointing for the duration of one call."""
+def _checkpoint_operation(args, saving: bool, sharded_on_disk: bool = False):
+    """Present the run as ``torch_dist`` to Megatron's checkpointing for the duration of one call
+    (also a ``--ckpt-format torch`` load of a safetensors checkpoint: ``sharded_on_disk``)."""
     global _saving, _checkpoint_ops
-    flip = args.ckpt_format == FORMAT
-    previous = _saving
+    flip = args.ckpt_format == FORMAT or sharded_on_disk
+    previous, previous_format = _saving, args.ckpt_format
     if flip:
         args.ckpt_format = "torch_dist"
     _saving = flip and saving
@@ -67,7 +70,22 @@ def _checkpoint_operation(args, saving: bool):
         _checkpoint_ops -= 1
         _saving = previous
         if flip:
-            args.ckpt_format = FORMAT
+            args.ckpt_format = previous_format
+
+
+def _safetensors_on_disk(load_dir) -> bool:
+    """``load_dir``'s latest checkpoint (by its tracker) is a safetensors checkpoint."""
+    from pathlib import Path
+
+    from adaptor.checkpoint import files
+
+    tracker = Path(load_dir or "") / "latest_checkpointed_iteration.txt"
+    try:
+        text = tracker.read_text().strip()
+    except OSError:
+        return False
+    name = "release" if text == "release" else f"iter_{int(text):07d}" if text.isdigit() else None
+    return name is not None and files.is_safetensors_checkpoint(tracker.parent / name)
 
 
 @contextlib.contextmanager
@@ -75,10 +93,13 @@ def _one_line_errors(where: str):
     """A bad checkpoint (or state that cannot be stored) ends the run with one line naming file and tensor."""
     from adaptor.checkpoint.errors import CheckpointError
     from adaptor.checkpoint.object_codec import EncodeError
+    from adaptor.checkpoint.serialization import SaveFailed
     from adaptor.errors import fail
 
     try:
         yield
+    except SaveFailed:
+        raise  # nothing was committed: patches/checkpoint/save_failures.py decides whether the run goes on
     except (CheckpointError, EncodeError) as exc:
         fail(f"{where}: {exc}")
 
@@ -117,7 +138,11 @@ def _load_checkpoint(wrapped, instance, args_, kwargs):
     from megatron.training import get_args
 
     args = get_args()
-    with _one_line_errors(f"loading the checkpoint under {args.load}"), _checkpoint_operation(args, saving=False):
+    load_dir = getattr(args, kwargs.get("load_arg", "load"), None)
+    # A safetensors checkpoint (tools/convert_ckpt.py's default output) loads under --ckpt-format torch too.
+    sharded = args.ckpt_format == "torch" and _safetensors_on_disk(load_dir)
+    with _one_line_errors(f"loading the checkpoint under {args.load}"), \
+            _checkpoint_operation(args, saving=False, sharded_on_disk=sharded):
         return wrapped(*args_, **kwargs)
 
 

@@ -68,10 +68,11 @@ LOAD_LAYOUTS = {
 @pytest.mark.parametrize("key,save_format", [("qwen3_tied", "safetensors"), ("qwen3_tied", "torch"),
                                              ("deepseek3", "safetensors"), ("deepseek3", "torch")])
 def test_pretrain_loads_converted_checkpoint_same_loss_as_single_process(hf_models, tmp_path, key, save_format):
-    """pretrain_gpt.py --load DIR --ckpt-format FORMAT, model flags from megatron_args_from_hf_config.
+    """pretrain_gpt.py --load DIR --ckpt-format torch (as MindSpeed-LLM's scripts pass it), model flags from
+    megatron_args_from_hf_config.
 
     The safetensors release (the default) is one file of whole tensors whatever the target layout,
-    resharded on load."""
+    resharded on load; it loads under --ckpt-format torch too."""
     config = json.loads((hf_models[key] / "config.json").read_text())
     extra, layout, parallel = LOAD_LAYOUTS[key]
     flags = megatron_args_from_hf_config(model_type(key), config) + TRAIN + extra
@@ -82,7 +83,7 @@ def test_pretrain_loads_converted_checkpoint_same_loss_as_single_process(hf_mode
             ckpt = tmp_path / name
             convert_hf_to_megatron(hf_models[key], ckpt, model_type(key), lay, save_format=save_format)
             assert (ckpt / "release" / "metadata.json").is_file() == (save_format == "safetensors")
-            runs[name] = run_pretrain(flags + par + ["--load", str(ckpt), "--ckpt-format", save_format],
+            runs[name] = run_pretrain(flags + par + ["--load", str(ckpt), "--ckpt-format", "torch"],
                                       nproc=lay.tp * lay.pp * lay.ep)
         return runs
 

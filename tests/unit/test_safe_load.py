@@ -45,7 +45,8 @@ def megatron_like_state() -> dict:
                               model_type=ModelType.encoder_or_decoder, save=pathlib.PosixPath("/ckpt"),
                               num_layers=4, lr=1e-3, data_path=["a", "b"])
     rng = {"random_rng_state": random.getstate(), "np_rng_state": np.random.get_state(),
-           "torch_rng_state": torch.get_rng_state(), "rng_tracker_states": {"model-parallel-rng": torch.get_rng_state()}}
+           "torch_rng_state": torch.get_rng_state(),
+           "rng_tracker_states": {"model-parallel-rng": torch.get_rng_state()}}
     return {"args": args, "checkpoint_version": 3.0, "iteration": 7, "model": {"w": torch.arange(6.0).view(2, 3),
             "linear._extra_state": None}, "rng_state": [rng],
             # the enums RerunStateMachine.state_dict() stores (it needs a process group to run)
