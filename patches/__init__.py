@@ -11,6 +11,7 @@ from __future__ import annotations
 def all_features():
     from patches.checkpoint.load_fit import LoadFit
     from patches.checkpoint.safetensors_format import SafetensorsFormat
+    from patches.checkpoint.save_failures import SaveFailures
     from patches.command_line.argument_checks import ArgumentChecks
     from patches.command_line.backend_defaults import BackendDefaults
     from patches.command_line.megatron_flag_policy import MegatronFlagPolicy
@@ -86,6 +87,7 @@ def all_features():
         # Checkpoints and Hugging Face.
         OnlineConversion(),
         SafetensorsFormat(),
+        SaveFailures(),
         LoadFit(),
         __import__("patches.checkpoint.safe_torch_load", fromlist=["SafeTorchLoad"]).SafeTorchLoad(),
         # pretrain_mm.py.

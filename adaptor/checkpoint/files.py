@@ -83,6 +83,20 @@ def prepare_staging(checkpoint_dir) -> Path:
     return staging
 
 
+def discard_staging(checkpoint_dir) -> None:
+    """Rank 0, after a failed save: the staging directory goes, and so does the final directory if empty.
+
+    Megatron's rank 0 creates ``iter_N/`` before the save; left empty it would look like a
+    checkpoint directory. A non-empty one (an older save of the same iteration) is kept.
+    """
+    shutil.rmtree(staging_dir(checkpoint_dir), ignore_errors=True)
+    final = Path(checkpoint_dir)
+    try:
+        final.rmdir()
+    except OSError:
+        pass
+
+
 def write_json(path: Path, doc: dict, **dump_kwargs) -> None:
     """Write a JSON document durably under a hidden temporary name, then rename it into place."""
     tmp = path.with_name(f".{path.name}.tmp")

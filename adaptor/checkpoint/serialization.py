@@ -47,13 +47,74 @@ def _layout(world: int, common_state: dict) -> dict:
     }
 
 
+class SaveFailed(CheckpointError):
+    """A save that did not complete on some rank; the staging directory is gone, older checkpoints untouched."""
+
+    def __init__(self, checkpoint_dir: str, reason: str) -> None:
+        super().__init__(f"saving {checkpoint_dir} failed: {reason}")
+        self.checkpoint_dir, self.reason = checkpoint_dir, reason
+
+
+_FAILURE_NOTE = ".failed-rank-{:05d}"
+_write_error: dict[str, str] = {}  # staging dir -> this process's write error (sync saves)
+
+
+def _write_or_note(staging: str, payloads: list, rank: int) -> None:
+    """write_payload, turning an OSError (no space, file too large, I/O error) into a note beside the files.
+
+    An async save runs this in Megatron's checkpoint worker, a separate process: the note is how
+    the failure reaches the finalize step, which every rank runs together. When even the note
+    cannot be written, finalize finds the rank file incomplete instead.
+    """
+    try:
+        write_payload(staging, payloads)
+    except OSError as exc:
+        reason = f"{exc.filename or staging}: {exc.strerror or exc}"
+        _write_error[staging] = reason
+        try:
+            (Path(staging) / _FAILURE_NOTE.format(rank)).write_text(reason)
+        except OSError:
+            pass
+
+
+def _local_failure(staging: Path, rank: int) -> str | None:
+    from adaptor.safetensors_file import SafetensorsError, SafetensorsFile
+
+    if str(staging) in _write_error:
+        return _write_error.pop(str(staging))
+    note = staging / _FAILURE_NOTE.format(rank)
+    if note.exists():
+        return note.read_text() or "the write failed"
+    try:
+        SafetensorsFile(staging / files.rank_file(rank)).close()
+    except SafetensorsError as exc:
+        return str(exc)
+    return None
+
+
 def _finalize(checkpoint_dir: str) -> None:
-    """After every rank has written: rank 0 makes the checkpoint visible, everyone waits for it."""
-    if dist.get_rank() == 0:
+    """After every rank has written: all agree the write succeeded, then rank 0 makes the checkpoint visible.
+
+    If any rank failed, no rank commits: rank 0 removes the staging directory (and the empty
+    directory Megatron made for this iteration), and every rank raises :class:`SaveFailed` with
+    the first failing rank's reason. The tracker file still names the previous checkpoint.
+    """
+    rank, world = dist.get_rank(), dist.get_world_size()
+    staging = files.staging_dir(checkpoint_dir)
+    failures = [None] * world
+    dist.all_gather_object(failures, _local_failure(staging, rank))
+    failed = [(r, reason) for r, reason in enumerate(failures) if reason]
+    if failed:
+        if rank == 0:
+            files.discard_staging(checkpoint_dir)
+        dist.barrier()
+        first, reason = failed[0]
+        raise SaveFailed(str(checkpoint_dir), f"rank {first}: {reason}" if world > 1 else reason)
+    if rank == 0:
         files.commit(checkpoint_dir)
         size = sum(p.stat().st_size for p in Path(checkpoint_dir).iterdir())
         # Megatron's own line says "torch_dist": its sharded path runs, and the storage is ours.
-        print(f"[megatron-adaptor] {checkpoint_dir}: stored as safetensors, {dist.get_world_size()} rank files, "
+        print(f"[megatron-adaptor] {checkpoint_dir}: stored as safetensors, {world} rank files, "
               f"{size / 1e9:.3f} GB", flush=True)
     dist.barrier()
 
@@ -104,11 +165,10 @@ def save(sharded_state_dict, checkpoint_dir, sharded_strategy=None, validate_acc
     dist.barrier()
     finalize = functools.partial(_finalize, str(checkpoint_dir))
     if not async_sharded_save:
-        write_payload(str(staging), payloads)
-        dist.barrier()
+        _write_or_note(str(staging), payloads, rank)
         finalize()
         return None
-    return AsyncRequest(write_payload, (str(staging), payloads), [finalize])
+    return AsyncRequest(_write_or_note, (str(staging), payloads, rank), [finalize])
 
 
 def load_common_state_dict(checkpoint_dir) -> dict:
