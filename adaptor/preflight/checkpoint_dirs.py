@@ -11,7 +11,7 @@ headers: the tracker's content, the iteration directory, and
 * ``torch``: every ``mp_rank_*/model_optim_rng.pt`` is a complete zip archive (the
   container ``torch.save`` writes; a copy cut short has no central directory);
 * ``torch_dist``: ``metadata.json`` parses and torch.distributed.checkpoint's ``.metadata``
-  and ``common.pt`` exist;
+  and data files (``*.distcp``) exist;
 * ``safetensors``: ``common.json`` parses and every rank file it lists has a header whose
   tensors lie inside the file.
 """
@@ -64,9 +64,11 @@ def _check_torch(directory: Path, flag: str) -> None:
 
 
 def _check_torch_dist(directory: Path, flag: str) -> None:
-    for name in (".metadata", "common.pt"):
-        if not (directory / name).is_file():
-            raise ArgumentError(f"{flag}: {directory} has no {name}; this torch_dist checkpoint is incomplete")
+    # megatron-core 0.19.2 keeps the common state in the .distcp files too; common.pt is optional.
+    if not (directory / ".metadata").is_file():
+        raise ArgumentError(f"{flag}: {directory} has no .metadata; this torch_dist checkpoint is incomplete")
+    if not any(directory.glob("*.distcp")):
+        raise ArgumentError(f"{flag}: {directory} has no *.distcp files; this torch_dist checkpoint is incomplete")
 
 
 def _check_safetensors(directory: Path, flag: str) -> None:

@@ -11,7 +11,9 @@ scheduler records the failed job as a success.
   ``--pretrained-checkpoint`` on every rank (tracker, iteration directory, each format's files);
 * ``training.checkpointing.load_checkpoint``, ``load_args_from_checkpoint`` and
   ``read_metadata`` are wrapped: a ``SystemExit`` with status 0 or None leaving them becomes
-  one error line and status 1 (Megatron's own reason is printed just above it).
+  one error line and status 1 (Megatron's own reason is printed just above it), and an
+  ``AssertionError`` (a checkpoint whose learning-rate schedule differs from the run's, say)
+  becomes one line with Megatron's message instead of a traceback.
 """
 from __future__ import annotations
 
@@ -26,6 +28,10 @@ WRAPPED = ("load_checkpoint", "load_args_from_checkpoint", "read_metadata")
 def _exit_status_kept(wrapped, instance, args, kwargs):
     try:
         return wrapped(*args, **kwargs)
+    except AssertionError as exc:
+        # Megatron's consistency asserts between the run and the checkpoint (the learning-rate
+        # schedule, say): the message says what differs.
+        fail(f"the checkpoint does not fit this run: {' '.join(str(exc).split()) or 'an assertion failed'}", code=1)
     except SystemExit as exc:
         if exc.code not in (None, 0):
             raise

@@ -256,6 +256,13 @@ def tracker_names_missing_iteration(inputs, work):
                 ["--load", "names iter_0000040, which does not exist", "iter_0000001"], [ck])
 
 
+def resume_with_another_schedule(inputs, work):
+    """A good checkpoint of a 1-iteration schedule, resumed with --train-iters 2: Megatron's assert, as one line."""
+    ck = ckpt_copy(inputs, work, "torch_dist")
+    return Case(TRAIN + ["--mock-data", "--load", str(ck)], ["does not fit this run", "OptimizerParamScheduler"],
+                [ck], code=1)
+
+
 def load_is_a_file(inputs, work):
     (work / "ckpt").write_text("x")
     return Case(TRAIN + ["--mock-data", "--load", str(work / "ckpt")], ["--load", "is not a directory"], [work / "ckpt"])
@@ -378,7 +385,7 @@ CASES = {f.__name__: f for f in [
     bin_from_another_run, blend_member_cut_short, per_split_member_bad, data_args_file_missing,
     data_args_file_empty, data_args_file_bad_member, per_split_json_invalid, per_split_json_missing_key,
     save_is_a_file, save_under_a_file, tensorboard_dir_is_a_file, data_cache_under_a_file, save_without_room, save_without_interval,
-    tracker_garbage, tracker_names_missing_iteration, load_is_a_file, exit_on_missing_checkpoint,
+    tracker_garbage, tracker_names_missing_iteration, resume_with_another_schedule, load_is_a_file, exit_on_missing_checkpoint,
     pretrained_checkpoint_missing, torch_file_cut_short, torch_rank_dir_missing, torch_dist_metadata_missing,
     torch_dist_marker_invalid, safetensors_rank_file_cut_short, safetensors_rank_file_missing,
     safetensors_common_invalid, hf_config_missing, hf_config_invalid, hf_weights_missing, hf_weights_cut_short,
