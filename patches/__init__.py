@@ -10,6 +10,7 @@ from __future__ import annotations
 
 def all_features():
     from patches.checkpoint.load_fit import LoadFit
+    from patches.checkpoint.safe_torch_load import SafeTorchLoad
     from patches.checkpoint.safetensors_format import SafetensorsFormat
     from patches.checkpoint.save_failures import SaveFailures
     from patches.command_line.argument_checks import ArgumentChecks
@@ -24,6 +25,7 @@ def all_features():
     from patches.device.gloo_uneven_collectives import GlooUnevenCollectives
     from patches.device.npu_device import NpuDevice
     from patches.device.optimizer_tensor_type_names import OptimizerTensorTypeNames
+    from patches.diagnostics.collective_timeouts import CollectiveTimeouts
     from patches.diagnostics.memory_report import MemoryReport
     from patches.fsdp2.sharded_checkpoint import ShardedCheckpoint
     from patches.fsdp2.torch_fsdp2 import TorchFsdp2
@@ -46,6 +48,7 @@ def all_features():
     from patches.upstream_fixes.empty_dataset_split import EmptyDatasetSplit
     from patches.upstream_fixes.first_iteration_log import FirstIterationLog
     from patches.upstream_fixes.prebuilt_dataset_helpers import PrebuiltDatasetHelpers
+    from patches.upstream_fixes.resume_rng_state import ResumeRngState
     from patches.upstream_fixes.sequence_parallel_torch_norm import SequenceParallelTorchNorm
 
     return [
@@ -74,7 +77,7 @@ def all_features():
         FirstIterationLog(),
         DistributedOptimizerResume(),
         SequenceParallelTorchNorm(),
-        __import__("patches.upstream_fixes.resume_rng_state", fromlist=["ResumeRngState"]).ResumeRngState(),
+        ResumeRngState(),
         # Models, then the fused operators (their swaps win over the model's).
         MultiLatentAttention(),
         RmsNormFusion(),
@@ -89,13 +92,14 @@ def all_features():
         SafetensorsFormat(),
         SaveFailures(),
         LoadFit(),
-        __import__("patches.checkpoint.safe_torch_load", fromlist=["SafeTorchLoad"]).SafeTorchLoad(),
+        SafeTorchLoad(),
         # pretrain_mm.py.
         MultimodalArguments(),
         VisionTowerNorms(),
         TorchFsdp2(),
         ShardedCheckpoint(),
         MemoryReport(),
+        CollectiveTimeouts(),
         # Last: a feature's own check of a flag speaks before the table's general line.
         MegatronFlagPolicy(),
     ]

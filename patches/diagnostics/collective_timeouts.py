@@ -1,0 +1,98 @@
+"""When a rank stalls, the others stop within a bounded time, with one line naming rank and collective.
+
+A rank that dies is torchrun's business: it ends the other workers at once and its report
+names the rank and its exit code. A rank that stalls (a hung filesystem, a stopped process, a
+deadlock) leaves the others blocked in their next collective. The process-group timeout
+bounds that wait: Megatron passes ``--distributed-timeout-minutes`` (default 10) to
+``torch.distributed.init_process_group`` and to every group it creates, gloo enforces it
+on every collective, and HCCL/NCCL have their own watchdogs driven by the same value.
+What upstream lacks is the ending: the timed-out collective raises inside the training
+step and the rank dies with a traceback several screens long.
+
+* ``--distributed-timeout-seconds S`` sets the same timeout in seconds (it replaces
+  ``--distributed-timeout-minutes``; small values are for tests and fast-failing jobs);
+* ``megatron.training.training.pretrain`` is wrapped: a collective timeout leaving it becomes
+  one line, status 1, naming this rank, the collective (the innermost ``torch.distributed``
+  call of the traceback) and the Megatron function that called it. torchrun then ends the
+  stalled rank.
+"""
+from __future__ import annotations
+
+import os
+import re
+import traceback
+
+from adaptor.errors import fail
+from adaptor.features import ArgumentError, Feature
+
+OWNER = __name__
+_TIMEOUT = re.compile(r"timed out|timeout|Timeout", re.IGNORECASE)
+_DIST = f"{os.sep}torch{os.sep}distributed{os.sep}"
+
+
+def _plumbing(frame) -> bool:
+    """Frames that only pass a call along: torch.distributed itself, context managers, wrappers."""
+    name = os.path.basename(frame.filename)
+    return _DIST in frame.filename or name in ("contextlib.py", "functools.py", "wrappers.py") or "wrapt" in frame.filename
+
+
+def describe(exc: BaseException) -> tuple[str, str]:
+    """(collective, caller): where the traceback first enters torch.distributed, and the code that called it."""
+    frames = traceback.extract_tb(exc.__traceback__)
+    collective, caller = "a collective", "training"
+    for index, frame in enumerate(frames):
+        if _DIST in frame.filename and "c10d_logger" not in frame.filename:
+            collective = f"torch.distributed.{frame.name}"
+            outer = [f for f in frames[:index] if not _plumbing(f)]
+            if outer:
+                caller = f"{outer[-1].name} ({os.path.basename(outer[-1].filename)}:{outer[-1].lineno})"
+            break
+    return collective, caller
+
+
+def is_collective_timeout(exc: BaseException) -> bool:
+    import torch.distributed as dist
+
+    kinds = tuple(k for k in (getattr(dist, "DistBackendError", None), getattr(dist, "DistError", None),
+                              RuntimeError) if k is not None)
+    return isinstance(exc, kinds) and bool(_TIMEOUT.search(str(exc)))
+
+
+def _pretrain(wrapped, instance, args, kwargs):
+    try:
+        return wrapped(*args, **kwargs)
+    except Exception as exc:  # noqa: BLE001  (only timeouts are turned into a line; the rest re-raise)
+        if not is_collective_timeout(exc):
+            raise
+        from megatron.training import get_args
+
+        collective, caller = describe(exc)
+        minutes = get_args().distributed_timeout_minutes
+        who = "rank 0: " if os.environ.get("RANK", "0") == "0" else ""  # other ranks' lines carry it already
+        fail(f"{who}{collective} in {caller} timed out after {minutes * 60:g} s waiting for the other ranks "
+             f"(one of them stalled or died; its own output says which); if a step can legitimately take longer, "
+             f"raise --distributed-timeout-minutes", code=1)
+
+
+class CollectiveTimeouts(Feature):
+    name = "collective_timeouts"
+
+    def add_arguments(self, group) -> None:
+        group.add_argument("--distributed-timeout-seconds", type=float, default=None,
+                           dest="distributed_timeout_seconds", metavar="S",
+                           help="how long a collective waits for the other ranks before the run stops with one "
+                                "line naming the rank and the collective (replaces --distributed-timeout-minutes)")
+
+    def register_patches(self, pm, ctx) -> None:
+        pm.register_wrapper("megatron.training.training.pretrain", _pretrain, OWNER)
+
+    def validate(self, args, ctx) -> None:
+        seconds = args.distributed_timeout_seconds
+        if seconds is None:
+            return
+        if seconds <= 0:
+            raise ArgumentError(f"--distributed-timeout-seconds {seconds:g}: must be positive")
+        if "distributed_timeout_minutes" in ctx.explicit:
+            raise ArgumentError("--distributed-timeout-seconds and --distributed-timeout-minutes both set the "
+                                "collective timeout; pass one")
+        args.distributed_timeout_minutes = seconds / 60

@@ -1,0 +1,94 @@
+"""A rank that dies or stalls ends the whole run within a bounded time, and the output says which and where.
+
+Both cases train the tiny Qwen3 on two gloo ranks under torchrun, and act on rank 1 once
+iteration 3 is logged:
+
+* SIGKILL: torchrun ends rank 0 at once; its report names rank 1 and signal 9;
+* SIGSTOP (a rank that hangs without dying): rank 0 blocks in its next collective until
+  ``--distributed-timeout-seconds`` (10 s here) passes, then exits with one line naming
+  itself, the collective and its caller; torchrun ends the stopped rank.
+
+Bounds are generous multiples of the timeout (a loaded CI machine): the point is that the
+run ends by itself, not how fast.
+"""
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+from helpers.megatron_runs import TINY_QWEN3, TORCHRUN
+from helpers.one_line_errors import base_env, error_lines
+from helpers.paths import ROOT
+from helpers.processes import free_port
+
+SCRIPT = str(ROOT / "pretrain_gpt.py")
+TIMEOUT_S = 10
+ARGS = TINY_QWEN3 + ["--train-iters", "100000", "--distributed-timeout-seconds", str(TIMEOUT_S)]
+
+
+def rank_pid(launcher: int, rank: int) -> int | None:
+    """The worker of ``rank`` among the launcher's descendants (by its RANK variable)."""
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            environ = Path(f"/proc/{entry}/environ").read_bytes().split(b"\0")
+            stat = Path(f"/proc/{entry}/stat").read_text()
+        except OSError:
+            continue
+        if int(stat.rsplit(")", 1)[1].split()[1]) == launcher and f"RANK={rank}".encode() in environ:
+            return int(entry)
+    return None
+
+
+def run_and_disturb(tmp_path: Path, sig: int) -> tuple[subprocess.Popen, str, float]:
+    """(process, output, seconds from the signal to the end of the run)."""
+    cmd = TORCHRUN + ["--nproc_per_node=2", f"--master_port={free_port()}", SCRIPT, *ARGS]
+    proc = subprocess.Popen(cmd, cwd=tmp_path, env=base_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, start_new_session=True)
+    end_all = lambda: os.killpg(proc.pid, signal.SIGKILL)  # noqa: E731
+    timer = threading.Timer(400, end_all)
+    timer.start()
+    lines, sent = [], None
+    try:
+        for line in proc.stdout:
+            lines.append(line)
+            if sent is None and re.search(r"iteration\s+3/", line):
+                victim = rank_pid(proc.pid, 1)
+                assert victim is not None, "rank 1 not found"
+                os.kill(victim, sig)
+                sent = time.monotonic()
+        proc.wait()
+    finally:
+        timer.cancel()
+        if proc.poll() is None:
+            end_all()
+        else:
+            try:  # a stopped worker torchrun could not end would be left behind
+                os.killpg(proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+    assert sent is not None, "".join(lines)[-3000:]
+    return proc, "".join(lines), time.monotonic() - sent
+
+
+def test_a_killed_rank_ends_the_run(tmp_path):
+    proc, output, took = run_and_disturb(tmp_path, signal.SIGKILL)
+    assert proc.returncode != 0
+    assert took < 120, f"the run took {took:.0f} s to end after rank 1 died"
+    assert re.search(r"rank\s*:\s*1", output) and re.search(r"exitcode\s*:\s*-9", output), output[-3000:]
+
+
+def test_a_stalled_rank_ends_the_run_with_one_line(tmp_path):
+    proc, output, took = run_and_disturb(tmp_path, signal.SIGSTOP)
+    assert proc.returncode != 0
+    assert took < TIMEOUT_S + 120, f"the run took {took:.0f} s to end after rank 1 stalled"
+    lines = error_lines(output)
+    assert len(lines) == 1, f"{lines}\n{output[-3000:]}"
+    for text in ("rank 0", "torch.distributed.", f"timed out after {TIMEOUT_S:g} s", "stalled or died"):
+        assert text in lines[0], lines[0]
