@@ -27,6 +27,7 @@ from pathlib import Path
 from adaptor.checkpoint.errors import CheckpointError
 from adaptor.safetensors_file import fsync_dir
 
+TRACKER = "latest_checkpointed_iteration.txt"  # Megatron's: the iteration a resume loads
 BACKEND = "safetensors"
 BACKEND_VERSION = 1
 MARKER = "metadata.json"
@@ -34,6 +35,14 @@ COMMON_JSON = "common.json"
 COMMON_TENSORS = "common.safetensors"
 FORMAT_NAME = "megatron-adaptor-safetensors"
 _RANK_FILE = re.compile(r"rank_(\d{5,})\.safetensors")
+
+
+def tracked_dir_name(text: str) -> str | None:
+    """The directory a tracker's text names (``"100"`` -> ``iter_0000100``, ``"release"``); None for anything else."""
+    text = text.strip()
+    if text == "release":
+        return "release"
+    return f"iter_{int(text):07d}" if text.isdigit() else None
 
 
 def rank_file(rank: int) -> str:

@@ -26,7 +26,6 @@ from adaptor.checkpoint.errors import CheckpointError
 from adaptor.checkpoint.reader import CheckpointIndex
 
 SIDE_FILE = "megatron_checkpoint.json"
-TRACKER = "latest_checkpointed_iteration.txt"
 
 
 @dataclass(frozen=True)
@@ -55,16 +54,16 @@ def resolve(path) -> Path:
     path = Path(path)
     if files.is_safetensors_checkpoint(path):
         return path
-    tracker = path / TRACKER
+    tracker = path / files.TRACKER
     if tracker.is_file():
         text = tracker.read_text().strip()
-        name = "release" if text == "release" else f"iter_{int(text):07d}" if text.isdigit() else None
+        name = files.tracked_dir_name(text)
         if name is None:
             raise CheckpointError(f"{tracker}: does not name an iteration ({text!r})")
         if files.is_safetensors_checkpoint(path / name):
             return path / name
         raise CheckpointError(f"{path / name}: not a safetensors checkpoint (named by {tracker})")
-    raise CheckpointError(f"{path}: neither a safetensors checkpoint nor a --save directory with {TRACKER}")
+    raise CheckpointError(f"{path}: neither a safetensors checkpoint nor a --save directory with {files.TRACKER}")
 
 
 class GlobalTensors:
@@ -248,7 +247,7 @@ def to_release(unified_dir, save_dir) -> Path:
             "state": {"checkpoint_version": 3.0, "iteration": 0}})
         write_payload(str(staging), [rank, common])
         files.commit(release)
-        (temp / TRACKER).write_text("release")
+        (temp / files.TRACKER).write_text("release")
         publish(temp, save_dir)
     finally:
         import shutil

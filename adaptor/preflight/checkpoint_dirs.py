@@ -22,9 +22,9 @@ import os
 import zipfile
 from pathlib import Path
 
+from adaptor.checkpoint.files import TRACKER, tracked_dir_name
 from adaptor.features import ArgumentError
 
-TRACKER = "latest_checkpointed_iteration.txt"
 
 
 def iteration_dir(load: Path, flag: str) -> Path | None:
@@ -36,11 +36,8 @@ def iteration_dir(load: Path, flag: str) -> Path | None:
         text = tracker.read_text().strip()
     except (OSError, UnicodeDecodeError) as exc:
         raise ArgumentError(f"{flag} {load}: cannot read {tracker}: {getattr(exc, 'strerror', None) or exc}") from None
-    if text == "release":
-        name = "release"
-    elif text.isdigit():
-        name = f"iter_{int(text):07d}"
-    else:
+    name = tracked_dir_name(text)
+    if name is None:
         shown = text if len(text) <= 40 else text[:40] + "..."
         raise ArgumentError(f"{flag} {load}: {tracker} holds {shown!r}, not an iteration number or 'release'; "
                             f"write the iteration of the checkpoint to resume (one of the iter_* directories)")

@@ -30,6 +30,7 @@ import json
 import re
 from pathlib import Path
 
+from adaptor.checkpoint.files import TRACKER, tracked_dir_name
 from adaptor.errors import fail, is_rank0
 from adaptor.features import ArgumentError, Feature
 from adaptor.log import notice_once
@@ -37,7 +38,6 @@ from adaptor.wrapping import argument
 
 OWNER = __name__
 CONVERSION_RECORD = Path("hf") / "conversion.json"
-TRACKER = "latest_checkpointed_iteration.txt"
 VOCAB_TENSORS = ("word_embeddings", "output_layer")
 _recorded: dict[int, str] = {}  # padded vocabulary taken from a checkpoint -> the file that records it
 
@@ -85,9 +85,8 @@ def _iteration_dir(load_dir: Path) -> Path | None:
         text = (load_dir / TRACKER).read_text().strip()
     except OSError:
         return None
-    if text == "release":
-        return load_dir / "release"
-    return load_dir / f"iter_{int(text):07d}" if text.isdigit() else None
+    name = tracked_dir_name(text)
+    return load_dir / name if name else None
 
 
 def recorded_padded_vocab(load_dir) -> tuple[int, str] | None:

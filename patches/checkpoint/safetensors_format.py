@@ -79,12 +79,12 @@ def _safetensors_on_disk(load_dir) -> bool:
 
     from adaptor.checkpoint import files
 
-    tracker = Path(load_dir or "") / "latest_checkpointed_iteration.txt"
+    tracker = Path(load_dir or "") / files.TRACKER
     try:
         text = tracker.read_text().strip()
     except OSError:
         return False
-    name = "release" if text == "release" else f"iter_{int(text):07d}" if text.isdigit() else None
+    name = files.tracked_dir_name(text)
     return name is not None and files.is_safetensors_checkpoint(tracker.parent / name)
 
 

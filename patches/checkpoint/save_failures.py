@@ -22,12 +22,12 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+from adaptor.checkpoint.files import TRACKER, tracked_dir_name
 from adaptor.errors import fail
 from adaptor.features import ArgumentError, Feature
 from adaptor.log import notice
 
 OWNER = __name__
-TRACKER = "latest_checkpointed_iteration.txt"
 _in_a_row = 0
 _failed_at: int | None = None
 
@@ -48,7 +48,7 @@ def _kept(save: str) -> str:
     tracked = _tracked(save)
     if tracked is None:
         return "no earlier checkpoint exists"
-    name = "release" if tracked == "release" else f"iter_{int(tracked):07d}" if tracked.isdigit() else tracked
+    name = tracked_dir_name(tracked) or tracked
     return f"the previous checkpoint {Path(save) / name} is intact and is what a resume loads"
 
 

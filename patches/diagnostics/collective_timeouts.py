@@ -51,11 +51,8 @@ def describe(exc: BaseException) -> tuple[str, str]:
 
 
 def is_collective_timeout(exc: BaseException) -> bool:
-    import torch.distributed as dist
-
-    kinds = tuple(k for k in (getattr(dist, "DistBackendError", None), getattr(dist, "DistError", None),
-                              RuntimeError) if k is not None)
-    return isinstance(exc, kinds) and bool(_TIMEOUT.search(str(exc)))
+    # torch.distributed's DistBackendError and DistError are RuntimeErrors; gloo raises plain ones.
+    return isinstance(exc, RuntimeError) and bool(_TIMEOUT.search(str(exc)))
 
 
 def _pretrain(wrapped, instance, args, kwargs):

@@ -24,7 +24,7 @@ from pathlib import Path
 from helpers.megatron_runs import TINY_QWEN3, TORCHRUN
 from helpers.one_line_errors import base_env, error_lines
 from helpers.paths import ROOT
-from helpers.processes import free_port
+from helpers.processes import descendants, free_port
 
 SCRIPT = str(ROOT / "pretrain_gpt.py")
 TIMEOUT_S = 10
@@ -32,17 +32,13 @@ ARGS = TINY_QWEN3 + ["--train-iters", "100000", "--distributed-timeout-seconds",
 
 
 def rank_pid(launcher: int, rank: int) -> int | None:
-    """The worker of ``rank`` among the launcher's descendants (by its RANK variable)."""
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
+    """The worker of ``rank``: the first of the launcher's descendants with that RANK (its own children inherit it)."""
+    for pid in descendants(launcher):
         try:
-            environ = Path(f"/proc/{entry}/environ").read_bytes().split(b"\0")
-            stat = Path(f"/proc/{entry}/stat").read_text()
+            if f"RANK={rank}".encode() in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0"):
+                return pid
         except OSError:
             continue
-        if int(stat.rsplit(")", 1)[1].split()[1]) == launcher and f"RANK={rank}".encode() in environ:
-            return int(entry)
     return None
 
 

@@ -30,7 +30,7 @@ from pathlib import Path
 from helpers.megatron_runs import TINY_QWEN3, TORCHRUN
 from helpers.one_line_errors import base_env, child_frames, error_lines
 from helpers.paths import ROOT
-from helpers.processes import free_port
+from helpers.processes import descendants, free_port
 
 SCRIPT = str(ROOT / "pretrain_gpt.py")
 LIMIT = 2**20  # bytes: the common state and each tensor handed to the async worker fit; a rank file (1.7-3.4 MB) does not
@@ -107,7 +107,7 @@ def test_retries_train_on_and_the_next_save_succeeds(tmp_path):
         for line in proc.stdout:
             lines.append(line)
             if lifted_at is None and "warning: checkpoint save failed" in line:
-                for pid in [proc.pid] + children(proc.pid):
+                for pid in [proc.pid] + descendants(proc.pid):
                     hard = resource.prlimit(pid, resource.RLIMIT_FSIZE)[1]
                     resource.prlimit(pid, resource.RLIMIT_FSIZE, (hard, hard))
                 lifted_at = len(lines)
@@ -130,20 +130,3 @@ def test_retries_train_on_and_the_next_save_succeeds(tmp_path):
             assert (save / name / "metadata.json").is_file(), f"{name} is not a complete checkpoint"
     assert "iter_0000040" in left
 
-
-def children(pid: int) -> list[int]:
-    """Every descendant of ``pid`` (Megatron's checkpoint worker processes)."""
-    found, frontier = [], [pid]
-    while frontier:
-        parent = frontier.pop()
-        for entry in os.listdir("/proc"):
-            if not entry.isdigit():
-                continue
-            try:
-                stat = Path(f"/proc/{entry}/stat").read_text()
-            except OSError:
-                continue
-            if int(stat.rsplit(")", 1)[1].split()[1]) == parent:
-                found.append(int(entry))
-                frontier.append(int(entry))
-    return found

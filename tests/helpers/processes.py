@@ -7,6 +7,7 @@ import os
 import socket
 import subprocess
 import sys
+from pathlib import Path
 
 from helpers.paths import ROOT, TOOLS
 
@@ -60,3 +61,21 @@ def import_tool(name: str):
     if str(TOOLS) not in sys.path:
         sys.path.insert(0, str(TOOLS))
     return importlib.import_module(name)
+
+
+def descendants(pid: int) -> list[int]:
+    """Every live descendant of ``pid``, read from /proc; children come before grandchildren."""
+    parents = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                parents[int(entry)] = int(Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+    found, frontier = [], [pid]
+    while frontier:
+        parent = frontier.pop(0)
+        children = [child for child, p in parents.items() if p == parent]
+        found += children
+        frontier += children
+    return found
