@@ -28,6 +28,7 @@ from megatron.training.arguments import core_transformer_config_from_args, parse
 from megatron.training.utils import get_blend_and_blend_per_split, is_first_or_last_pipeline_stage
 
 from adaptor.layer_specs import gpt_layer_spec, gpt_mtp_block_spec
+from adaptor.packed_sequences import lengths_from_cu_seqlens, lengths_from_eod, pack, packs_documents
 from adaptor.training import masked_lm_loss
 
 BATCH_KEYS = ("tokens", "labels", "loss_mask", "attention_mask", "position_ids")
@@ -73,14 +74,18 @@ def mtp_on_this_stage(vp_stage=None) -> bool:
 def get_batch(data_iterator, vp_stage=None):
     """Next micro-batch: read on TP rank 0, broadcast over the TP group, split for CP.
 
-    A stage holding MTP layers needs tokens and positions too, wherever it sits in the pipeline.
+    With packed documents (``adaptor.packed_sequences.packs_documents``) the batch becomes one
+    stream of documents with its boundaries, split per document for CP, and the sixth element is
+    the PackedSeqParams attention reads them from. A stage holding MTP layers needs tokens and
+    positions too, wherever it sits in the pipeline.
     """
     args = get_args()
     mtp_here = mtp_on_this_stage(vp_stage)
     if not (is_first_or_last_pipeline_stage(vp_stage) or mtp_here):
-        return None, None, None, None, None
+        return None, None, None, None, None, None
     tp_rank = mpu.get_tensor_model_parallel_rank()
-    batch = {}
+    inter_document = bool(args.dataloader_inter_document_masking)
+    batch, raw = {}, {}
     if tp_rank == 0:
         raw = next(data_iterator)
         device = torch.cuda.current_device()
@@ -101,17 +106,31 @@ def get_batch(data_iterator, vp_stage=None):
         is_pipeline_first_stage=mpu.is_pipeline_first_stage(),
         is_pipeline_last_stage=mpu.is_pipeline_last_stage(),
     )
+    if packs_documents(args):
+        if inter_document:
+            cu_seqlens = raw["cu_seqlens"].to(torch.cuda.current_device()) if tp_rank == 0 else torch.empty(
+                args.micro_batch_size, args.seq_length + 1, dtype=torch.int32, device=torch.cuda.current_device())
+            torch.distributed.broadcast(cu_seqlens, mpu.get_tensor_model_parallel_src_rank(),
+                                        group=mpu.get_tensor_model_parallel_group())
+            lengths = lengths_from_cu_seqlens(cu_seqlens, args.seq_length)
+        else:
+            lengths = lengths_from_eod(batch["tokens"], get_tokenizer().eod)
+        packed = pack(batch, lengths, cp_size=args.context_parallel_size,
+                      cp_rank=mpu.get_context_parallel_rank(), cp_group=mpu.get_context_parallel_group(),
+                      tp_multiple=args.tensor_model_parallel_size if args.sequence_parallel else 1)
+        return packed.tokens, packed.labels, packed.loss_mask, None, packed.position_ids, packed.params
     batch = get_batch_on_this_cp_rank(batch, is_hybrid_cp=False, cp_group=mpu.get_context_parallel_group())
-    return tuple(batch.get(k) for k in BATCH_KEYS)
+    return (*(batch.get(k) for k in BATCH_KEYS), None)
 
 
 def forward_step(data_iterator, model: GPTModel):
     timers = get_timers()
     timers("batch-generator", log_level=2).start()
     vp_stage = get_attr_wrapped_model(model, "vp_stage")
-    tokens, labels, loss_mask, attention_mask, position_ids = get_batch(data_iterator, vp_stage)
+    tokens, labels, loss_mask, attention_mask, position_ids, packed_seq_params = get_batch(data_iterator, vp_stage)
     timers("batch-generator").stop()
-    output = model(tokens, position_ids, attention_mask, labels=labels, loss_mask=loss_mask)
+    output = model(tokens, position_ids, attention_mask, labels=labels, loss_mask=loss_mask,
+                   packed_seq_params=packed_seq_params)
     return output, partial(masked_lm_loss, loss_mask)
 
 
@@ -133,6 +152,7 @@ def gpt_dataset_config(args) -> GPTDatasetConfig:
         create_attention_mask=args.create_attention_mask_in_dataloader,
         mid_level_dataset_surplus=args.mid_level_dataset_surplus,
         allow_ambiguous_pad_tokens=args.allow_ambiguous_pad_tokens,
+        inter_document_masking=bool(args.dataloader_inter_document_masking),
     )
 
 

@@ -20,6 +20,8 @@ setup(
         "wrapt",
         "psutil",
         "pyyaml",
+        # megatron-core builds hierarchical context-parallel groups (--cp-comm-type a2a+p2p) with it.
+        "einops",
     ],
     extras_require={
         "npu": ["torch_npu"],

@@ -4,7 +4,7 @@ Megatron names its accelerator "cuda" in device arguments: ``device='cuda'``,
 ``device=torch.cuda.current_device()`` (an int), ``torch.device('cuda', i)``,
 ``tensor.to('cuda')``. A redirect rewrites those arguments to the backend's
 device type before the call reaches torch, for the tensor factories and for
-``Tensor.to``/``Module.to``. ``cpu_device`` and ``npu_device`` register it with
+``Tensor.to``/``Module.to``, and drops ``pin_memory=True`` where no accelerator exists. ``cpu_device`` and ``npu_device`` register it with
 their own mapping; nothing here patches anything by itself.
 """
 from __future__ import annotations
@@ -58,6 +58,10 @@ def register_device_arguments(pm, owner: str, mapper: Callable) -> None:
     def device_kwarg(wrapped, instance, args, kwargs):
         if "device" in kwargs:
             kwargs["device"] = mapper(kwargs["device"])
+        if kwargs.get("pin_memory") and not torch.accelerator.is_available():
+            # Pinned host memory only speeds copies to an accelerator; without one torch refuses it
+            # (RoPE's get_pos_emb_on_this_cp_rank asks for it under context parallelism).
+            kwargs["pin_memory"] = False
         return wrapped(*args, **kwargs)
 
     def to(wrapped, instance, args, kwargs):

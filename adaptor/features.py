@@ -51,9 +51,10 @@ class Feature:
     #: Megatron's own on/off flags this feature reacts to (e.g. "--use-flash-attn"). Megatron's
     #: parser owns them; the pre-parse reads them too so ``enabled(ctx)`` can see them in ctx.flags.
     upstream_flags: Sequence[str] = ()
-    #: Layer-spec swaps: (argument dest that turns the row on, upstream class "module:Name",
-    #: our class "module:Name"). Applied to the local spec only; where two features swap
-    #: the same upstream class, the one later in the registry wins.
+    #: Layer-spec swaps: (gate, upstream class "module:Name", our class "module:Name"). The gate is
+    #: an argument dest that turns the row on, or ``dest>N`` (on when the argument exceeds N).
+    #: Applied to the local spec only; where two features swap the same upstream class, the one
+    #: later in the registry wins.
     module_swaps: Sequence[tuple[str, str, str]] = ()
 
     def add_arguments(self, group: argparse._ArgumentGroup) -> None:

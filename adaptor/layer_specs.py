@@ -52,9 +52,16 @@ def swap_rows(features=None) -> list[tuple[str, str, str]]:
     return [row for feature in features for row in feature.module_swaps]
 
 
+def row_is_on(args, gate: str) -> bool:
+    """A row's gate: an argument that is on (``use_flash_attn``) or above a size (``context_parallel_size>1``)."""
+    name, _, threshold = gate.partition(">")
+    value = getattr(args, name, None)
+    return bool(value) if not threshold else (value or 0) > int(threshold)
+
+
 def module_swaps(args, features=None) -> dict:
-    """Upstream class -> our class, for the rows whose argument is on (later rows win)."""
-    return {_load(old): _load(new) for flag, old, new in swap_rows(features) if getattr(args, flag, False)}
+    """Upstream class -> our class, for the rows whose gate is on (later rows win)."""
+    return {_load(old): _load(new) for gate, old, new in swap_rows(features) if row_is_on(args, gate)}
 
 
 def swap_modules(spec: Any, swaps: Mapping[type, type]) -> Any:

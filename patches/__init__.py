@@ -37,6 +37,8 @@ def all_features():
     from patches.fusions.rope import RopeFusion
     from patches.fusions.swiglu import SwigluFusion
     from patches.hf.online_conversion import OnlineConversion
+    from patches.long_context.context_parallel import ContextParallel
+    from patches.long_context.packed_sequences import PackedSequences
     from patches.hf.tokenizer_json import TokenizerJsonSupport
     from patches.models.mla import MultiLatentAttention
     from patches.multimodal.mm_arguments import MultimodalArguments
@@ -47,6 +49,7 @@ def all_features():
     from patches.upstream_fixes.distributed_optimizer_resume import DistributedOptimizerResume
     from patches.upstream_fixes.empty_dataset_split import EmptyDatasetSplit
     from patches.upstream_fixes.first_iteration_log import FirstIterationLog
+    from patches.upstream_fixes.mtp_loss_context_parallel import MtpLossContextParallel
     from patches.upstream_fixes.prebuilt_dataset_helpers import PrebuiltDatasetHelpers
     from patches.upstream_fixes.resume_rng_state import ResumeRngState
     from patches.upstream_fixes.sequence_parallel_torch_norm import SequenceParallelTorchNorm
@@ -78,12 +81,16 @@ def all_features():
         DistributedOptimizerResume(),
         SequenceParallelTorchNorm(),
         ResumeRngState(),
+        MtpLossContextParallel(),
         # Models, then the fused operators (their swaps win over the model's).
         MultiLatentAttention(),
         RmsNormFusion(),
         SwigluFusion(),
         RopeFusion(),
         FlashAttentionFusion(),
+        # Long sequences: their core-attention swaps come after the fused operators'.
+        ContextParallel(),
+        PackedSequences(),
         CrossEntropyFusion(),
         GroupedMatmulFusion(),
         MoePermuteFusion(),

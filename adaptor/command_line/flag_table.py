@@ -157,14 +157,8 @@ MEGATRON_FLAGS = {
         requires=("cuda",)),
     "pipeline_model_parallel_size": HONOURED,
     "sequence_parallel": Honoured("torch norms accept it (patches/upstream_fixes/sequence_parallel_torch_norm)"),
-    "context_parallel_size": Refused(
-        "context parallelism needs Transformer Engine's attention, and megatron-core's local DotProductAttention "
-        "stops on an assertion with it; drop it (with tensor parallelism, --sequence-parallel also cuts "
-        "activation memory)",
-        requires=("transformer_engine",)),
-    "hierarchical_context_parallel_sizes": Refused(
-        "only used by context parallelism, which needs Transformer Engine's attention; drop it",
-        requires=("transformer_engine",)),
+    "context_parallel_size": Honoured("patches.long_context.context_parallel (ring, Ulysses or both; no Transformer Engine needed)"),
+    "hierarchical_context_parallel_sizes": Honoured("patches.long_context.context_parallel (--cp-comm-type a2a+p2p: Ulysses degree, ring size)"),
     "max_seqlen_per_dp_cp_rank": Refused(
         "only read by hybrid context parallelism, which pretrain_gpt.py does not run; drop it"),
     "hybrid_context_parallel": Refused(
@@ -975,9 +969,7 @@ MEGATRON_FLAGS = {
         "is read by nothing in megatron-core 0.19.2, so it changes nothing; drop it"),
     "num_distributed_optimizer_instances": HONOURED,
     "torch_fsdp2_reshard_after_forward": Honoured("patches.fsdp2.torch_fsdp2 (reshard_after_forward: false)"),
-    "cp_comm_type": Refused(
-        "context-parallel communication is chosen inside Transformer Engine's attention, which this run "
-        "does not use; drop it", requires=("transformer_engine",)),
+    "cp_comm_type": Honoured("patches.long_context.context_parallel: p2p, a2a, a2a+p2p (allgather refused)"),
     "fake_process_group": Refused(
         "a fake process group skips every collective to profile one GPU's CUDA memory, which this backend "
         "does not have; train with real processes instead", requires=("cuda",)),
@@ -1033,10 +1025,8 @@ MEGATRON_FLAGS = {
     "short_seq_prob": _MASK_PROB,
     "num_workers": HONOURED,
     "reset_position_ids": HONOURED,  # positions reach learned absolute embeddings; RoPE ignores them (as upstream)
-    "reset_attention_mask": HONOURED,  # per-document mask from GPTDataset, used by local and our flash attention
-    "dataloader_inter_document_masking": Refused(
-        "pretrain_gpt.py passes no per-document sequence boundaries to attention; use --reset-attention-mask "
-        "(with the dataloader's attention mask) to keep attention within documents"),
+    "reset_attention_mask": Honoured("patches.long_context.packed_sequences: THD boundaries with the fused attention, the dense mask otherwise"),
+    "dataloader_inter_document_masking": Honoured("patches.long_context.packed_sequences (document boundaries reach attention as THD)"),
     "eod_mask_loss": HONOURED,
     "create_attention_mask_in_dataloader": HONOURED,
     "num_dataset_builder_threads": HONOURED,

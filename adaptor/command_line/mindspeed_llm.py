@@ -420,16 +420,54 @@ def _spec(argv: list[str], notes: list[str]) -> list[str]:
     return argv
 
 
+CP_ALGORITHMS = {"megatron_cp_algo": "p2p", "ulysses_cp_algo": "a2a", "hybrid_cp_algo": "a2a+p2p"}
+
+
 def _cp_algo(argv: list[str], notes: list[str]) -> list[str]:
+    """MindSpeed's context-parallel switches -> Megatron's ``--cp-comm-type`` (and hierarchical sizes)."""
     algo = value_of(argv, "--context-parallel-algo")
+    degree = value_of(argv, "--ulysses-degree-in-cp")
+    mask_type = value_of(argv, "--cp-attention-mask-type")
+    argv = _remove(argv, "--ulysses-degree-in-cp", 1)
+    argv = _remove(argv, "--cp-attention-mask-type", 1)
+    if mask_type is not None:
+        if mask_type != "causal":
+            raise ArgumentError(f"--cp-attention-mask-type {mask_type} (MindSpeed-LLM): context parallelism here "
+                                f"runs causal attention (packed documents included); use causal")
+        notes.append("--cp-attention-mask-type causal: the attention of every context-parallel algorithm here")
+    for flag, why in (("--use-cp-send-recv-overlap", "the ring always overlaps each block's transfer with the "
+                                                     "previous block's attention"),
+                      ("--megatron-cp-in-bnsd", "the ring works in [b, n, s, d] internally whatever the layout")):
+        if _present(argv, flag):
+            argv = _remove(argv, flag, 0)
+            notes.append(f"{flag} is not applied: {why}")
     if algo is None:
+        if degree is not None:
+            raise ArgumentError("--ulysses-degree-in-cp (MindSpeed-LLM) needs --context-parallel-algo hybrid_cp_algo")
         return argv
     argv = _remove(argv, "--context-parallel-algo", 1)
-    if _int(argv, "--context-parallel-size", 1) > 1:
-        raise ArgumentError(f"--context-parallel-algo {algo} (MindSpeed-LLM): context parallelism is not available "
-                            f"without Transformer Engine here; use --context-parallel-size 1")
-    notes.append(f"--context-parallel-algo is not applied here: it picks the algorithm of context parallelism, "
-                 f"and --context-parallel-size is 1")
+    if algo not in CP_ALGORITHMS:
+        raise ArgumentError(f"--context-parallel-algo {algo} (MindSpeed-LLM) is not one of "
+                            f"{', '.join(CP_ALGORITHMS)}")
+    comm = CP_ALGORITHMS[algo]
+    if _int(argv, "--context-parallel-size", 1) == 1:
+        notes.append("--context-parallel-algo is not applied here: it picks the algorithm of context parallelism, "
+                     "and --context-parallel-size is 1")
+        return argv
+    argv = _set(argv, "--cp-comm-type", [comm])
+    if algo != "hybrid_cp_algo":
+        if degree is not None:
+            raise ArgumentError(f"--ulysses-degree-in-cp (MindSpeed-LLM) is for hybrid_cp_algo, not {algo}")
+        notes.append(f"--context-parallel-algo {algo}: --cp-comm-type {comm}")
+        return argv
+    cp = _int(argv, "--context-parallel-size", 1)
+    if degree is None or not degree.isdigit() or int(degree) < 2 or cp % int(degree):
+        raise ArgumentError(f"--context-parallel-algo hybrid_cp_algo needs --ulysses-degree-in-cp K with K > 1 "
+                            f"dividing --context-parallel-size {cp}; got {degree}")
+    sizes = [degree, str(cp // int(degree))]
+    argv = _set(argv, "--hierarchical-context-parallel-sizes", sizes)
+    notes.append(f"--context-parallel-algo hybrid_cp_algo --ulysses-degree-in-cp {degree}: --cp-comm-type a2a+p2p "
+                 f"--hierarchical-context-parallel-sizes {' '.join(sizes)}")
     return argv
 
 
@@ -443,6 +481,8 @@ def _reset_position_ids(argv: list[str], notes: list[str], mindspeed: bool) -> l
 # MindSpeed-LLM flags Megatron's parser does not know, read by the steps above -> values they take
 COMPUTED = {"--first-k-dense-replace": 1, "--n-shared-experts": 1, "--seq-aux": 0, "--rope-scaling-type": 1,
             "--noop-layers": 1, "--enable-hf2mg-convert": 0, "--context-parallel-algo": 1, "--low-freq-factor": 1,
+            "--ulysses-degree-in-cp": 1, "--cp-attention-mask-type": 1, "--use-cp-send-recv-overlap": 0,
+            "--megatron-cp-in-bnsd": 0,
             "--high-freq-factor": 1, "--original-max-position-embeddings": 1}
 
 

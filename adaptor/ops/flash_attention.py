@@ -88,6 +88,44 @@ def is_causal_mask(mask: Tensor) -> bool:
     return _mask_facts(mask)[0]
 
 
+CP_COMM_TYPES = ("p2p", "a2a", "a2a+p2p")
+
+
+def context_parallel_groups(cp_comm_type: str, pg_collection: Optional[ProcessGroupCollection]):
+    """The Ulysses and ring groups of one layer's ``--cp-comm-type``."""
+    from megatron.core import parallel_state
+
+    from adaptor.ops.context_parallel import CPGroups
+
+    cp_group = getattr(pg_collection, "cp", None) if pg_collection is not None else None
+    cp_group = cp_group or parallel_state.get_context_parallel_group()
+    size = cp_group.size()
+    if cp_comm_type == "p2p":
+        return CPGroups(size, ring=cp_group)
+    if cp_comm_type == "a2a":
+        return CPGroups(size, ulysses=cp_group)
+    if cp_comm_type == "a2a+p2p":
+        inner, outer = parallel_state.get_hierarchical_context_parallel_groups()[:2]
+        return CPGroups(size, ulysses=inner, ring=outer)
+    raise ValueError(f"--cp-comm-type {cp_comm_type} is not available without Transformer Engine; "
+                     f"use one of {', '.join(CP_COMM_TYPES)}")
+
+
+_lengths_cache: list = [None, None]  # weakref to the last cu_seqlens seen, its lengths
+
+
+def _padded_lengths(packed: PackedSeqParams) -> tuple:
+    """Host list of the packed sequences' (padded) lengths; every layer asks, one copy per micro-batch."""
+    cu = packed.cu_seqlens_q_padded if packed.cu_seqlens_q_padded is not None else packed.cu_seqlens_q
+    ref, lengths = _lengths_cache
+    if ref is not None and ref() is cu:
+        return lengths
+    host = cu.tolist()
+    lengths = tuple(b - a for a, b in zip(host[:-1], host[1:]) if b > a)
+    _lengths_cache[:] = [weakref.ref(cu), lengths]
+    return lengths
+
+
 class FlashAttention(MegatronModule):
     """Fused core attention with DotProductAttention's constructor and forward signatures."""
 
@@ -105,8 +143,6 @@ class FlashAttention(MegatronModule):
         v_channels: Optional[int] = None,
     ):
         super().__init__(config=config)
-        if config.context_parallel_size != 1:
-            raise ValueError("--use-flash-attn without Transformer Engine supports no context parallelism")
         if config.softmax_type != "vanilla":
             raise ValueError(f"--use-flash-attn supports --softmax-type vanilla only, not {config.softmax_type}")
         if config.window_size is not None:
@@ -129,6 +165,9 @@ class FlashAttention(MegatronModule):
         self.softmax_scale = 1.0 / math.sqrt(k_channels) if softmax_scale is None else softmax_scale
         self.dropout_p = config.attention_dropout if attention_dropout is None else attention_dropout
         self.backend = _backend_name()
+        self.cp_groups = None
+        if config.context_parallel_size > 1:
+            self.cp_groups = context_parallel_groups(cp_comm_type or "p2p", pg_collection)
 
     # ----------------------------------------------------------------- forward
     def forward(
@@ -153,11 +192,32 @@ class FlashAttention(MegatronModule):
         packed = packed_seq_params is not None and packed_seq_params.qkv_format == "thd"
         if causal and attention_mask is None and not packed and query.size(0) != key.size(0):
             raise ValueError("causal mask is only for self attention (as in DotProductAttention)")
+        if self.cp_groups is not None:
+            return self._context_parallel(query, key, value, attention_mask, causal, dropout,
+                                          packed_seq_params if packed else None)
         fn = self._npu if self.backend == "npu" else self._sdpa
         if dropout > 0.0 and not self.config.sequence_parallel:
             with tensor_parallel.get_cuda_rng_tracker().fork():
                 return fn(query, key, value, attention_mask, causal, dropout, packed_seq_params if packed else None)
         return fn(query, key, value, attention_mask, causal, dropout, packed_seq_params if packed else None)
+
+    # ------------------------------------------------------ context parallel
+    def _context_parallel(self, q, k, v, mask, causal, dropout, packed):
+        from adaptor.ops import context_parallel
+
+        if mask is not None:
+            raise ValueError("context parallelism runs causal or packed-document attention, not an explicit mask")
+        if dropout > 0.0:
+            raise ValueError("context parallelism runs attention without dropout (--attention-dropout 0)")
+        if packed is not None:  # [t, n, d]: one stream of documents, each split over the CP ranks
+            lengths = _padded_lengths(packed)
+            out = context_parallel.attention(*(x.transpose(0, 1)[None] for x in (q, k, v)), self.cp_groups,
+                                             causal=causal, scale=self.softmax_scale, seq_lengths=lengths)
+            return out[0].transpose(0, 1).reshape(q.size(0), -1)
+        s, b = q.size(0), q.size(1)
+        out = context_parallel.attention(*(x.permute(1, 2, 0, 3) for x in (q, k, v)), self.cp_groups,
+                                         causal=causal, scale=self.softmax_scale)
+        return out.permute(2, 0, 1, 3).reshape(s, b, -1)
 
     # ---------------------------------------------------------- CUDA and CPU
     def _sdpa(self, q, k, v, mask, causal, dropout, packed):

@@ -30,11 +30,6 @@ class FlashAttentionFusion(Feature):
     def validate(self, args, ctx) -> None:
         if not getattr(args, "use_flash_attn", False) or args.transformer_impl == "transformer_engine":
             return
-        if args.context_parallel_size > 1:
-            raise ArgumentError(
-                "--use-flash-attn with --context-parallel-size > 1 needs --transformer-impl transformer_engine; "
-                "the adaptor's fused attention has no context parallelism"
-            )
         if getattr(args, "window_size", None) is not None:
             raise ArgumentError("--use-flash-attn does not support --window-size (sliding-window attention) "
                                 "without Transformer Engine; drop one of them")

@@ -3,8 +3,9 @@
 The model is ``TINY_DEEPSEEK_V3`` (tests/helpers/megatron_runs.py). As in test_parallel_loss_curves.py,
 every run starts from one checkpoint written by a single process and trains 10 iterations in
 fp32 on the same mock data; the TP2 (with sequence parallelism, which Megatron requires for MoE
-with TP), PP2 and EP2 layouts, the allgather dispatcher and the grouped experts must reproduce
-the single-process curves of both the lm loss and the MTP loss.
+with TP), PP2 and EP2 layouts, context parallelism with EP (CP2 x EP2: ring attention over MLA's
+head dims, experts across the CP ranks), the allgather dispatcher and the grouped experts must
+reproduce the single-process curves of both the lm loss and the MTP loss.
 
 Tolerance: the layouts add the same numbers in other orders, so curves agree to fp32 rounding.
 Measured maximum relative gaps over 10 iterations (lm / MTP loss): TP2+SP 6.6e-6 / 5.4e-6 (the
@@ -62,6 +63,7 @@ LAYOUTS = {
     "ep2": (2, ["--expert-model-parallel-size", "2"]),
     "allgather_dispatcher": (1, ["--moe-token-dispatcher-type", "allgather"]),
     "grouped_experts": (1, ["--moe-grouped-gemm"]),
+    "cp2_ep2": (2, ["--context-parallel-size", "2", "--expert-model-parallel-size", "2"]),
 }
 WRONG_LR = ["--lr", "1.1e-3"]
 

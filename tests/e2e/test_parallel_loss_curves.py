@@ -83,6 +83,50 @@ def test_layout_reproduces_single_process_curve(layout, common_start, reference)
     assert_same_curve(curve, reference)
 
 
+# Context parallelism (no Transformer Engine): every rank holds two chunks of each sequence; the
+# ring, Ulysses and hybrid attention merge partial softmaxes in another order than one process
+# does, which is fp32 rounding again (the attention alone agrees to ~1e-6, tests/e2e/test_context_parallel.py).
+CP_LAYOUTS = {
+    "cp2_ring": (2, ["--context-parallel-size", "2", "--cp-comm-type", "p2p"]),
+    "cp2_ulysses": (2, ["--context-parallel-size", "2", "--cp-comm-type", "a2a"]),
+    "cp4_hybrid_2x2": (4, ["--context-parallel-size", "4", "--cp-comm-type", "a2a+p2p",
+                           "--hierarchical-context-parallel-sizes", "2", "2"]),
+    "cp2_tp2_sequence_parallel": (4, ["--context-parallel-size", "2", "--tensor-model-parallel-size", "2",
+                                      "--sequence-parallel"]),
+    "cp2_dp2_fsdp2": (4, ["--context-parallel-size", "2", "--use-torch-fsdp2", "--no-gradient-accumulation-fusion"]),
+}
+CP_SAVE_AT = 5
+
+
+@prefetched
+def cp2_ring_run(common_start, tmp_path_factory):
+    """The ring layout, saving at iteration 5 so that a CP=1 run can resume from it."""
+    save = tmp_path_factory.mktemp("cp2_ring_save")
+    nproc, extra = CP_LAYOUTS["cp2_ring"]
+    curve = train_from(common_start, nproc=nproc, extra=[*extra, "--save", str(save), "--save-interval", str(CP_SAVE_AT)])
+    return curve, save
+
+
+@pytest.mark.parametrize("layout", CP_LAYOUTS)
+def test_context_parallel_reproduces_single_process_curve(layout, common_start, cp2_ring_run, reference):
+    if layout == "cp2_ring":
+        curve = cp2_ring_run[0]
+    else:
+        nproc, extra = CP_LAYOUTS[layout]
+        curve = train_from(common_start, nproc=nproc, extra=extra)
+    assert_same_curve(curve, reference)
+
+
+def test_checkpoint_of_a_context_parallel_run_resumes_on_one_process(cp2_ring_run, reference):
+    """CP shards no weights: the CP=2 checkpoint of iteration 5 resumes at CP=1 onto the reference curve."""
+    _, save = cp2_ring_run
+    args = TINY_QWEN3 + ["--train-iters", str(ITERS), "--load", str(save)]
+    run = run_pretrain(args)
+    assert run.returncode == 0, tail(run.output)
+    assert sorted(run.losses) == list(range(CP_SAVE_AT + 1, ITERS + 1)), tail(run.output)
+    assert_same_curve(run.curve(), reference[CP_SAVE_AT:])
+
+
 def test_tolerance_detects_a_wrong_run(one_process_curves, reference):
     """A run that differs in one hyperparameter (lr 1e-3 -> 1.1e-3) must fail the comparison."""
     curve = one_process_curves["wrong_lr"]

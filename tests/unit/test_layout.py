@@ -142,7 +142,9 @@ def test_layer_spec_swaps_are_declared_by_the_features_that_cause_them():
     features = list(adaptor.feature_registry())
     owners = {row[0]: f.name for f in features for row in f.module_swaps}
     assert owners == {"multi_latent_attention": "mla", "use_fused_rmsnorm": "rmsnorm",
-                      "use_flash_attn": "flash_attention", "moe_grouped_gemm": "grouped_matmul"}
+                      "use_flash_attn": "flash_attention", "moe_grouped_gemm": "grouped_matmul",
+                      "context_parallel_size>1": "context_parallel",
+                      "dataloader_inter_document_masking": "packed_sequences"}
     from megatron.core.transformer.dot_product_attention import DotProductAttention
 
     from adaptor.ops.flash_attention import FlashAttention
@@ -153,6 +155,9 @@ def test_layer_spec_swaps_are_declared_by_the_features_that_cause_them():
     both = Namespace(multi_latent_attention=True, use_flash_attn=True)
     assert layer_specs.module_swaps(both, features)[DotProductAttention] is FlashAttention  # later feature wins
     assert layer_specs.module_swaps(Namespace(), features) == {}
+    # A size gate: on above the size only.
+    assert layer_specs.module_swaps(Namespace(context_parallel_size=1), features) == {}
+    assert layer_specs.module_swaps(Namespace(context_parallel_size=2), features)[DotProductAttention] is FlashAttention
     # Only enabled features' swaps count: a disabled feature's row is absent.
     assert layer_specs.module_swaps(both, [f for f in features if f.name != "flash_attention"])[
         DotProductAttention] is MLADotProductAttention

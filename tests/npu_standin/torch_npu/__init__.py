@@ -32,6 +32,7 @@ OPERATORS = {
     "npu_swiglu": _rules.SWIGLU,
     "npu_rotary_mul": _rules.ROTARY_MUL,
     "npu_fusion_attention": _rules.FUSION_ATTENTION,
+    "npu_fusion_attention_grad": _rules.FUSION_ATTENTION_GRAD,
     "npu_grouped_matmul": _rules.GROUPED_MATMUL,
     "npu_moe_token_permute": _rules.MOE_TOKEN_PERMUTE,
     "npu_moe_token_unpermute": _rules.MOE_TOKEN_UNPERMUTE,

@@ -15,8 +15,9 @@ are removed again at once, so loading the contract changes nothing of torch itse
 3. is computed by the CPU reference on the real tensors (plain torch, so autograd works);
 4. must give exactly the meta outputs' structure, shapes and dtypes, or the stand-in itself is
    wrong and says so.
-A reference returns ``None`` for an output it does not model (softmax statistics); that output
-is zeros of the contract's shape and dtype.
+A reference returns ``None`` for an output it does not model (a reserved output such as
+npu_fusion_attention's softmax_out); that output is zeros of the contract's shape and dtype, or
+None where the meta function itself returns None.
 """
 from __future__ import annotations
 

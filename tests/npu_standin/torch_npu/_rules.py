@@ -6,7 +6,11 @@ one line saying what a device would refuse. The comment above each group names i
 * OP-PLUGIN: the operator's page under ``docs/context/`` of the Ascend/op-plugin repository
   (torch_npu's operator reference, e.g. ``torch_npu-npu_fusion_attention.md``);
 * PTA-7.0.0: the "torch_npu" API reference of Ascend Extension for PyTorch 7.0.0 on hiascend.com
-  (``Pytorch/700/apiref/apilist/ptaoplist_000880.html`` for ``npu_grouped_matmul``).
+  (``Pytorch/700/apiref/apilist/ptaoplist_000880.html`` for ``npu_grouped_matmul``);
+* OPS-ADV: the kernel's aclnn page under ``docs/`` of Ascend's cann-ops-adv repository
+  (``FlashAttentionScoreGrad.md``, which torch_npu's ``npu_fusion_attention_grad`` runs);
+* OP-PLUGIN-SRC: op-plugin's own code (``op_plugin/ops/opapi/FlashAttentionKernelNpuOpApi.cpp``,
+  and the autograd formula that feeds the forward's outputs to the backward).
 
 The stand-in models an Atlas A2 training device (SoC Ascend910B1), so where a page gives a table
 per product the A2 row applies. Where the documentation leaves a result undefined (attention rows
@@ -173,10 +177,68 @@ FUSION_ATTENTION = (
     _check(lambda a: 1 <= _batch(a) <= (2048 if a["input_layout"] == "TND" else 2 * 1024 * 1024),
            lambda a: f"batch {_batch(a)} out of range for {a['input_layout']}"),
     _check(lambda a: 0.0 < a["keep_prob"] <= 1.0, lambda a: f"keep_prob {a['keep_prob']} must be in (0, 1]"),
-    _check(lambda a: a["pse"] is None and a["padding_mask"] is None and a["prefix"] is None,
-           "pse, padding_mask and prefix are not modelled by the stand-in"),
+    _check(lambda a: a["pse"] is None and a["padding_mask"] is None and a["prefix"] is None and a["sink"] is None,
+           "pse, padding_mask, prefix and sink are not modelled by the stand-in"),
+    # OP-PLUGIN (same page), softmax_layout: only "TND", only with input_layout TND; "" keeps the
+    # default NTD order of the TND softmax outputs.
+    _check(lambda a: a["softmax_layout"] == "" or (a["softmax_layout"] == "TND" and a["input_layout"] == "TND"),
+           lambda a: f"softmax_layout {a['softmax_layout']!r} with input_layout {a['input_layout']}: "
+                     "only 'TND' with the TND layout"),
     _attention_mask_problem,
     _tnd_problem,
+)
+
+
+# npu_fusion_attention_grad. OPS-ADV FlashAttentionScoreGrad.md: softmaxMax and softmaxSum are the
+# forward's intermediate outputs, float32, [B, N, S, 8] ([T, N, 8] for TND); softmaxIn is reserved
+# and passed empty; attentionIn is the forward's final output, dtype (and, with equal head dims,
+# shape) of query, as is dy; the kernel rebuilds the softmax from softmaxMax/Sum and uses
+# rowsum(dy * attentionIn), so it cannot run without them. OP-PLUGIN-SRC: torch_npu's autograd for
+# npu_fusion_attention passes the forward's (softmax_max, softmax_sum, softmax_out, output) as
+# (softmax_max, softmax_sum, softmax_in, attention_in), softmax_out being the empty [0] tensor; with
+# keep_prob < 1 the kernel regenerates the forward's dropout mask from seed/offset/numels, which the
+# stand-in cannot (its forward draws torch's own dropout), so the backward is refused there.
+def _attention_out_shape(a):
+    """The forward's output shape: query's, with the value head dim."""
+    q, (n1, _, _, dv) = a["query"], _heads_and_dims(a)
+    if a["input_layout"] in ("BSH", "SBH"):
+        return (q.size(0), q.size(1), n1 * dv)
+    return tuple(q.shape[:-1]) + (dv,)
+
+
+def _softmax_stats_shape(a):
+    """softmax_max/softmax_sum as the forward's meta function gives them."""
+    q, layout, n = a["query"], a["input_layout"], a["head_num"]
+    if layout == "TND":
+        return (q.size(0), n, 8)
+    batch, seq = {"BSH": (0, 1), "SBH": (1, 0), "BSND": (0, 1), "BNSD": (0, 2)}[layout]
+    return (q.size(batch), n, q.size(seq), 8)
+
+
+def _grad_inputs_problem(a):
+    missing = [n for n in ("softmax_max", "softmax_sum", "attention_in") if a[n] is None]
+    if missing:
+        return (f"{', '.join(missing)} missing: the backward kernel rebuilds the softmax from the forward's "
+                "softmax_max/softmax_sum and needs its output as attention_in")
+    for name in ("softmax_max", "softmax_sum"):
+        t = a[name]
+        if t.dtype != torch.float32 or tuple(t.shape) != _softmax_stats_shape(a):
+            return (f"{name} is {tuple(t.shape)} {t.dtype}; the forward gives {_softmax_stats_shape(a)} "
+                    "torch.float32")
+    for name in ("dy", "attention_in"):
+        t = a[name]
+        if t.dtype != a["query"].dtype or tuple(t.shape) != _attention_out_shape(a):
+            return (f"{name} is {tuple(t.shape)} {t.dtype}; the forward's output is {_attention_out_shape(a)} "
+                    f"{a['query'].dtype}")
+    if a["softmax_in"] is not None and a["softmax_in"].numel():
+        return "softmax_in is reserved: pass None or the forward's empty softmax_out"
+
+
+FUSION_ATTENTION_GRAD = FUSION_ATTENTION + (
+    _grad_inputs_problem,
+    _check(lambda a: a["keep_prob"] == 1.0,
+           lambda a: f"keep_prob {a['keep_prob']}: the backward's dropout (regenerated from seed/offset) "
+                     "is not modelled by the stand-in"),
 )
 
 

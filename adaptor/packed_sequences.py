@@ -1,0 +1,137 @@
+"""Packed documents for the attention kernels: a micro-batch as one THD stream with its boundaries.
+
+``--reset-attention-mask`` and ``--dataloader-inter-document-masking`` mean: a token attends only
+to earlier tokens of its own document. Megatron's dataset expresses that as a dense [s, s] mask
+(or as ``cu_seqlens`` rows); the fused kernels want boundaries instead (``cu_seqlens``, THD).
+:func:`pack` turns a micro-batch into that form:
+
+* the rows are flattened into one stream [1, b*s] and their documents' lengths concatenated;
+* with context parallelism each document is padded at its end to a multiple of 2 x CP and split
+  into 2 x CP chunks, this rank keeping chunks r and 2CP-1-r (the balanced split Transformer
+  Engine and megatron-core's THD RoPE use). Pad tokens carry no loss and, sitting after their
+  document's last token under a causal mask, change no real token's output;
+* with ``--sequence-parallel`` a final pad document makes the local length divisible by TP.
+
+The result is the batch in [1, t_local] tensors and the ``PackedSeqParams`` the model passes
+down to attention and RoPE.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional, Sequence
+
+import torch
+
+from megatron.core.packed_seq_params import PackedSeqParams
+
+
+def packs_documents(args) -> bool:
+    """Whether pretrain_gpt.py passes document boundaries to attention for this run.
+
+    Only the adaptor's core attention (``--use-flash-attn``, context parallelism, or inter-document
+    masking, which swaps it in) reads them; megatron-core's unfused attention keeps the dense mask.
+    """
+    if args.transformer_impl == "transformer_engine":
+        return False
+    by_mask = args.reset_attention_mask and (args.use_flash_attn or (args.context_parallel_size or 1) > 1)
+    return bool(by_mask or getattr(args, "dataloader_inter_document_masking", False))
+
+
+@dataclass
+class PackedBatch:
+    tokens: Optional[torch.Tensor]
+    labels: Optional[torch.Tensor]
+    loss_mask: Optional[torch.Tensor]
+    position_ids: Optional[torch.Tensor]
+    params: PackedSeqParams
+
+
+def lengths_from_eod(tokens: torch.Tensor, eod: int) -> list[list[int]]:
+    """Document lengths per row as GPTDataset's ``reset_attention_mask`` cuts them: after each EOD."""
+    rows = []
+    for row in tokens.tolist():
+        lengths, start = [], 0
+        for i, t in enumerate(row[:-1]):
+            if t == eod:
+                lengths.append(i + 1 - start)
+                start = i + 1
+        lengths.append(len(row) - start)
+        rows.append(lengths)
+    return rows
+
+
+def lengths_from_cu_seqlens(cu_seqlens: torch.Tensor, seq_length: int) -> list[list[int]]:
+    """Document lengths per row from GPTDataset's ``cu_seqlens`` rows (padded with ``seq_length``)."""
+    rows = []
+    for row in cu_seqlens.tolist():
+        end = row.index(seq_length) + 1 if seq_length in row else len(row)
+        row = row[:end]
+        rows.append([b - a for a, b in zip(row[:-1], row[1:]) if b > a])
+    return rows
+
+
+def _round_up(n: int, unit: int) -> int:
+    return -(-n // unit) * unit
+
+
+def pack(batch: dict, row_lengths: Sequence[Sequence[int]], *, cp_size: int = 1, cp_rank: int = 0,
+         cp_group=None, tp_multiple: int = 1) -> PackedBatch:
+    """``batch`` ([b, s] tensors, or None) -> this CP rank's THD stream and its PackedSeqParams."""
+    unit = 2 * cp_size if cp_size > 1 else 1
+    real = [n for row in row_lengths for n in row]
+    padded = [_round_up(n, unit) for n in real]
+    total = sum(padded)
+    needed = _round_up(total, unit * tp_multiple)
+    if needed > total:
+        real.append(0)
+        padded.append(needed - total)
+        total = needed
+
+    # Where each stream token comes from in the flattened rows (-1: a pad token).
+    source, start = [], 0
+    for n, p in zip(real, padded):
+        source.extend(range(start, start + n))
+        source.extend([-1] * (p - n))
+        start += n
+    keep = []
+    offset = 0
+    for p in padded:
+        chunk = p // (2 * cp_size) if cp_size > 1 else p
+        if cp_size > 1:
+            for c in (cp_rank, 2 * cp_size - 1 - cp_rank):
+                keep.extend(range(offset + c * chunk, offset + (c + 1) * chunk))
+        else:
+            keep.extend(range(offset, offset + p))
+        offset += p
+    taken = torch.tensor([source[i] for i in keep], dtype=torch.long)
+
+    def gather(x: Optional[torch.Tensor], pad_value) -> Optional[torch.Tensor]:
+        if x is None:
+            return None
+        flat = x.reshape(-1)
+        idx = taken.to(flat.device)
+        out = flat.index_select(0, idx.clamp(min=0))
+        return out.masked_fill(idx < 0, pad_value).unsqueeze(0)
+
+    device = next(t.device for t in batch.values() if t is not None)
+    cu_real = torch.tensor([0] + _cumsum(real), dtype=torch.int32, device=device)
+    cu_padded = torch.tensor([0] + _cumsum(padded), dtype=torch.int32, device=device)
+    params = PackedSeqParams(
+        qkv_format="thd", cu_seqlens_q=cu_real, cu_seqlens_kv=cu_real, cu_seqlens_q_padded=cu_padded,
+        cu_seqlens_kv_padded=cu_padded, max_seqlen_q=max(padded), max_seqlen_kv=max(padded), cp_group=cp_group,
+    )
+    return PackedBatch(
+        tokens=gather(batch.get("tokens"), 0),
+        labels=gather(batch.get("labels"), 0),
+        loss_mask=gather(batch.get("loss_mask"), 0.0),
+        position_ids=gather(batch.get("position_ids"), 0),
+        params=params,
+    )
+
+
+def _cumsum(xs: Sequence[int]) -> list[int]:
+    out, acc = [], 0
+    for x in xs:
+        acc += x
+        out.append(acc)
+    return out
