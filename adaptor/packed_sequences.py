@@ -29,12 +29,16 @@ def packs_documents(args) -> bool:
     """Whether pretrain_gpt.py passes document boundaries to attention for this run.
 
     Only the adaptor's core attention (``--use-flash-attn``, context parallelism, or inter-document
-    masking, which swaps it in) reads them; megatron-core's unfused attention keeps the dense mask.
+    masking, which swaps it in) reads them; megatron-core's unfused attention keeps the dense mask,
+    and so does a pipeline of several stages (its middle stages receive no batch to read
+    boundaries from; the dense mask reaches them through the attention mask Megatron passes).
     """
     if args.transformer_impl == "transformer_engine":
         return False
-    by_mask = args.reset_attention_mask and (args.use_flash_attn or (args.context_parallel_size or 1) > 1)
-    return bool(by_mask or getattr(args, "dataloader_inter_document_masking", False))
+    if getattr(args, "dataloader_inter_document_masking", False):
+        return True
+    fused = args.use_flash_attn or (args.context_parallel_size or 1) > 1
+    return bool(args.reset_attention_mask and fused and args.pipeline_model_parallel_size == 1)
 
 
 @dataclass

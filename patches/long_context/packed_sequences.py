@@ -10,8 +10,8 @@ one stream of documents (``adaptor.packed_sequences.pack``) with ``PackedSeqPara
 ``npu_fusion_attention`` runs TND with ``actual_seq_qlen/kvlen``, CUDA and CPU run one fused call
 per document, and context parallelism splits each document over the CP ranks. The dataloader
 then builds no dense mask. With megatron-core's unfused ``DotProductAttention`` (no
-``--use-flash-attn``, CP = 1) ``--reset-attention-mask`` keeps the dense mask, the one thing it
-can apply.
+``--use-flash-attn``, CP = 1), and with pipeline parallelism (whose middle stages get no batch),
+``--reset-attention-mask`` keeps the dense mask.
 
 Documents restart their RoPE positions in THD; attention scores depend only on the distance
 between query and key, which is the same inside each document, so the result is the dense
@@ -38,9 +38,13 @@ class PackedSequences(Feature):
             args.create_attention_mask_in_dataloader = False
 
     def validate(self, args, ctx) -> None:
-        if not packs_documents(args):
+        if args.transformer_impl == "transformer_engine" or args.pipeline_model_parallel_size == 1:
             return
-        if args.pipeline_model_parallel_size > 1:
-            raise ArgumentError("packed documents (--reset-attention-mask with the fused attention, or "
-                                "--dataloader-inter-document-masking) need --pipeline-model-parallel-size 1: "
-                                "middle pipeline stages receive no batch to read the boundaries from")
+        if getattr(args, "dataloader_inter_document_masking", False):
+            raise ArgumentError("--dataloader-inter-document-masking needs --pipeline-model-parallel-size 1: middle "
+                                "pipeline stages receive no batch to read the document boundaries from; use "
+                                "--reset-attention-mask (a dense per-document mask) with pipeline parallelism")
+        if args.reset_attention_mask and (args.context_parallel_size or 1) > 1:
+            raise ArgumentError("--reset-attention-mask with --context-parallel-size > 1 needs "
+                                "--pipeline-model-parallel-size 1: context parallelism takes document boundaries, "
+                                "which middle pipeline stages do not receive")

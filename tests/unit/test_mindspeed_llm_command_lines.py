@@ -64,3 +64,36 @@ def test_instruction_preprocessing_is_one_line(tmp_path):
         "preprocess_data.py: error: --prompt-type (MindSpeed-LLM): instruction datasets are not built by this tool "
         "(pretraining text only)"]
     assert list(tmp_path.iterdir()) == []
+
+
+def test_mindspeed_context_parallel_switches_become_megatrons():
+    """--context-parallel-algo and its companions map onto --cp-comm-type (and hierarchical sizes), or fail in one line."""
+    from adaptor.command_line.mindspeed_llm import rewrite_pretrain_argv
+
+    def rewrite(*flags):
+        return rewrite_pretrain_argv(["--context-parallel-size", "4", *flags])
+
+    def value(argv, flag):
+        i = argv.index(flag)
+        return argv[i + 1:i + 3] if flag == "--hierarchical-context-parallel-sizes" else argv[i + 1]
+
+    for algo, comm in (("megatron_cp_algo", "p2p"), ("ulysses_cp_algo", "a2a")):
+        r = rewrite("--context-parallel-algo", algo, "--use-cp-send-recv-overlap")
+        assert r.refused == [] and value(r.argv, "--cp-comm-type") == comm, r
+        assert "--context-parallel-algo" not in r.argv and "--use-cp-send-recv-overlap" not in r.argv
+        assert any("--use-cp-send-recv-overlap is not applied" in n for n in r.notes), r.notes
+    r = rewrite("--context-parallel-algo", "hybrid_cp_algo", "--ulysses-degree-in-cp", "2",
+                "--cp-attention-mask-type", "causal")
+    assert r.refused == [], r
+    assert value(r.argv, "--cp-comm-type") == "a2a+p2p"
+    assert value(r.argv, "--hierarchical-context-parallel-sizes") == ["2", "2"]
+    assert "--ulysses-degree-in-cp" not in r.argv and "--cp-attention-mask-type" not in r.argv
+    for flags, words in (
+        (("--context-parallel-algo", "hybrid_cp_algo"), "needs --ulysses-degree-in-cp K"),
+        (("--context-parallel-algo", "hybrid_cp_algo", "--ulysses-degree-in-cp", "3"), "dividing --context-parallel-size 4"),
+        (("--context-parallel-algo", "ring_algo"), "is not one of megatron_cp_algo"),
+        (("--context-parallel-algo", "megatron_cp_algo", "--cp-attention-mask-type", "general"), "use causal"),
+        (("--ulysses-degree-in-cp", "2"), "needs --context-parallel-algo hybrid_cp_algo"),
+    ):
+        r = rewrite(*flags)
+        assert len(r.refused) == 1 and words in r.refused[0], (flags, r.refused)
