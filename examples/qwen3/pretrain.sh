@@ -9,6 +9,8 @@
 # Environment overrides (defaults in brackets):
 #   MODEL_SIZE tiny|0.6b|8b|32b [tiny]   NPROC processes per node [1]   NNODES [1]  NODE_RANK [0]
 #   MASTER_ADDR [127.0.0.1]  MASTER_PORT [29500]   TP [1]  PP [1]
+#   CP context-parallel size [1]  CP_COMM p2p (ring) | a2a (Ulysses) | a2a+p2p [p2p]
+#     (a2a+p2p: ULYSSES Ulysses degree inside CP [2])
 #   DATA_PATH Megatron dataset prefix or blend ["0.7 a 0.3 b"]; unset: the embedded corpus
 #     examples/data/sample_corpus.jsonl, tokenized once by tools/preprocess_data.py into DATA_CACHE
 #     [<repo>/.cache/data] and reused while the corpus and tokenizer are unchanged
@@ -47,7 +49,7 @@ case "$MODEL_SIZE" in
 esac
 read -r LAYERS HIDDEN FFN HEADS KV_HEADS HEAD_DIM TIE <<<"${SHAPE[*]}"
 
-NPROC="${NPROC:-1}"; TP="${TP:-1}"; PP="${PP:-1}"
+NPROC="${NPROC:-1}"; TP="${TP:-1}"; PP="${PP:-1}"; CP="${CP:-1}"; CP_COMM="${CP_COMM:-p2p}"
 SEQ_LEN="${SEQ_LEN:-$DEF_SEQ}"; MBS="${MBS:-$DEF_MBS}"; GBS="${GBS:-$DEF_GBS}"
 TRAIN_ITERS="${TRAIN_ITERS:-$DEF_ITERS}"; LR="${LR:-$DEF_LR}"
 PRECISION="${PRECISION:-$DEF_PREC}"
@@ -83,12 +85,17 @@ data_args "$DEF_VOCAB"
 
 TRAIN_ARGS=(
   --tensor-model-parallel-size "$TP" --pipeline-model-parallel-size "$PP"
+  --context-parallel-size "$CP" --cp-comm-type "$CP_COMM"
   --micro-batch-size "$MBS" --global-batch-size "$GBS" --train-iters "$TRAIN_ITERS"
   --lr "$LR" --min-lr "$MIN_LR" --lr-decay-style cosine --lr-warmup-iters "$WARMUP"
   --weight-decay 0.1 --adam-beta1 0.9 --adam-beta2 0.95 --clip-grad 1.0
   --seed 1234 --log-interval "${LOG_INTERVAL:-5}" --eval-interval "${EVAL_INTERVAL:-1000000}" --eval-iters 0
   --log-throughput
 )
+if [ "$CP_COMM" = "a2a+p2p" ]; then
+  ULYSSES="${ULYSSES:-2}"
+  TRAIN_ARGS+=(--hierarchical-context-parallel-sizes "$ULYSSES" "$((CP / ULYSSES))")
+fi
 precision_args TRAIN_ARGS
 sharding_args TRAIN_ARGS
 checkpoint_args TRAIN_ARGS

@@ -120,7 +120,7 @@ def test_context_parallel_reproduces_single_process_curve(layout, common_start, 
 def test_checkpoint_of_a_context_parallel_run_resumes_on_one_process(cp2_ring_run, reference):
     """CP shards no weights: the CP=2 checkpoint of iteration 5 resumes at CP=1 onto the reference curve."""
     _, save = cp2_ring_run
-    args = TINY_QWEN3 + ["--train-iters", str(ITERS), "--load", str(save)]
+    args = TINY_QWEN3 + ["--train-iters", str(ITERS), "--load", str(save), "--ckpt-step", str(CP_SAVE_AT)]
     run = run_pretrain(args)
     assert run.returncode == 0, tail(run.output)
     assert sorted(run.losses) == list(range(CP_SAVE_AT + 1, ITERS + 1)), tail(run.output)
