@@ -116,7 +116,13 @@ def mindspeed_page() -> str:
         ("`--model-type-hf qwen3\\|deepseek3`", "the same; other model types refused"),
         ("`--spec mindspeed_llm.tasks.models.spec.{qwen3_spec,deepseek_spec} layer_spec`",
          "our layer spec, which builds the same layers"),
-        ("`--context-parallel-algo`", "not applied with `--context-parallel-size 1`; refused above 1"),
+        ("`--context-parallel-algo megatron_cp_algo\\|ulysses_cp_algo`", "`--cp-comm-type p2p` (ring) / `a2a` (Ulysses); "
+         "not applied with `--context-parallel-size 1`"),
+        ("`--context-parallel-algo hybrid_cp_algo --ulysses-degree-in-cp K`",
+         "`--cp-comm-type a2a+p2p --hierarchical-context-parallel-sizes K CP/K`"),
+        ("`--cp-attention-mask-type causal`", "accepted (context parallelism runs causal attention); `general` refused"),
+        ("`--use-cp-send-recv-overlap`, `--megatron-cp-in-bnsd`",
+         "not applied, with one line: the ring always overlaps transfers, and works in [b, n, s, d] internally"),
         ("`--reset-position-ids` (without `--reset-attention-mask`)",
          "Megatron's meaning, and a printed line: add `--reset-attention-mask` for per-document attention"),
     ]
