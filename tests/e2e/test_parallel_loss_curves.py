@@ -94,6 +94,8 @@ CP_LAYOUTS = {
     "cp2_tp2_sequence_parallel": (4, ["--context-parallel-size", "2", "--tensor-model-parallel-size", "2",
                                       "--sequence-parallel"]),
     "cp2_dp2_fsdp2": (4, ["--context-parallel-size", "2", "--use-torch-fsdp2", "--no-gradient-accumulation-fusion"]),
+    "cp2_pp2": (4, ["--context-parallel-size", "2", "--pipeline-model-parallel-size", "2"]),
+    "cp2_dp2_distributed_optimizer": (4, ["--context-parallel-size", "2", "--use-distributed-optimizer"]),
 }
 CP_SAVE_AT = 5
 
