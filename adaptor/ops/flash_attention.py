@@ -19,6 +19,9 @@ by the same layer number there, so the scale is unchanged); dropout only in trai
 Megatron's TP RNG tracker. One difference: a query row with every key masked gives 0 here
 (DotProductAttention's -10000 fill gives the mean of V); such rows are padding and carry no loss.
 MLA passes ``k_channels``/``v_channels`` (value head dim may differ from query/key's).
+
+With ``--context-parallel-size`` > 1 each layer runs ``adaptor.ops.context_parallel`` by its
+``cp_comm_type`` (ring, Ulysses, or both), on dense rows or on packed documents (THD).
 """
 from __future__ import annotations
 
