@@ -17,6 +17,7 @@ down to attention and RoPE.
 """
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 from typing import Optional, Sequence
 
@@ -53,14 +54,10 @@ class PackedBatch:
 def lengths_from_eod(tokens: torch.Tensor, eod: int) -> list[list[int]]:
     """Document lengths per row as GPTDataset's ``reset_attention_mask`` cuts them: after each EOD."""
     rows = []
-    for row in tokens.tolist():
-        lengths, start = [], 0
-        for i, t in enumerate(row[:-1]):
-            if t == eod:
-                lengths.append(i + 1 - start)
-                start = i + 1
-        lengths.append(len(row) - start)
-        rows.append(lengths)
+    for row in tokens:
+        ends = ((row[:-1] == eod).nonzero().flatten() + 1).tolist()
+        bounds = [0, *ends, row.numel()]
+        rows.append([b - a for a, b in zip(bounds[:-1], bounds[1:])])
     return rows
 
 
@@ -118,8 +115,8 @@ def pack(batch: dict, row_lengths: Sequence[Sequence[int]], *, cp_size: int = 1,
         return out.masked_fill(idx < 0, pad_value).unsqueeze(0)
 
     device = next(t.device for t in batch.values() if t is not None)
-    cu_real = torch.tensor([0] + _cumsum(real), dtype=torch.int32, device=device)
-    cu_padded = torch.tensor([0] + _cumsum(padded), dtype=torch.int32, device=device)
+    cu_real = torch.tensor(list(itertools.accumulate(real, initial=0)), dtype=torch.int32, device=device)
+    cu_padded = torch.tensor(list(itertools.accumulate(padded, initial=0)), dtype=torch.int32, device=device)
     params = PackedSeqParams(
         qkv_format="thd", cu_seqlens_q=cu_real, cu_seqlens_kv=cu_real, cu_seqlens_q_padded=cu_padded,
         cu_seqlens_kv_padded=cu_padded, max_seqlen_q=max(padded), max_seqlen_kv=max(padded), cp_group=cp_group,
@@ -131,11 +128,3 @@ def pack(batch: dict, row_lengths: Sequence[Sequence[int]], *, cp_size: int = 1,
         position_ids=gather(batch.get("position_ids"), 0),
         params=params,
     )
-
-
-def _cumsum(xs: Sequence[int]) -> list[int]:
-    out, acc = [], 0
-    for x in xs:
-        acc += x
-        out.append(acc)
-    return out

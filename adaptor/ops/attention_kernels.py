@@ -26,7 +26,6 @@ Per backend:
 """
 from __future__ import annotations
 
-import math
 from typing import Optional, Sequence
 
 import torch
@@ -212,7 +211,3 @@ def merge(out: Tensor, lse: Tensor, block_out: Tensor, block_lse: Tensor) -> tup
     w_old = torch.exp(lse - new_lse).nan_to_num_(0.0).unsqueeze(-1)
     w_new = torch.exp(block_lse - new_lse).nan_to_num_(0.0).unsqueeze(-1)
     return out * w_old + block_out.float() * w_new, new_lse
-
-
-def default_scale(head_dim: int) -> float:
-    return 1.0 / math.sqrt(head_dim)

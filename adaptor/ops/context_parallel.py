@@ -29,6 +29,7 @@ its kernels are torch's own (``adaptor.ops.attention_kernels``).
 from __future__ import annotations
 
 import functools
+import itertools
 from dataclasses import dataclass
 from typing import Optional, Sequence
 
@@ -37,6 +38,9 @@ import torch.distributed as dist
 from torch import Tensor
 
 from adaptor.ops import attention_kernels as kernels
+
+#: The ``--cp-comm-type`` values implemented here (Megatron's ``allgather`` is not).
+CP_COMM_TYPES = ("p2p", "a2a", "a2a+p2p")
 
 
 # ----------------------------------------------------------------------------- layouts
@@ -61,6 +65,12 @@ class RingLayout:
             return x[:, :, :h] if which == "first" else x[:, :, h:]
         return x.index_select(2, self.first if which == "first" else self.second)
 
+    def put_second(self, acc: Tensor, value: Tensor) -> None:
+        if self.cu is None:
+            acc[:, :, self.length // 2:] = value
+        else:
+            acc.index_copy_(2, self.second, value)
+
     def add_to(self, acc: Tensor, which: str, value: Tensor) -> None:
         h = self.length // 2
         if self.cu is None:
@@ -70,10 +80,7 @@ class RingLayout:
 
 
 def _cumulative(lengths: Sequence[int]) -> tuple:
-    out = [0]
-    for n in lengths:
-        out.append(out[-1] + n)
-    return tuple(out)
+    return tuple(itertools.accumulate(lengths, initial=0))
 
 
 @functools.lru_cache(maxsize=64)
@@ -207,8 +214,8 @@ class RingAttention(torch.autograd.Function):
                 out, lse = kernels.merge(out, lse, o, l_)
             else:  # the second half of the queries only
                 part_out, part_lse = kernels.merge(layout.take(out, half), layout.take(lse, half), o, l_)
-                _put_second(layout, out, part_out)
-                _put_second(layout, lse, part_lse)
+                layout.put_second(out, part_out)
+                layout.put_second(lse, part_lse)
             if step < size - 1:
                 _wait(requests)
                 k_cur, v_cur = k_next, v_next
@@ -255,13 +262,6 @@ class RingAttention(torch.autograd.Function):
             (dk, dv), grad_requests = ring.shift((dk, dv))
             _wait(grad_requests)
         return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), None, None, None, None
-
-
-def _put_second(layout: RingLayout, acc: Tensor, value: Tensor) -> None:
-    if layout.cu is None:
-        acc[:, :, layout.length // 2:] = value
-    else:
-        acc.index_copy_(2, layout.second, value)
 
 
 class LocalAttention(torch.autograd.Function):

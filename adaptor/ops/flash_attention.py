@@ -91,14 +91,11 @@ def is_causal_mask(mask: Tensor) -> bool:
     return _mask_facts(mask)[0]
 
 
-CP_COMM_TYPES = ("p2p", "a2a", "a2a+p2p")
-
-
 def context_parallel_groups(cp_comm_type: str, pg_collection: Optional[ProcessGroupCollection]):
     """The Ulysses and ring groups of one layer's ``--cp-comm-type``."""
     from megatron.core import parallel_state
 
-    from adaptor.ops.context_parallel import CPGroups
+    from adaptor.ops.context_parallel import CP_COMM_TYPES, CPGroups
 
     cp_group = getattr(pg_collection, "cp", None) if pg_collection is not None else None
     cp_group = cp_group or parallel_state.get_context_parallel_group()

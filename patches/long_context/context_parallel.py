@@ -22,9 +22,6 @@ from __future__ import annotations
 from adaptor.features import ArgumentError, Feature
 from adaptor.log import notice_once
 
-CP_COMM_TYPES = ("p2p", "a2a", "a2a+p2p")
-
-
 def _comm_types(args) -> list[str]:
     value = args.cp_comm_type
     return [value] if isinstance(value, str) else list(value or ["p2p"])
@@ -45,6 +42,8 @@ class ContextParallel(Feature):
             args.create_attention_mask_in_dataloader = False
 
     def validate(self, args, ctx) -> None:
+        from adaptor.ops.context_parallel import CP_COMM_TYPES
+
         cp = args.context_parallel_size or 1
         if cp == 1 or args.transformer_impl == "transformer_engine":
             if args.hierarchical_context_parallel_sizes and cp == 1:
