@@ -158,6 +158,11 @@ def resolve_config(config: Fsdp2Config, args) -> Fsdp2Config:
     if config.recompute_modules and getattr(args, "recompute_granularity", None):
         raise Fsdp2ConfigError(f"{where}: recompute_modules and --recompute-granularity both recompute "
                                f"activations; use one of them")
+    finer = [flag for flag in ("recompute_norm", "recompute_activation_function") if getattr(args, flag, False)]
+    if config.recompute_modules and finer:
+        # a recomputed module would re-run the discarding checkpoint inside torch's checkpoint
+        raise Fsdp2ConfigError(f"{where}: recompute_modules recomputes whole modules; drop it or "
+                               f"--{finer[0].replace('_', '-')}")
     return config
 
 

@@ -1,0 +1,1 @@
+"""Memory mechanisms: what the features in patches/memory use to keep device memory down."""
