@@ -194,7 +194,8 @@ def test_deepseek3_script_trains_like_our_flags(tmp_path, corpus):
                  "--n-shared-experts 1: --moe-shared-expert-intermediate-size 32",
                  "--seq-aux: --moe-router-load-balancing-type seq_aux_loss",
                  "--rope-scaling-type yarn: --rope-type yarn, --rotary-scaling-factor 4",
-                 "--schedules-method is not applied here", "--swap-optimizer is not applied here",
+                 "--schedules-method is not applied here",
+                 "--swap-optimizer: --optimizer-cpu-offload --optimizer-offload-fraction 1.0",
                  "--context-parallel-algo is not applied here"):
         assert said in theirs.output, said
 
