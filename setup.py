@@ -29,8 +29,11 @@ setup(
         "parquet": ["pyarrow"],
         # pretrain_mm.py decodes images with Pillow.
         "mm": ["Pillow"],
+        # --tensorboard-dir and --wandb-project write through these.
+        "tensorboard": ["tensorboard"],
+        "wandb": ["wandb"],
         # transformers is the reference the tokenizer and model parity tests compare against;
-        # training itself never imports it.
-        "test": ["pytest", "transformers", "Pillow"],
+        # training itself never imports it. tensorboard and wandb (offline) for the visibility tests.
+        "test": ["pytest", "transformers", "Pillow", "tensorboard", "wandb"],
     },
 )

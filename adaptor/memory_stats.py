@@ -62,3 +62,17 @@ def device_peak_mib(device_type: str) -> float | None:
     if module is None or not hasattr(module, "max_memory_allocated"):
         return None
     return module.max_memory_allocated() / 2**20
+
+
+def memory_scalars(device_type: str) -> dict[str, float]:
+    """This process's memory for TensorBoard, by name: the allocator's on NPU/CUDA, the host's RSS always."""
+    import psutil
+
+    scalars = {"mem-rss-bytes": float(psutil.Process().memory_info().rss),
+               "mem-max-rss-bytes": peak_rss_mib() * 2**20}
+    module = getattr(torch, device_type, None) if device_type in ("cuda", "npu") else None
+    if module is not None and hasattr(module, "memory_allocated"):
+        scalars["mem-allocated-bytes"] = float(module.memory_allocated())
+        scalars["mem-max-allocated-bytes"] = float(module.max_memory_allocated())
+        scalars["mem-reserved-bytes"] = float(module.memory_reserved())
+    return scalars
