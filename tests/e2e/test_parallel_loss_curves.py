@@ -74,6 +74,10 @@ LAYOUTS = {
     "pp2": ["--pipeline-model-parallel-size", "2"],
     "dp2": [],
     "dp2_distributed_optimizer": ["--use-distributed-optimizer"],
+    # Gradient reduce-scatters start while backward runs and parameter all-gathers while the next
+    # forward runs, bucket by bucket (small buckets so that there are several per step).
+    "dp2_distributed_optimizer_overlap": ["--use-distributed-optimizer", "--overlap-grad-reduce",
+                                          "--overlap-param-gather", "--ddp-bucket-size", "20000"],
 }
 
 

@@ -26,6 +26,8 @@ def test_example_script_trains_tiny_qwen3_and_loss_falls(tmp_path):
     assert sum(losses[-3:]) / 3 < losses[0] - 1.0, losses
     assert (tmp_path / "ckpt" / "latest_checkpointed_iteration.txt").read_text().strip() == "20"
     assert "backend=cpu" in out
+    # Without Transformer Engine or apex, Megatron's torch Adam runs torch's fused kernel.
+    assert "torch's fused Adam kernel" in out, tail(out)
     # Tokenized once into DATA_CACHE; a second run would reuse this pair.
     assert len(list((tmp_path / "data").glob("sample_corpus-*_text_document.idx"))) == 1
 
