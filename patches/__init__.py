@@ -27,10 +27,15 @@ def all_features():
     from patches.device.optimizer_tensor_type_names import OptimizerTensorTypeNames
     from patches.diagnostics.collective_timeouts import CollectiveTimeouts
     from patches.diagnostics.memory_report import MemoryReport
+    from patches.diagnostics.cpu_precision import CpuPrecision
+    from patches.diagnostics.profiling import Profiling
+    from patches.diagnostics.tensorboard_memory import TensorboardMemory
+    from patches.diagnostics.throughput import Throughput
     from patches.fsdp2.sharded_checkpoint import ShardedCheckpoint
     from patches.fsdp2.torch_fsdp2 import TorchFsdp2
     from patches.fusions.cross_entropy import CrossEntropyFusion
     from patches.fusions.flash_attention import FlashAttentionFusion
+    from patches.fusions.fused_adam import FusedTorchAdam
     from patches.fusions.grouped_matmul import GroupedMatmulFusion
     from patches.fusions.moe_permute import MoePermuteFusion
     from patches.fusions.rmsnorm import RmsNormFusion
@@ -39,6 +44,9 @@ def all_features():
     from patches.hf.online_conversion import OnlineConversion
     from patches.long_context.context_parallel import ContextParallel
     from patches.long_context.packed_sequences import PackedSequences
+    from patches.memory.activation_offload import ActivationOffload
+    from patches.memory.optimizer_offload import OptimizerOffload
+    from patches.memory.recompute import Recompute
     from patches.hf.tokenizer_json import TokenizerJsonSupport
     from patches.models.mla import MultiLatentAttention
     from patches.multimodal.mm_arguments import MultimodalArguments
@@ -94,6 +102,7 @@ def all_features():
         CrossEntropyFusion(),
         GroupedMatmulFusion(),
         MoePermuteFusion(),
+        FusedTorchAdam(),
         # Checkpoints and Hugging Face.
         OnlineConversion(),
         SafetensorsFormat(),
@@ -105,8 +114,16 @@ def all_features():
         VisionTowerNorms(),
         TorchFsdp2(),
         ShardedCheckpoint(),
+        ActivationOffload(),
+        OptimizerOffload(),
+        Recompute(),
         MemoryReport(),
         CollectiveTimeouts(),
+        # Seeing a run: MFU, memory in TensorBoard, profiles, slow CPU precisions.
+        Throughput(),
+        TensorboardMemory(),
+        Profiling(),
+        CpuPrecision(),
         # Last: a feature's own check of a flag speaks before the table's general line.
         MegatronFlagPolicy(),
     ]

@@ -51,8 +51,8 @@ _INFERENCE_CUDA_GRAPH_SCOPE = Refused(
 _MAMBA_STATE_DIM = Refused(
     "only read by Mamba layers, which pretrain_gpt.py does not build; drop it")
 _MIN_OFFLOADED_TENSOR_SIZE = NotApplied(
-    "tunes --fine-grained-activation-offloading, which Megatron supports with Transformer Engine layers on "
-    "CUDA only",
+    "tunes Megatron's Transformer Engine implementation of --fine-grained-activation-offloading (CUDA only); "
+    "the local spec's offload (patches/memory/activation_offload) offloads every chosen module call",
     requires=("transformer_engine",))
 _MOE_PAGED_STASH_PAGE_SIZE = NotApplied(
     "tunes --moe-paged-stash, available on CUDA with Transformer Engine only",
@@ -65,11 +65,6 @@ _MUON_MOMENTUM = Refused(
     "applies to --optimizer muon, which is not supported here (only adam and sgd are); drop it",
 )
 _LION_BETA1 = Refused("applies to --optimizer lion, which is not supported here (only adam and sgd are); drop it")
-_OPTIMIZER_OFFLOAD_FRACTION = NotApplied(
-    "tunes the optimizer's host offload, which moves state off a CUDA device and applies on the CUDA "
-    "backend only",
-    requires=("cuda",),
-)
 _NON_PERSISTENT_LOCAL_CKPT_DIR = Refused(
     "applies to --non-persistent-ckpt-type local, which needs nvidia-resiliency-ext's local checkpoint "
     "manager and is not supported here; drop it (use --non-persistent-ckpt-type global)",
@@ -340,12 +335,9 @@ MEGATRON_FLAGS = {
     "recompute_method": HONOURED,
     "recompute_num_layers": HONOURED,
     "distribute_saved_activations": Honoured("with tensor parallelism and full recompute (Megatron checks both)"),
-    "recompute_modules": Refused(
-        "layernorm and moe_act recomputation go through megatron-core's output-discarding checkpoint, which calls "
-        "Transformer Engine and fails without it; recompute core_attn, mlp, moe, shared_experts or mla_up_proj "
-        "instead",
-        requires=("transformer_engine",),
-        values=lambda v: bool({"layernorm", "moe_act"} & set(v or ()))),
+    "recompute_modules": Honoured(
+        "with --recompute-granularity selective; layernorm, moe_act and mla_up_proj through "
+        "patches/memory/recompute, which refuses gdn_norm_out (no gated-delta-net layers) in one line"),
     "fp8": Refused(
         "the FP8 training path runs through Transformer Engine's modules, which the local layer spec does not use, so the "
         "model would train in its usual precision; drop it, or run on CUDA with Transformer Engine",
@@ -526,14 +518,13 @@ MEGATRON_FLAGS = {
         "inference-optimized layers are not built by pretrain_gpt.py, which would silently use the local spec; "
         "use local (or transformer_engine on CUDA with Transformer Engine)",
         values=lambda v: v == "inference_optimized"),
-    "fine_grained_activation_offloading": NotApplied(
-        "offloads module inputs to host memory, which Megatron supports with Transformer Engine layers on CUDA only",
-        requires=("transformer_engine",)),
-    "offload_modules": NotApplied(
-        "chooses what --fine-grained-activation-offloading offloads, which Megatron supports with Transformer "
-        "Engine layers on CUDA only",
-        requires=("transformer_engine",)),
-    "min_offloaded_tensor_size": _MIN_OFFLOADED_TENSOR_SIZE,
+    "fine_grained_activation_offloading": Honoured(
+        "patches/memory/activation_offload on the local spec (saved-tensor hooks, any backend); Megatron's own with "
+        "Transformer Engine"),
+    "offload_modules": Honoured(
+        "patches/memory/activation_offload: attn_norm, qkv_linear, core_attn, attn_proj, mlp_norm, expert_fc1; "
+        "moe_act and fused_group_mlp are refused without Transformer Engine"),
+    "min_offloaded_tensor_size": Honoured("patches/memory/activation_offload (elements), Megatron's with TE"),
     "delay_offload_until_cuda_graph": _MIN_OFFLOADED_TENSOR_SIZE,
     "delta_offload_bytes_across_pp_ranks": _MIN_OFFLOADED_TENSOR_SIZE,
     "activation_offload_fraction": _MIN_OFFLOADED_TENSOR_SIZE,
@@ -664,18 +655,22 @@ MEGATRON_FLAGS = {
         "adaptor neither installs nor tests; use adam",
         values=lambda v: v in ("muon", "dist_muon", "adaptive_muon", "lion", "soap"),
     ),
-    "optimizer_cpu_offload": NotApplied(
-        "keeps optimizer state in host memory and steps it there; it tells device from host tensors with "
-        "is_cuda, so it applies on the CUDA backend only",
-        requires=("cuda",),
-    ),
+    "optimizer_cpu_offload": Honoured(
+        "patches.memory.optimizer_offload: torch's Adam keeps and steps a fraction of the state in host memory, "
+        "on every backend, without --use-precision-aware-optimizer"),
     "optimizer_cuda_graph": NotApplied("captures the optimizer step in a CUDA graph", requires=("cuda",)),
-    "optimizer_offload_fraction": _OPTIMIZER_OFFLOAD_FRACTION,
-    "use_torch_optimizer_for_cpu_offload": _OPTIMIZER_OFFLOAD_FRACTION,
-    "overlap_cpu_optimizer_d2h_h2d": _OPTIMIZER_OFFLOAD_FRACTION,
+    "optimizer_offload_fraction": Honoured("patches.memory.optimizer_offload: the leading fraction of the "
+                                           "elements, in parameter order; [0, 1], with --optimizer-cpu-offload"),
+    "use_torch_optimizer_for_cpu_offload": Honoured("patches.memory.optimizer_offload: with "
+                                                    "--optimizer-cpu-offload both parts always run torch's Adam"),
+    "overlap_cpu_optimizer_d2h_h2d": Honoured(
+        "patches.memory.optimizer_offload: the device, not the host, waits for the updated parameters' copies "
+        "(on its stream, CUDA/NPU); on the CPU backend copies are synchronous either way"),
     "dump_param_to_param_group_map": HONOURED,
-    "pin_cpu_grads": _OPTIMIZER_OFFLOAD_FRACTION,
-    "pin_cpu_params": _OPTIMIZER_OFFLOAD_FRACTION,
+    "pin_cpu_grads": Honoured("patches.memory.optimizer_offload: pinned host gradient buffers on CUDA/NPU "
+                              "(the CPU backend has no device to pin for)"),
+    "pin_cpu_params": Honoured("patches.memory.optimizer_offload: pinned host master copies on CUDA/NPU "
+                               "(the CPU backend has no device to pin for)"),
     "dataloader_type": Refused(
         "external passes the dataset through as the iterator, but pretrain_gpt.py's provider returns "
         "GPTDataset samples, not a loader; use single or cyclic",
@@ -857,13 +852,16 @@ MEGATRON_FLAGS = {
     "heterogeneous_layers_config_encoded_json": _HETEROGENEOUS_LAYERS_CONFIG_PATH,
 
     # --- profiling ---
-    "profile": Honoured("with --use-pytorch-profiler on every backend; the nsys capture range without it needs CUDA"),
+    "profile": Honoured("on CUDA Megatron's nsys range or --use-pytorch-profiler; on NPU and CPU, or with MindSpeed's "
+                        "--profile-* flags, torch_npu.profiler / torch.profiler (patches.diagnostics.profiling)"),
     "profile_step_start": HONOURED,
     "profile_step_end": HONOURED,
-    "use_pytorch_profiler": HONOURED,
+    "use_pytorch_profiler": Honoured("Megatron's torch.profiler path on CUDA; on NPU/CPU patches.diagnostics.profiling "
+                                     "profiles with or without it"),
     "pytorch_profiler_collect_shapes": HONOURED,
     "pytorch_profiler_collect_callstack": HONOURED,
-    "pytorch_profiler_collect_chakra": HONOURED,
+    "pytorch_profiler_collect_chakra": Honoured("on CUDA through Megatron's --use-pytorch-profiler path; refused "
+                                                "where patches.diagnostics.profiling profiles"),
     "profile_ranks": HONOURED,
     "record_memory_history": Refused(
         "records the CUDA caching allocator's history, which only the CUDA backend keeps here; set "
@@ -1087,19 +1085,19 @@ MEGATRON_FLAGS = {
     # --- logging ---
     "log_interval": HONOURED,
     "log_params_norm": HONOURED,
-    "log_throughput": HONOURED,
+    "log_throughput": Honoured("TFLOP/s per device and MFU (patches.diagnostics.throughput)"),
     "log_progress": HONOURED,
     "timing_log_level": HONOURED,
     "timing_log_option": HONOURED,
-    "tensorboard_dir": HONOURED,  # needs the tensorboard package; without it Megatron warns and writes no events
+    "tensorboard_dir": HONOURED,  # needs the tensorboard package (.[tensorboard]); without it Megatron warns and writes no events
     "tensorboard_log_interval": HONOURED,
     "tensorboard_queue_size": HONOURED,
     "log_timers_to_tensorboard": HONOURED,
     "log_loss_scale_to_tensorboard": HONOURED,
     "log_validation_ppl_to_tensorboard": HONOURED,
-    "log_memory_to_tensorboard": Refused(
-        "logs the CUDA caching allocator's statistics, which only the CUDA backend provides here; set "
-        "ADAPTOR_REPORT_MEMORY=1 for each rank's memory instead", requires=("cuda",)),
+    "log_memory_to_tensorboard": Honoured(
+        "the CUDA allocator's statistics on CUDA; on CPU and NPU patches.diagnostics.tensorboard_memory writes "
+        "the host's RSS and the NPU allocator's figures"),
     "log_memory_interval": HONOURED,  # Megatron's memory report; its allocator figures read 0 on CPU
     "log_device_memory_used": Refused(
         "reads device memory through NVIDIA's NVML, which only the CUDA backend has; set "
@@ -1110,7 +1108,7 @@ MEGATRON_FLAGS = {
         "used here does not; drop it", requires=("transformer_engine",)),
     "barrier_with_L1_time": HONOURED,
     "log_world_size_to_tensorboard": HONOURED,
-    "wandb_project": HONOURED,  # needs wandb installed: without it the last rank stops at start-up (ModuleNotFoundError)
+    "wandb_project": HONOURED,  # needs wandb (.[wandb]): without it the last rank stops at start-up (ModuleNotFoundError)
     "wandb_exp_name": HONOURED,
     "wandb_save_dir": HONOURED,
     "wandb_entity": HONOURED,
@@ -1322,7 +1320,7 @@ MEGATRON_FLAGS = {
     ),
     "use_precision_aware_optimizer": Refused(
         "lower-precision optimizer state needs Transformer Engine's FusedAdam; drop it (the optimizer "
-        "keeps fp32 state)",
+        "keeps fp32 state; --optimizer-cpu-offload does not need it here)",
         requires=("transformer_engine",),
     ),
     "main_grads_dtype": _MAIN_GRADS_DTYPE,

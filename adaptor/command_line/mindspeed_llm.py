@@ -70,6 +70,8 @@ VALUES = {
 # switch -> the Megatron flags it stands for
 SWITCHES = {
     "--router-gating-in-fp32": ["--moe-router-dtype", "fp32"],
+    # all of the Adam state in host memory between steps: our host offload of every element
+    "--swap-optimizer": ["--optimizer-cpu-offload", "--optimizer-offload-fraction", "1.0"],
 }
 
 # flag -> (values it takes, why it changes nothing computed)
@@ -79,8 +81,8 @@ NOT_APPLIED = {
     "--coc-mode": (1, "Ascend's compute-communication overlap mode (speed only)"),
     "--coc-parallel-num": (1, "Ascend's compute-communication overlap split (speed only)"),
     "--reuse-fp32-param": (0, "shares bf16 parameters with the fp32 master copy on Ascend (memory only)"),
-    "--swap-optimizer": (0, "swaps optimizer state to host memory between steps on Ascend (memory only)"),
-    "--swap-optimizer-times": (1, "the chunking of --swap-optimizer (memory only)"),
+    "--swap-optimizer-times": (1, "the number of chunks --swap-optimizer swaps its state in; the host offload "
+                                  "it maps to copies and steps parameter by parameter (memory only)"),
     "--moe-permutation-async-comm": (0, "overlaps the MoE permutation's communication (speed only)"),
     "--moe-alltoall-overlap-comm": (0, "overlaps MoE all-to-all with expert compute (speed only)"),
     "--moe-allgather-overlap-comm": (0, "overlaps MoE all-gather with expert compute (speed only)"),
@@ -107,6 +109,11 @@ NOT_APPLIED = {
     "--norm-topk-prob": (0, "Megatron already renormalises the top-k weights (softmax over the top-k, sigmoid "
                             "scores divided by their sum)"),
     "--tokenizer-not-use-fast": (0, "tokenizer.json is read by the tokenizers library, the fast tokenizer"),
+    # --profile-level/-with-cpu/-with-memory/-with-stack/-record-shapes/-save-path are honoured as they are
+    # (patches.diagnostics.profiling); these two only shape torch_npu's output files.
+    "--profile-export-type": (1, "torch_npu writes its text trace layout here (viewable in MindStudio Insight and "
+                                 "TensorBoard)"),
+    "--profile-data-simplification": (0, "torch_npu's own default keeps the trace small"),
 }
 
 # flag -> (values it takes, why) for settings we refuse
