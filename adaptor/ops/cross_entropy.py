@@ -84,11 +84,11 @@ class ChunkedVocabParallelCrossEntropy(torch.autograd.Function):
         for i in range(0, n, chunk):
             j = min(i + chunk, n)
             x = work[: j - i]
-            x.copy_(x2d[i:j])  # upcast into the work buffer (no temporary)
-            logits_max = x.amax(dim=-1)
+            logits_max = x2d[i:j].amax(dim=-1).float()  # exact: the max is one of the values
             if world > 1:
                 dist.all_reduce(logits_max, op=dist.ReduceOp.MAX, group=tp_group)
-            x.sub_(logits_max.unsqueeze(-1))
+            # upcast and shift in one pass into the work buffer (no temporary)
+            torch.sub(x2d[i:j], logits_max.unsqueeze(-1), out=x)
             stats = torch.empty(2, j - i, dtype=torch.float32, device=logits.device)
             stats[0].copy_(x.gather(1, local_target[i:j].unsqueeze(-1)).squeeze(-1))
             stats[0].masked_fill_(target_mask[i:j], 0.0)
@@ -117,16 +117,18 @@ class ChunkedVocabParallelCrossEntropy(torch.autograd.Function):
         g2d = grad.view(-1, vocab)
         g_out = grad_output.reshape(-1).float()
         hit = (~target_mask).float()
-        work = torch.empty(min(chunk, n), vocab, dtype=torch.float32, device=logits.device)
+        # fp32 logits whose storage takes the gradient need no work buffer: each chunk is computed in place.
+        direct = grad is logits and logits.dtype == torch.float32
+        work = None if direct else torch.empty(min(chunk, n), vocab, dtype=torch.float32, device=logits.device)
         rows = torch.arange(min(chunk, n), device=logits.device)
         for i in range(0, n, chunk):
             j = min(i + chunk, n)
-            x = work[: j - i]
-            x.copy_(x2d[i:j])
-            x.sub_(lse[i:j].unsqueeze(-1)).exp_()  # softmax
+            x = g2d[i:j] if direct else work[: j - i]
+            torch.sub(x2d[i:j], lse[i:j].unsqueeze(-1), out=x).exp_()  # softmax, upcast in the same pass
             x[rows[: j - i], local_target[i:j]] -= hit[i:j]
             x.mul_(g_out[i:j].unsqueeze(-1))
-            g2d[i:j].copy_(x)  # into the logits' dtype
+            if not direct:
+                g2d[i:j].copy_(x)  # into the logits' dtype
         return grad, None, None, None
 
 
