@@ -10,7 +10,8 @@ updates ~13x faster than the loop on a 2-core CPU (``benchmarks/README.md``).
 The patch wraps that function and switches the built optimizer's param groups to ``fused=True``
 (torch reads the flag at every ``step``; the first step creates the ``step`` counters where the
 fused kernel wants them, and ``load_state_dict`` moves loaded counters there too). Only groups whose
-parameters are all CPU or CUDA floating-point tensors are switched; NPU parameters keep torch's loop
+parameters are all CPU or CUDA floating-point tensors on one device, and all DTensors or none,
+are switched; NPU parameters keep torch's loop
 (torch_npu's own fused optimizers are a different class). The result equals the loop's up to
 rounding: the same update, with the same hyper-parameters, in a different operation order.
 """
@@ -34,6 +35,12 @@ def _torch_optimizers(optimizer):
             yield inner
 
 
+def _is_dtensor(tensor) -> bool:
+    from torch.distributed.tensor import DTensor
+
+    return isinstance(tensor, DTensor)
+
+
 def use_fused_kernel(optimizer: torch.optim.Optimizer) -> bool:
     """Switch every param group of a torch Adam/AdamW whose tensors allow it to the fused kernel."""
     switched = False
@@ -41,8 +48,10 @@ def use_fused_kernel(optimizer: torch.optim.Optimizer) -> bool:
         params = group["params"]
         if not params or group.get("fused") or group.get("capturable") or group.get("differentiable"):
             continue
+        # One kernel call takes the whole group: one device, and all DTensors or none (FSDP2 can leave
+        # some parameters unsharded in a group of sharded ones).
         if all(p.device.type in _FUSED_DEVICES and p.is_floating_point() for p in params) \
-                and len({p.device for p in params}) == 1:
+                and len({p.device for p in params}) == 1 and len({_is_dtensor(p) for p in params}) == 1:
             group["fused"], group["foreach"] = True, False
             switched = True
     if switched:

@@ -45,3 +45,24 @@ def test_a_group_the_kernel_cannot_take_is_left_alone():
     opt = torch.optim.AdamW(params, lr=1e-3, capturable=True)
     assert not use_fused_kernel(opt)
     assert not opt.param_groups[0]["fused"]
+
+
+def test_a_group_mixing_dtensors_and_plain_tensors_is_left_alone(tmp_path):
+    """FSDP2 can leave a module unsharded: one kernel call cannot take DTensors and tensors together."""
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Shard, distribute_tensor
+
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    try:
+        mesh = init_device_mesh("cpu", (1,))
+        sharded = torch.nn.Parameter(distribute_tensor(torch.randn(8, 4), mesh, [Shard(0)]))
+        plain = torch.nn.Parameter(torch.randn(4))
+        mixed = torch.optim.AdamW([sharded, plain], lr=1e-3)
+        assert not use_fused_kernel(mixed)
+        only_sharded = torch.optim.AdamW([sharded], lr=1e-3)
+        assert use_fused_kernel(only_sharded)
+        sharded.grad = distribute_tensor(torch.ones(8, 4), mesh, [Shard(0)])
+        only_sharded.step()  # the fused kernel takes a group of DTensors
+    finally:
+        dist.destroy_process_group()
