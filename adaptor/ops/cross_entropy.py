@@ -61,6 +61,15 @@ def _grad_in_place() -> bool:
     return env.value(IN_PLACE_ENV) != "0"
 
 
+def _shifted(rows: torch.Tensor, shift: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+    """``rows - shift[:, None]`` in fp32 into ``out``: one pass for fp32 rows; for bf16/fp16 rows an
+    upcast copy and then the subtraction, because CPU kernels mixing a low-precision and an fp32
+    operand run several times slower than the two passes (measured in benchmarks/README.md)."""
+    if rows.dtype == torch.float32:
+        return torch.sub(rows, shift.unsqueeze(-1), out=out)
+    return out.copy_(rows).sub_(shift.unsqueeze(-1))
+
+
 class ChunkedVocabParallelCrossEntropy(torch.autograd.Function):
     @staticmethod
     def forward(ctx, logits, target, tp_group, chunk):
@@ -87,8 +96,7 @@ class ChunkedVocabParallelCrossEntropy(torch.autograd.Function):
             logits_max = x2d[i:j].amax(dim=-1).float()  # exact: the max is one of the values
             if world > 1:
                 dist.all_reduce(logits_max, op=dist.ReduceOp.MAX, group=tp_group)
-            # upcast and shift in one pass into the work buffer (no temporary)
-            torch.sub(x2d[i:j], logits_max.unsqueeze(-1), out=x)
+            _shifted(x2d[i:j], logits_max, out=x)
             stats = torch.empty(2, j - i, dtype=torch.float32, device=logits.device)
             stats[0].copy_(x.gather(1, local_target[i:j].unsqueeze(-1)).squeeze(-1))
             stats[0].masked_fill_(target_mask[i:j], 0.0)
@@ -124,7 +132,7 @@ class ChunkedVocabParallelCrossEntropy(torch.autograd.Function):
         for i in range(0, n, chunk):
             j = min(i + chunk, n)
             x = g2d[i:j] if direct else work[: j - i]
-            torch.sub(x2d[i:j], lse[i:j].unsqueeze(-1), out=x).exp_()  # softmax, upcast in the same pass
+            _shifted(x2d[i:j], lse[i:j], out=x).exp_()  # softmax
             x[rows[: j - i], local_target[i:j]] -= hit[i:j]
             x.mul_(g_out[i:j].unsqueeze(-1))
             if not direct:
