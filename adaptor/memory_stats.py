@@ -56,12 +56,16 @@ def peak_rss_mib() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
+def _allocator(device_type: str):
+    """``torch.cuda`` / ``torch.npu`` where the backend has a caching allocator to ask, else None."""
+    module = getattr(torch, device_type, None) if device_type in ("cuda", "npu") else None
+    return module if module is not None and hasattr(module, "max_memory_allocated") else None
+
+
 def device_peak_mib(device_type: str) -> float | None:
     """The accelerator allocator's peak, or None on CPU."""
-    module = getattr(torch, device_type, None) if device_type in ("cuda", "npu") else None
-    if module is None or not hasattr(module, "max_memory_allocated"):
-        return None
-    return module.max_memory_allocated() / 2**20
+    module = _allocator(device_type)
+    return None if module is None else module.max_memory_allocated() / 2**20
 
 
 def memory_scalars(device_type: str) -> dict[str, float]:
@@ -70,8 +74,8 @@ def memory_scalars(device_type: str) -> dict[str, float]:
 
     scalars = {"mem-rss-bytes": float(psutil.Process().memory_info().rss),
                "mem-max-rss-bytes": peak_rss_mib() * 2**20}
-    module = getattr(torch, device_type, None) if device_type in ("cuda", "npu") else None
-    if module is not None and hasattr(module, "memory_allocated"):
+    module = _allocator(device_type)
+    if module is not None:
         scalars["mem-allocated-bytes"] = float(module.memory_allocated())
         scalars["mem-max-allocated-bytes"] = float(module.max_memory_allocated())
         scalars["mem-reserved-bytes"] = float(module.memory_reserved())

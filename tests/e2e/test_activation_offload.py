@@ -14,7 +14,8 @@ import re
 
 import pytest
 
-from helpers.megatron_runs import TINY_QWEN3, run_pretrain, side_by_side, tail, worst_relative_gap
+from helpers.megatron_runs import (TINY_QWEN3, run_pretrain, save_start_checkpoint, side_by_side, tail,
+                                  worst_relative_gap)
 from helpers.npu_contract import standin_env
 from helpers.prefetch import prefetched
 
@@ -30,10 +31,7 @@ SUMMARY = re.compile(r"activation offload, first iteration: (.*) offloaded to ho
 @prefetched
 def common_start(tmp_path_factory):
     ckpt = tmp_path_factory.mktemp("offload_start")
-    args = TINY_QWEN3 + ["--train-iters", "1", "--lr", "0", "--min-lr", "0",
-                         "--save", str(ckpt), "--save-interval", "1"]
-    run = run_pretrain(args)
-    assert run.returncode == 0, tail(run.output)
+    save_start_checkpoint(TINY_QWEN3, ckpt)
     return ckpt
 
 

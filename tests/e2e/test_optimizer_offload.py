@@ -17,7 +17,8 @@ from __future__ import annotations
 
 import re
 
-from helpers.megatron_runs import TINY_QWEN3, run_pretrain, side_by_side, tail, worst_relative_gap
+from helpers.megatron_runs import (TINY_QWEN3, run_pretrain, save_start_checkpoint, side_by_side, tail,
+                                  worst_relative_gap)
 from helpers.prefetch import prefetched
 
 ITERS = 10
@@ -34,9 +35,7 @@ def offload(fraction):
 @prefetched
 def common_start(tmp_path_factory):
     ckpt = tmp_path_factory.mktemp("offload_start")
-    run = run_pretrain(TINY_QWEN3 + ["--train-iters", "1", "--lr", "0", "--min-lr", "0",
-                                     "--save", str(ckpt), "--save-interval", "1"])
-    assert run.returncode == 0, tail(run.output)
+    save_start_checkpoint(TINY_QWEN3, ckpt)
     return ckpt
 
 

@@ -20,7 +20,8 @@ import math
 
 import pytest
 
-from helpers.megatron_runs import TINY_QWEN3, run_pretrain, side_by_side, tail, worst_relative_gap
+from helpers.megatron_runs import (TINY_QWEN3, run_pretrain, save_start_checkpoint, side_by_side, tail,
+                                  worst_relative_gap)
 from helpers.prefetch import prefetched
 
 ITERS = 10
@@ -31,10 +32,7 @@ RTOL = 2e-5
 def common_start(tmp_path_factory):
     """Initial weights: one iteration at lr=0 changes nothing and lets Megatron save them."""
     ckpt = tmp_path_factory.mktemp("common_start")
-    args = TINY_QWEN3 + ["--train-iters", "1", "--lr", "0", "--min-lr", "0",
-                         "--save", str(ckpt), "--save-interval", "1"]
-    run = run_pretrain(args)
-    assert run.returncode == 0, tail(run.output)
+    save_start_checkpoint(TINY_QWEN3, ckpt)
     assert (ckpt / "latest_checkpointed_iteration.txt").read_text().strip() == "1"
     return ckpt
 

@@ -147,6 +147,15 @@ def run_pretrain(args: list[str], nproc: int = 1, env: dict | None = None, timeo
     return _parsed(proc.returncode, output)
 
 
+def save_start_checkpoint(model_args: list[str], directory) -> None:
+    """One iteration at lr 0 changes nothing and lets Megatron save the initial weights in ``directory``:
+    the common start of loss-curve comparisons (Megatron seeds pipeline stages differently, so runs
+    at other layouts must load the same weights rather than draw their own)."""
+    run = run_pretrain(list(model_args) + ["--train-iters", "1", "--lr", "0", "--min-lr", "0",
+                                           "--save", str(directory), "--save-interval", "1"])
+    assert run.returncode == 0, tail(run.output)
+
+
 def tail(text: str, n: int = 60) -> str:
     return "\n".join(text.splitlines()[-n:])
 
