@@ -27,6 +27,8 @@ from megatron.training.argument_utils import pretrain_cfg_container_from_args
 from megatron.training.arguments import core_transformer_config_from_args, parse_and_validate_args
 from megatron.training.utils import get_blend_and_blend_per_split, is_first_or_last_pipeline_stage
 
+from adaptor.finetune.batches import finetune_batch, uses_boundaries
+from adaptor.finetune.instruction_dataset import InstructionDataset
 from adaptor.layer_specs import gpt_layer_spec, gpt_mtp_block_spec
 from adaptor.packed_sequences import lengths_from_cu_seqlens, lengths_from_eod, pack, packs_documents
 from adaptor.training import masked_lm_loss
@@ -76,8 +78,10 @@ def get_batch(data_iterator, vp_stage=None):
 
     With packed documents (``adaptor.packed_sequences.packs_documents``) the batch becomes one
     stream of documents with its boundaries, split per document for CP, and the sixth element is
-    the PackedSeqParams attention reads them from. A stage holding MTP layers needs tokens and
-    positions too, wherever it sits in the pipeline.
+    the PackedSeqParams attention reads them from. Fine-tuning data (``--is-instruction-dataset``,
+    ``--sft``) carries conversation boundaries in every row: ``adaptor.finetune.batches`` turns them
+    into that stream or into a dense mask. A stage holding MTP layers needs tokens and positions
+    too, wherever it sits in the pipeline.
     """
     args = get_args()
     mtp_here = mtp_on_this_stage(vp_stage)
@@ -85,6 +89,7 @@ def get_batch(data_iterator, vp_stage=None):
         return None, None, None, None, None, None
     tp_rank = mpu.get_tensor_model_parallel_rank()
     inter_document = bool(args.dataloader_inter_document_masking)
+    finetuning = uses_boundaries(args)
     batch, raw = {}, {}
     if tp_rank == 0:
         raw = next(data_iterator)
@@ -94,7 +99,7 @@ def get_batch(data_iterator, vp_stage=None):
         batch,
         has_cu_seqlens=False,
         is_hybrid_cp=False,
-        create_attention_mask_in_dataloader=args.create_attention_mask_in_dataloader,
+        create_attention_mask_in_dataloader=args.create_attention_mask_in_dataloader and not finetuning,
         broadcast_src_rank=mpu.get_tensor_model_parallel_src_rank(),
         broadcast_group=mpu.get_tensor_model_parallel_group(),
         cp_size=args.context_parallel_size,
@@ -106,6 +111,19 @@ def get_batch(data_iterator, vp_stage=None):
         is_pipeline_first_stage=mpu.is_pipeline_first_stage(),
         is_pipeline_last_stage=mpu.is_pipeline_last_stage(),
     )
+    if finetuning:
+        device = torch.cuda.current_device()
+        src, group = mpu.get_tensor_model_parallel_src_rank(), mpu.get_tensor_model_parallel_group()
+        cu_seqlens = raw["cu_seqlens"].to(device) if tp_rank == 0 else torch.empty(
+            args.micro_batch_size, args.seq_length + 1, dtype=torch.int32, device=device)
+        torch.distributed.broadcast(cu_seqlens, src, group=group)
+        num_tokens = None
+        if not args.sft:  # instruction datasets give each row's real length
+            num_tokens = raw["num_tokens"].to(device) if tp_rank == 0 else torch.empty(
+                args.micro_batch_size, dtype=torch.int64, device=device)
+            torch.distributed.broadcast(num_tokens, src, group=group)
+        return finetune_batch(batch, cu_seqlens, num_tokens, args, cp_rank=mpu.get_context_parallel_rank(),
+                              cp_group=mpu.get_context_parallel_group())
     if packs_documents(args):
         if inter_document:
             cu_seqlens = raw["cu_seqlens"].to(torch.cuda.current_device()) if tp_rank == 0 else torch.empty(
@@ -153,6 +171,7 @@ def gpt_dataset_config(args) -> GPTDatasetConfig:
         mid_level_dataset_surplus=args.mid_level_dataset_surplus,
         allow_ambiguous_pad_tokens=args.allow_ambiguous_pad_tokens,
         inter_document_masking=bool(args.dataloader_inter_document_masking),
+        context_parallel_size=args.context_parallel_size,
     )
 
 
@@ -162,9 +181,16 @@ def is_dataset_built_on_rank(vp_stage=None):
 
 
 def train_valid_test_datasets_provider(train_val_test_num_samples, vp_stage=None):
-    """GPTDataset blends for --data-path, MockGPTDataset for --mock-data."""
+    """GPTDataset blends for --data-path, MockGPTDataset for --mock-data; for fine-tuning, instruction
+    datasets (--is-instruction-dataset) or Megatron's SFTDataset (--sft)."""
     args = get_args()
     dataset_type = MockGPTDataset if args.mock_data else GPTDataset
+    if getattr(args, "is_instruction_dataset", False):
+        dataset_type = InstructionDataset
+    elif args.sft:
+        from megatron.training.datasets.sft_dataset import SFTDataset
+
+        dataset_type = SFTDataset
     print_rank_0(f"> building train, validation, and test datasets ({dataset_type.__name__}) ...")
     datasets = BlendedMegatronDatasetBuilder(
         dataset_type, train_val_test_num_samples,

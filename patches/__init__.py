@@ -31,6 +31,7 @@ def all_features():
     from patches.diagnostics.profiling import Profiling
     from patches.diagnostics.tensorboard_memory import TensorboardMemory
     from patches.diagnostics.throughput import Throughput
+    from patches.finetune.supervised_fine_tuning import SupervisedFineTuning
     from patches.fsdp2.sharded_checkpoint import ShardedCheckpoint
     from patches.fsdp2.torch_fsdp2 import TorchFsdp2
     from patches.fusions.cross_entropy import CrossEntropyFusion
@@ -84,6 +85,7 @@ def all_features():
         PrebuiltDatasetHelpers(),
         TokenizerJsonSupport(),
         EmptyDatasetSplit(),
+        SupervisedFineTuning(),
         # Upstream fixes that hold on every backend.
         FirstIterationLog(),
         DistributedOptimizerResume(),

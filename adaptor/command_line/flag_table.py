@@ -1384,13 +1384,9 @@ MEGATRON_FLAGS = {
     ),
     "disable_msc_deprecated": HONOURED,  # a deprecated no-op, as its help says
     # --- sft ---
-    "sft": Refused(
-        "pretrain_gpt.py builds GPTDataset pretraining samples only; drop it (supervised fine-tuning is "
-        "not supported yet)",
-    ),
-    "sft_tokenizer_prompt_format": Refused(
-        "only supervised fine-tuning (--sft) reads it, which is not supported yet; drop it",
-    ),
+    "sft": Honoured("Megatron's SFTDataset and SFTTokenizer; pretrain_gpt.py and posttrain_gpt.py pass its "
+                    "conversation boundaries to attention"),
+    "sft_tokenizer_prompt_format": Honoured("SFTTokenizer's prompt format"),
     # --- fault injector ---
     "fault_injector_ranks": HONOURED,  # Megatron's training loop; needs nvidia-resiliency-ext
     "fault_injector_num_ranks": HONOURED,

@@ -85,10 +85,25 @@ def check_data_sources(args) -> None:
     """Raise ArgumentError for the first data source that cannot be trained on."""
     if getattr(args, "mock_data", False):
         return
+    instruction = getattr(args, "is_instruction_dataset", False)
     for flag, words in sources(args):
         for prefix in blend_prefixes(words):
             if "://" in prefix:
                 continue  # object storage: its own client checks it
+            if getattr(args, "sft", False):  # Megatron's SFTDataset reads a JSONL file of conversations
+                if not os.path.isfile(prefix):
+                    raise ArgumentError(f"{flag}: --sft reads JSONL conversation files, and {prefix} is not a file")
+                continue
+            if instruction:  # tools/preprocess_data.py's instruction handlers: three datasets per prefix
+                from adaptor.finetune.instruction_dataset import FIELDS, field_prefix
+
+                if not os.path.isfile(field_prefix(prefix, "input_ids") + ".idx") and os.path.isfile(prefix + ".idx"):
+                    raise ArgumentError(f"{flag}: {prefix} is a pretraining dataset, not an instruction dataset "
+                                        "(PREFIX_packed_input_ids_document); drop --is-instruction-dataset or "
+                                        "preprocess with an instruction --handler-name")
+                for name in FIELDS[:2]:
+                    check_prefix(field_prefix(prefix, name), flag)
+                continue
             missing = [ext for ext in (".bin", ".idx") if not os.path.isfile(prefix + ext)]
             if missing and len(prefix.split()) > 1:
                 raise ArgumentError(

@@ -1,0 +1,1 @@
+"""Supervised fine-tuning: instruction datasets and their batches (LoRA lives in :mod:`adaptor.lora`)."""

@@ -1,0 +1,97 @@
+"""A fine-tuning micro-batch as the model takes it: conversation boundaries, loss-free padding cut.
+
+Instruction datasets (:mod:`adaptor.finetune.instruction_dataset`) and Megatron's ``--sft``
+``SFTDataset`` both hand over rows of several conversations with their boundaries
+(``cu_seqlens``). Attention must not cross them:
+
+* where the adaptor's core attention runs with one pipeline stage (``--use-flash-attn`` or context
+  parallelism), the rows become one THD stream (:func:`adaptor.packed_sequences.pack`);
+* otherwise megatron-core's attention gets a dense [b, 1, s, s] mask, causal inside each
+  conversation.
+
+``--variable-seq-lengths`` (MindSpeed-LLM's ``--no-pad-to-seq-lengths``) drops the padding after
+the micro-batch's longest sample: THD streams leave the padding document out; dense rows are cut
+to that length rounded up to a multiple of 8 (times TP with sequence parallelism). Padding is
+loss-free and comes after every real token under a causal mask, so the loss is the same.
+"""
+from __future__ import annotations
+
+import torch
+
+from adaptor.finetune.instruction_dataset import dense_mask_from_cu_seqlens
+from adaptor.packed_sequences import lengths_from_cu_seqlens, pack
+
+PAD_MULTIPLE = 8
+
+
+def uses_boundaries(args) -> bool:
+    """Whether the run's data carries conversation boundaries (``cu_seqlens``) in every batch."""
+    return bool(getattr(args, "sft", False) or getattr(args, "is_instruction_dataset", False))
+
+
+def uses_thd(args) -> bool:
+    """Boundaries go to attention as THD: the adaptor's core attention, one pipeline stage."""
+    if args.transformer_impl == "transformer_engine" or args.pipeline_model_parallel_size != 1:
+        return False
+    return bool(args.use_flash_attn or (args.context_parallel_size or 1) > 1)
+
+
+def variable_lengths(args) -> bool:
+    return bool(getattr(args, "variable_seq_lengths_sft", False))
+
+
+def _round_up(n: int, unit: int) -> int:
+    return -(-n // unit) * unit
+
+
+def finetune_batch(batch: dict, cu_seqlens: torch.Tensor, num_tokens: torch.Tensor | None, args, *,
+                   cp_rank: int = 0, cp_group=None):
+    """(tokens, labels, loss_mask, attention_mask, position_ids, packed_seq_params) of one micro-batch.
+
+    ``batch`` holds [b, s] tensors (None for keys this stage does not need); ``num_tokens`` the real
+    length of each row (None: unknown, nothing is cut).
+    """
+    seq = args.seq_length
+    loss_mask = batch.get("loss_mask")
+    if batch.get("labels") is not None and loss_mask is not None:
+        # labels under a zero mask may be -100 (SFTDataset); the loss must not read them
+        batch["labels"] = torch.where(loss_mask.bool(), batch["labels"], torch.zeros_like(batch["labels"]))
+    tp_multiple = args.tensor_model_parallel_size if args.sequence_parallel else 1
+    cut = variable_lengths(args) and num_tokens is not None
+    if uses_thd(args):
+        rows = lengths_from_cu_seqlens(cu_seqlens, seq)
+        if cut:
+            rows = [_real_documents(r, int(n)) for r, n in zip(rows, num_tokens.tolist())]
+            batch = {k: (None if v is None else _select_rows(v, rows, seq)) for k, v in batch.items()}
+        packed = pack(batch, rows, cp_size=args.context_parallel_size, cp_rank=cp_rank, cp_group=cp_group,
+                      tp_multiple=tp_multiple)
+        return packed.tokens, packed.labels, packed.loss_mask, None, packed.position_ids, packed.params
+    mask = dense_mask_from_cu_seqlens(cu_seqlens, seq)
+    if cut:
+        length = min(seq, _round_up(max(int(num_tokens.max()), 1), PAD_MULTIPLE * tp_multiple))
+        batch = {k: (None if v is None else v[:, :length]) for k, v in batch.items()}
+        mask = mask[:, :, :length, :length]
+    return (batch.get("tokens"), batch.get("labels"), batch.get("loss_mask"), mask,
+            batch.get("position_ids"), None)
+
+
+def _real_documents(lengths: list[int], real: int) -> list[int]:
+    """The documents of a row that hold its first ``real`` tokens (the padding document dropped)."""
+    kept, total = [], 0
+    for n in lengths:
+        if total >= real:
+            break
+        kept.append(n)
+        total += n
+    return kept
+
+
+def _select_rows(x: torch.Tensor, rows: list[list[int]], seq: int) -> torch.Tensor:
+    """``x`` [b, s] with each row's tokens after its kept documents moved out of reach of pack().
+
+    pack() reads each row's documents from the flattened [b*s] tensor in order, assuming the rows'
+    lengths sum to s; with the padding dropped they do not, so the kept tokens are laid out
+    contiguously instead.
+    """
+    parts = [x[i, :sum(r)] for i, r in enumerate(rows)]
+    return torch.cat(parts).unsqueeze(0)
