@@ -167,7 +167,7 @@ def gpt_dataset_config(args) -> GPTDatasetConfig:
         reset_position_ids=args.reset_position_ids,
         reset_attention_mask=args.reset_attention_mask,
         eod_mask_loss=args.eod_mask_loss,
-        create_attention_mask=args.create_attention_mask_in_dataloader,
+        create_attention_mask=args.create_attention_mask_in_dataloader and not uses_boundaries(args),
         mid_level_dataset_surplus=args.mid_level_dataset_surplus,
         allow_ambiguous_pad_tokens=args.allow_ambiguous_pad_tokens,
         inter_document_masking=bool(args.dataloader_inter_document_masking),

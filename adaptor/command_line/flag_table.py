@@ -1057,9 +1057,9 @@ MEGATRON_FLAGS = {
     "vocab_extra_ids": Refused(
         "adds T5 span-masking tokens, which none of the tokenizers built here reads; drop it"),
     "tokenizer_type": Refused(
-        "builds the multimodal or SFT prompt tokenizer of other Megatron-LM programs; use a text tokenizer "
+        "builds the multimodal prompt tokenizer of other Megatron-LM programs; use a text tokenizer "
         "such as HuggingFaceTokenizer (a tokenizer.json needs no transformers) or NullTokenizer",
-        values=lambda v: v in ("MultimodalTokenizer", "NullMultimodalTokenizer", "SFTTokenizer")),
+        values=lambda v: v in ("MultimodalTokenizer", "NullMultimodalTokenizer")),  # SFTTokenizer: with --sft
     "tokenizer_model": HONOURED,
     "metadata_path": HONOURED,
     "special_tokens": HONOURED,  # added to the tokenizer (tokenizer.json reader included): vocabulary grows

@@ -91,6 +91,9 @@ class SupervisedFineTuning(Feature):
             raise ArgumentError(f"--sft tokenizes conversations with Megatron's SFTTokenizer; pass --tokenizer-type "
                                 f"SFTTokenizer (with --tokenizer-model and --sft-tokenizer-prompt-format), not "
                                 f"{args.tokenizer_type}")
+        if args.tokenizer_type == "SFTTokenizer" and not args.sft:
+            raise ArgumentError("--tokenizer-type SFTTokenizer tokenizes Megatron's --sft conversations; add --sft, "
+                                "or use a text tokenizer such as HuggingFaceTokenizer")
         if stage == "sft" and not (instruction or args.sft):
             notice_once("--stage sft without --is-instruction-dataset: --data-path is pretraining text, so every "
                         "token is in the loss")
