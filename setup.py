@@ -17,6 +17,8 @@ setup(
         "safetensors",
         "numpy",
         "tokenizers",
+        # tools/preprocess_data.py renders chat templates (instruction datasets) in a sandboxed Jinja2.
+        "jinja2>=3.1.6",
         "wrapt",
         "psutil",
         "pyyaml",
@@ -32,8 +34,9 @@ setup(
         # --tensorboard-dir and --wandb-project write through these.
         "tensorboard": ["tensorboard"],
         "wandb": ["wandb"],
-        # transformers is the reference the tokenizer and model parity tests compare against;
-        # training itself never imports it. tensorboard and wandb (offline) for the visibility tests.
-        "test": ["pytest", "transformers", "Pillow", "tensorboard", "wandb"],
+        # transformers (and peft, for LoRA adapters) are the references the tokenizer and model parity
+        # tests compare against; training itself never imports them. tensorboard and wandb (offline) for
+        # the visibility tests.
+        "test": ["pytest", "transformers", "peft", "Pillow", "tensorboard", "wandb"],
     },
 )

@@ -22,6 +22,14 @@ chunks of ``--batch-size`` documents are in flight, whatever the input size.
 Every problem ends the run with one line ``preprocess_data.py: error: ...`` on
 stderr and a non-zero exit status, leaving any existing dataset at the prefix
 untouched.
+
+Instruction (chat) datasets for supervised fine-tuning, with MindSpeed-LLM's
+names: ``--handler-name AlpacaStyleInstructionHandler|SharegptStyleInstructionHandler
+--prompt-type qwen3 [--enable-thinking false] [--map-keys JSON] [--pack --seq-length N]``
+renders each record with the tokenizer's chat template (tools/chat_template.py),
+keeps the loss on the assistant turns, and writes
+``{prefix}_packed_{input_ids,labels,attention_mask}_document.bin/.idx`` and
+``{prefix}_packed_meta.json`` (docs/data.md#instruction-datasets).
 """
 from __future__ import annotations
 
@@ -29,6 +37,7 @@ import argparse
 import importlib.util
 import collections
 import itertools
+import json
 import os
 import signal
 import sys
@@ -40,10 +49,12 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import numpy as np  # noqa: E402
 
-from indexed_writer import IndexedDatasetWriter, remove_stale_temps  # noqa: E402
+from indexed_writer import IndexedDatasetWriter, remove_stale_temps, temp_path  # noqa: E402
 from text_readers import (  # noqa: E402
     MAX_REPORTED_BAD, InputError, file_format, iter_chunks, parquet_available, parse_chunk, resolve_inputs,
 )
+import chat_template  # noqa: E402
+import instruction_data  # noqa: E402
 
 PROG = "preprocess_data.py"
 DTYPE_LIMITS = {"uint16": 1 << 16, "int32": 1 << 31}
@@ -101,6 +112,31 @@ def add_tool_args(parser: argparse.ArgumentParser, required: bool = True) -> arg
                             "for vocabularies under 65500 tokens, else int32")
     group.add_argument("--append-eod", action="store_true",
                        help="append the tokenizer's end-of-document token to every document")
+    group = parser.add_argument_group(
+        "instruction data", "conversations for supervised fine-tuning, MindSpeed-LLM's handlers and names; "
+        "writes PREFIX_packed_{input_ids,labels,attention_mask}_document.bin/.idx and PREFIX_packed_meta.json")
+    group.add_argument("--handler-name", metavar="HANDLER",
+                       help="AlpacaStyleInstructionHandler (instruction/input/output, optional system and "
+                            "history) or SharegptStyleInstructionHandler (conversations of from/value turns, or "
+                            "OpenAI-style messages of role/content). Without it the tool writes pretraining text "
+                            "(MindSpeed-LLM's GeneralPretrainHandler)")
+    group.add_argument("--prompt-type", metavar="TYPE",
+                       help="the chat format: qwen3, qwen (Qwen2.5's ChatML), chatml, deepseek3, llama3. The "
+                            "tokenizer's own chat template renders conversations when it has one (it must write "
+                            "this type's turn markers); otherwise a built-in template for the type")
+    group.add_argument("--enable-thinking", nargs="?", const="true", metavar="true|false",
+                       help="passed to the chat template as enable_thinking (Qwen3: false puts an empty think "
+                            "block in the prompt, outside the loss). Default: not passed")
+    group.add_argument("--map-keys", metavar="JSON",
+                       help="column names and tags, MindSpeed-LLM's --map-keys, e.g. "
+                            "'{\"prompt\": \"question\", \"query\": \"\", \"response\": \"answer\"}'")
+    group.add_argument("--pack", action="store_true",
+                       help="put several whole conversations in one sample of at most --seq-length tokens")
+    group.add_argument("--neat-pack", action="store_true",
+                       help="the same as --pack: conversation boundaries are always kept (attention_mask)")
+    group.add_argument("--seq-length", type=_positive, metavar="N",
+                       help="the longest sample; longer conversations are skipped and counted (required "
+                            "with --pack)")
     group = parser.add_argument_group("runtime")
     group.add_argument("--workers", type=_positive, default=1,
                        help="tokenizing processes (default 1: tokenize in this process, where the "
@@ -152,14 +188,62 @@ def _output_prefix(prefix: str, key: str) -> str:
     return f"{prefix}_{key}_document"
 
 
+INSTRUCTION_FLAGS = {"--prompt-type": "prompt_type", "--enable-thinking": "enable_thinking",
+                     "--map-keys": "map_keys", "--pack": "pack", "--neat-pack": "neat_pack",
+                     "--seq-length": "seq_length"}
+
+
+def instruction_settings(opts: argparse.Namespace):
+    """The instruction flags, checked (no tokenizer needed); None for a pretraining run."""
+    if opts.handler_name is None:
+        given = [flag for flag, dest in INSTRUCTION_FLAGS.items() if getattr(opts, dest) not in (None, False)]
+        if given:
+            raise ToolError(f"{given[0]} applies to instruction datasets: add --handler-name "
+                            f"{' or '.join(instruction_data.HANDLERS)}")
+        return None
+    if opts.handler_name not in instruction_data.HANDLERS:
+        raise ToolError(f"--handler-name {opts.handler_name}: this tool builds "
+                        f"{', '.join(instruction_data.HANDLERS)} (and pretraining text without --handler-name)")
+    if opts.prompt_type is None:
+        raise ToolError(f"--handler-name {opts.handler_name} needs --prompt-type "
+                        f"({', '.join(chat_template.PROMPT_TYPES)})")
+    try:
+        kind = chat_template.prompt_type(opts.prompt_type)
+    except chat_template.ChatTemplateError as exc:
+        raise ToolError(str(exc)) from None
+    thinking = None
+    if opts.enable_thinking is not None:
+        thinking = {"true": True, "false": False}.get(opts.enable_thinking.lower())
+        if thinking is None:
+            raise ToolError(f"--enable-thinking {opts.enable_thinking}: expected true or false")
+    keys = instruction_data.parse_map_keys(opts.map_keys, opts.handler_name)
+    pack = bool(opts.pack or opts.neat_pack)
+    if pack and opts.seq_length is None:
+        raise ToolError(f"{'--pack' if opts.pack else '--neat-pack'} needs --seq-length N (the sample length "
+                        f"conversations are packed into)")
+    return argparse.Namespace(handler=opts.handler_name, kind=kind, enable_thinking=thinking, keys=keys, pack=pack,
+                              seq_length=opts.seq_length)
+
+
+def instruction_prefix(prefix: str, field: str) -> str:
+    return f"{prefix}_packed_{field}_document"
+
+
+def instruction_meta_path(prefix: str) -> str:
+    return f"{prefix}_packed_meta.json"
+
+
 def precheck(opts: argparse.Namespace) -> list:
     """Checks that need no tokenizer; returns the input files."""
+    instruction = instruction_settings(opts)
     try:
         files = resolve_inputs(opts.input)
         formats = {path: file_format(path, opts.text_document_per) for path in files}
+        if instruction is not None:
+            formats = {path: instruction_data.check_input_format(path) for path in files}
     except InputError as exc:
         raise ToolError(str(exc)) from exc
-    if len(set(opts.json_keys)) != len(opts.json_keys):
+    if instruction is None and len(set(opts.json_keys)) != len(opts.json_keys):
         raise ToolError(f"--json-keys names a key twice: {' '.join(opts.json_keys)}")
     text_files = [p for p, kind in formats.items() if kind.startswith("text")]
     if text_files and len(opts.json_keys) > 1:
@@ -176,13 +260,16 @@ def precheck(opts: argparse.Namespace) -> list:
     if not os.access(directory, os.W_OK | os.X_OK):
         raise ToolError(f"--output-prefix {opts.output_prefix}: directory {directory} is not writable")
     inputs = {os.path.realpath(p) for p in files}
-    for key in opts.json_keys:
-        for ext in (".bin", ".idx"):
-            out = _output_prefix(opts.output_prefix, key) + ext
-            if os.path.isdir(out):
-                raise ToolError(f"output {out} is a directory")
-            if os.path.realpath(out) in inputs:
-                raise ToolError(f"output {out} is also an input file")
+    if instruction is None:
+        outputs = [_output_prefix(opts.output_prefix, key) + ext for key in opts.json_keys for ext in (".bin", ".idx")]
+    else:
+        outputs = [instruction_prefix(opts.output_prefix, field) + ext for field in instruction_data.FIELDS
+                   for ext in (".bin", ".idx")] + [instruction_meta_path(opts.output_prefix)]
+    for out in outputs:
+        if os.path.isdir(out):
+            raise ToolError(f"output {out} is a directory")
+        if os.path.realpath(out) in inputs:
+            raise ToolError(f"output {out} is also an input file")
     for flag, path in (("--tokenizer-model", opts.tokenizer_model), ("--vocab-file", opts.vocab_file),
                        ("--merge-file", opts.merge_file)):
         if path and not os.path.exists(path) and not (flag == "--tokenizer-model" and _hub_name(path)):
@@ -366,11 +453,13 @@ def _die_with_parent() -> None:
     threading.Thread(target=watch, daemon=True).start()
 
 
-def _results(chunks, workers: int, max_in_flight: int, spawn_args):
-    """Encoded chunks, in input order, with at most ``max_in_flight`` chunks queued."""
+def _results(chunks, workers: int, max_in_flight: int, spawn_args, work=None):
+    """Encoded chunks (``work(chunk)``, by default :func:`encode_chunk`), in input order, with at most
+    ``max_in_flight`` chunks queued."""
+    work = work or encode_chunk
     if workers == 1:
         for chunk in chunks:
-            yield encode_chunk(chunk)
+            yield work(chunk)
         return
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor
@@ -383,7 +472,7 @@ def _results(chunks, workers: int, max_in_flight: int, spawn_args):
     pending: collections.deque = collections.deque()
     try:
         for chunk in chunks:
-            pending.append(pool.submit(encode_chunk, chunk))
+            pending.append(pool.submit(work, chunk))
             if len(pending) >= max_in_flight:
                 yield pending.popleft().result()
         while pending:
@@ -417,6 +506,9 @@ def _say(message: str) -> None:
 
 
 def run(args: argparse.Namespace, files: list) -> None:
+    instruction = instruction_settings(args)
+    if instruction is not None:
+        return run_instruction(args, instruction, files)
     keys = list(args.json_keys)
     tok = build_megatron_tokenizer(args)
     vocab_size = int(tok.vocab_size)
@@ -499,6 +591,224 @@ def run(args: argparse.Namespace, files: list) -> None:
     _say(f"done: {docs} documents, {tokens} tokens, {skipped_empty} empty skipped{empty_detail}, "
          f"{bad} bad lines skipped, {nbytes} bytes in {seconds:.2f} s | {_rate(docs, seconds):.0f} docs/s, "
          f"{_rate(tokens, seconds):.0f} tokens/s, {_rate(nbytes, seconds) / 1e6:.2f} MB/s | wrote {outputs}")
+
+
+# Instruction datasets ------------------------------------------------------------------------
+
+class _Instruct:
+    """What an instruction worker needs; set before the pool forks."""
+
+    renderer = None
+    convert = None
+    keys: dict = {}
+    skip_bad = False
+    eod = None
+
+
+def encode_instruction_chunk(chunk):
+    """Records -> conversations -> ids and labels: flat int32 arrays and the length of each conversation."""
+    records, nbytes = instruction_data.chunk_records(chunk)
+    result = {"records": 0, "bytes": nbytes, "bad": 0, "bad_lines": [], "error": None}
+    problems, prepared = [], []  # (index, message); (index, where, text, assistant turns)
+    for index, (where, record) in enumerate(records):
+        try:
+            if isinstance(record, chat_template.RecordError):
+                raise record
+            messages, tools = _Instruct.convert(record, _Instruct.keys)
+            turns = sum(1 for m in messages if m.get("role") == "assistant")
+            if turns == 0:
+                raise chat_template.RecordError("the conversation has no assistant turn")
+            prepared.append((index, where, _Instruct.renderer.render(messages, tools), turns))
+        except chat_template.RecordError as exc:
+            problems.append((index, f"{where}: {exc}"))
+    encoded = _Instruct.renderer.encode_rendered([p[2] for p in prepared], [p[3] for p in prepared]) if prepared else []
+    ids, labels, lengths = [], [], []
+    for (index, where, _, _), item in zip(prepared, encoded):
+        if isinstance(item, chat_template.RecordError):
+            problems.append((index, f"{where}: {item}"))
+            continue
+        one_ids, one_labels = item
+        if _Instruct.eod is not None:
+            one_ids, one_labels = one_ids + [_Instruct.eod], one_labels + [_Instruct.eod]
+        ids.append(one_ids)
+        labels.append(one_labels)
+        lengths.append(len(one_ids))
+    problems.sort()
+    if problems and not _Instruct.skip_bad:
+        result["error"] = problems[0][1]
+        return result
+    result["bad"] = len(problems)
+    result["bad_lines"] = [message for _, message in problems[:MAX_REPORTED_BAD]]
+    result["records"] = len(lengths)
+    result["lengths"] = np.asarray(lengths, dtype=np.int64)
+    total = int(result["lengths"].sum())
+    result["ids"] = np.fromiter(itertools.chain.from_iterable(ids), dtype=np.int64, count=total)
+    result["labels"] = np.fromiter(itertools.chain.from_iterable(labels), dtype=np.int64, count=total)
+    return result
+
+
+def _tokenizers_library(tok, args):
+    """The ``tokenizers.Tokenizer`` under Megatron's tokenizer, and the directory of its files."""
+    library = getattr(tok, "_tokenizer", None)
+    inner, path = getattr(library, "tokenizer", None), getattr(library, "path", None)
+    try:
+        from tokenizers import Tokenizer
+    except ImportError:
+        Tokenizer = None
+    if Tokenizer is None or not isinstance(inner, Tokenizer) or path is None:
+        raise ToolError(f"instruction datasets need a tokenizer.json read by the tokenizers library "
+                        f"(--tokenizer-type HuggingFaceTokenizer with a directory holding one); the "
+                        f"{args.tokenizer_type} tokenizer from {args.tokenizer_model or args.vocab_file} is not")
+    return inner, os.path.dirname(str(path))
+
+
+def run_instruction(args: argparse.Namespace, settings, files: list) -> None:
+    tok = build_megatron_tokenizer(args)
+    vocab_size = int(tok.vocab_size)
+    library, directory = _tokenizers_library(tok, args)
+    eod = None
+    if args.append_eod:
+        eod = end_of_document(tok)
+        if eod is None:
+            raise ToolError(f"--append-eod: the {args.tokenizer_type} tokenizer from "
+                            f"{args.tokenizer_model or args.vocab_file} has no end-of-document token")
+    # MindSpeed-LLM writes all three datasets as int32 (labels hold -100); --dtype uint16 narrows input_ids.
+    dtype = np.dtype(np.int32) if args.dtype == "auto" else choose_dtype(args.dtype, vocab_size)
+    template_kwargs = {} if settings.enable_thinking is None else {"enable_thinking": settings.enable_thinking}
+    try:
+        renderer = chat_template.ChatRenderer(library, directory, settings.kind, template_kwargs)
+    except chat_template.ChatTemplateError as exc:
+        raise ToolError(str(exc)) from None
+    workers = args.workers
+    if workers > 1:
+        import multiprocessing
+
+        if "fork" not in multiprocessing.get_all_start_methods():
+            _say("--workers: instruction datasets are built in one process on this platform (no fork)")
+            workers = 1
+        os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    _Instruct.renderer, _Instruct.convert = renderer, instruction_data.CONVERTERS[settings.handler]
+    _Instruct.keys, _Instruct.skip_bad, _Instruct.eod = settings.keys, args.skip_bad_lines, eod
+    prefix = args.output_prefix
+    prefixes = {field: instruction_prefix(prefix, field) for field in instruction_data.FIELDS}
+    for one in prefixes.values():
+        for path in remove_stale_temps(one):
+            _say(f"removed {path}, left by an interrupted run")
+    seq_length = settings.seq_length
+    layout = f"packed into samples of at most {seq_length} tokens" if settings.pack else "one conversation per sample"
+    thinking = "not passed" if settings.enable_thinking is None else str(settings.enable_thinking).lower()
+    _say(f"{len(files)} input file(s); {settings.handler}, --prompt-type {settings.kind.name}, chat template "
+         f"{chat_template.describe(renderer)}, enable_thinking {thinking}, {layout}; tokenizer vocabulary "
+         f"{vocab_size}, workers {workers}")
+
+    writers, results, meta_tmp = {}, None, None
+    meta_path = instruction_meta_path(prefix)
+    counts = dict(conversations=0, samples=0, tokens=0, loss_tokens=0, too_long_skipped=0, bad_records_skipped=0)
+    packer = instruction_data.Packer(seq_length) if settings.pack else None
+
+    def write(samples: list) -> None:
+        """Samples (lists of (ids, labels) conversations) into the three datasets, one document each."""
+        if not samples:
+            return
+        ids = np.concatenate([c[0] for sample in samples for c in sample])
+        labels = np.concatenate([c[1] for sample in samples for c in sample])
+        mask = np.concatenate([np.full(len(c[0]), k, dtype=np.int32)
+                               for sample in samples for k, c in enumerate(sample, 1)])
+        lengths = [sum(len(c[0]) for c in sample) for sample in samples]
+        writers["input_ids"].add_documents(ids.astype(dtype), lengths)
+        writers["labels"].add_documents(labels.astype(np.int32), lengths)
+        writers["attention_mask"].add_documents(mask, lengths)
+        counts["samples"] += len(samples)
+        counts["tokens"] += int(ids.size)
+        counts["loss_tokens"] += int(np.count_nonzero(labels != chat_template.IGNORE_INDEX))
+
+    try:
+        for field, one in prefixes.items():
+            writers[field] = IndexedDatasetWriter(one, dtype if field == "input_ids" else np.int32)
+        start = time.perf_counter()
+        nbytes, quoted = 0, 0
+        next_log = args.log_interval or None
+        limit = DTYPE_LIMITS.get(dtype.name, 1 << 31)
+        chunks = instruction_data.iter_record_chunks(files, args.batch_size)
+        results = _results(chunks, workers, 2 * workers + 2, None, work=encode_instruction_chunk)
+        for result in results:
+            for message in result["bad_lines"]:
+                if quoted < MAX_QUOTED_BAD:
+                    print(f"[{PROG}] skipped {message}", file=sys.stderr, flush=True)
+                    quoted += 1
+            if result["error"]:
+                raise ToolError(result["error"] + (" (--skip-bad-lines skips such records)"
+                                                   if not args.skip_bad_lines else ""))
+            nbytes += result["bytes"]
+            counts["bad_records_skipped"] += result["bad"]
+            if result["ids"].size and int(result["ids"].max()) >= limit:
+                raise ToolError(f"the tokenizer produced token id {int(result['ids'].max())}, which "
+                                f"{dtype.name} cannot hold; use --dtype int32")
+            bounds = np.concatenate([[0], np.cumsum(result["lengths"])])
+            done = []
+            for k, length in enumerate(result["lengths"].tolist()):
+                if seq_length is not None and length > seq_length:
+                    counts["too_long_skipped"] += 1
+                    continue
+                one = (result["ids"][bounds[k]:bounds[k + 1]], result["labels"][bounds[k]:bounds[k + 1]])
+                counts["conversations"] += 1
+                done += packer.add(one, length) if packer is not None else [[one]]
+            write(done)
+            if next_log is not None and counts["conversations"] >= next_log:
+                seconds = time.perf_counter() - start
+                _say(f"{counts['conversations']} conversations, {counts['samples']} samples, "
+                     f"{_human(counts['tokens'])} tokens | {_rate(counts['conversations'], seconds):.0f} "
+                     f"conversations/s, {_human(_rate(counts['tokens'], seconds))} tokens/s")
+                next_log = (counts["conversations"] // args.log_interval + 1) * args.log_interval
+        if packer is not None:
+            write(packer.flush())
+        if counts["samples"] == 0:
+            raise ToolError(f"no conversations to write: {counts['too_long_skipped']} longer than --seq-length "
+                            f"{seq_length}, {counts['bad_records_skipped']} bad records skipped (input: "
+                            f"{', '.join(args.input)})")
+        for writer in writers.values():
+            writer.finalize()
+        meta = {
+            "handler": settings.handler, "prompt_type": settings.kind.name,
+            "template_source": renderer.template.source, "template_sha256": renderer.template.sha256,
+            "enable_thinking": settings.enable_thinking, "pack": settings.pack, "seq_length": seq_length,
+            "append_eod": eod is not None, "map_keys": instruction_data.public_keys(settings.keys),
+            "fields": {field: os.path.basename(one) for field, one in prefixes.items()},
+            "dtype": {"input_ids": dtype.name, "labels": "int32", "attention_mask": "int32"},
+            "ignore_index": chat_template.IGNORE_INDEX,
+            "loss": "assistant turns: after the turn marker (and the generation prompt's own text) through the "
+                    "end-of-turn token",
+            "assistant_marker": settings.kind.marker, "end_of_turn": settings.kind.end,
+            "generation_suffix": renderer.generation_suffix,
+            "tokenizer": args.tokenizer_model, "vocab_size": vocab_size, "counts": counts,
+        }
+        meta_tmp = temp_path(meta_path, "meta")
+        with open(meta_tmp, "w", encoding="utf-8") as f:
+            json.dump(meta, f, indent=2, ensure_ascii=False)
+            f.write("\n")
+            f.flush()
+            os.fsync(f.fileno())
+        if os.path.lexists(meta_path):
+            os.remove(meta_path)  # an old summary never describes new datasets
+        for writer in writers.values():
+            writer.publish()
+        os.replace(meta_tmp, meta_path)
+        meta_tmp = None
+        seconds = time.perf_counter() - start
+    except BaseException:
+        for writer in writers.values():
+            writer.abort()
+        if meta_tmp is not None and os.path.exists(meta_tmp):
+            os.remove(meta_tmp)
+        raise
+    finally:
+        if results is not None:
+            results.close()
+    _say(f"done: {counts['conversations']} conversations, {counts['samples']} samples, {counts['tokens']} tokens, "
+         f"{counts['loss_tokens']} loss tokens, {counts['too_long_skipped']} longer than --seq-length skipped, "
+         f"{counts['bad_records_skipped']} bad records skipped, {nbytes} bytes in {seconds:.2f} s | "
+         f"{_rate(counts['conversations'], seconds):.0f} conversations/s | wrote "
+         f"{prefix}_packed_{{input_ids,labels,attention_mask}}_document.bin/.idx, {meta_path}")
 
 
 def _on_signal(signum, frame):

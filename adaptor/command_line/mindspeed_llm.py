@@ -105,6 +105,13 @@ NOT_APPLIED = {
     "--workers": (1, "preprocessing workers for raw --data-path files; run tools/preprocess_data.py instead"),
     "--handler-name": (1, "the handler that preprocesses raw --data-path files; --data-path names a preprocessed "
                           "dataset here (tools/preprocess_data.py)"),
+    "--enable-thinking": (1, "applies when tools/preprocess_data.py renders the conversations; the dataset "
+                             "already holds them"),
+    "--pack": (0, "applies when tools/preprocess_data.py builds the samples; the dataset already holds them"),
+    "--neat-pack": (0, "applies when tools/preprocess_data.py builds the samples; conversations in a sample "
+                       "never attend to each other here"),
+    "--attention-mask-type": (1, "conversations in a sample get their own causal attention from the dataset's "
+                                 "boundaries"),
     "--mg-save-dir": (1, "the cache of --enable-hf2mg-convert; Hugging Face weights load straight into the model"),
     "--norm-topk-prob": (0, "Megatron already renormalises the top-k weights (softmax over the top-k, sigmoid "
                             "scores divided by their sum)"),
@@ -162,12 +169,12 @@ PREPROCESS_VALUES = {
     ("--tokenizer-type", "PretrainedFromHF"): "HuggingFaceTokenizer",
     ("--handler-name", "GeneralPretrainHandler"): None,  # the pretraining handler is what the tool does
 }
-PREPROCESS_REFUSED = {
-    "--prompt-type": (1, "instruction datasets are not built by this tool (pretraining text only)"),
-    "--enable-thinking": (1, "instruction datasets are not built by this tool (pretraining text only)"),
-    "--pack": (0, "instruction datasets are not built by this tool (pretraining text only)"),
-    "--neat-pack": (0, "instruction datasets are not built by this tool (pretraining text only)"),
+PREPROCESS_NOT_APPLIED = {
+    "--overwrite-cache": (0, "no cache is kept between runs: every run reads and tokenizes its input again"),
 }
+PREPROCESS_REFUSED: dict = {}
+# --handler-name values the tool builds; GeneralPretrainHandler is dropped above (pretraining text)
+PREPROCESS_HANDLERS = ("GeneralPretrainHandler", "AlpacaStyleInstructionHandler", "SharegptStyleInstructionHandler")
 
 
 # -- the argv rewriting ---------------------------------------------------------------------------
@@ -557,9 +564,10 @@ def rewrite_convert_argv(argv: list[str]) -> Rewrite:
 
 def rewrite_preprocess_argv(argv: list[str]) -> Rewrite:
     """MindSpeed-LLM's preprocess_data.py command lines in tools/preprocess_data.py's flags."""
-    result = rewrite_tables(argv, PREPROCESS_RENAMED, PREPROCESS_VALUES, {}, PREPROCESS_REFUSED, "here")
+    result = rewrite_tables(argv, PREPROCESS_RENAMED, PREPROCESS_VALUES, PREPROCESS_NOT_APPLIED, PREPROCESS_REFUSED,
+                            "here")
     handler = value_of(result.argv, "--handler-name")
-    if handler is not None:
-        result.refused.append(f"--handler-name {handler} (MindSpeed-LLM): this tool builds pretraining text "
-                              f"datasets only (GeneralPretrainHandler)")
+    if handler is not None and handler not in PREPROCESS_HANDLERS:
+        result.refused.append(f"--handler-name {handler} (MindSpeed-LLM): not built by this tool; it builds "
+                              f"{', '.join(PREPROCESS_HANDLERS)}")
     return result

@@ -1,14 +1,17 @@
 """MindSpeed-LLM's own checkpoint-conversion and data scripts, in this process or failing fast.
 
 ``ckpt_convert_qwen3_hf2mcore.sh`` / ``_mcore2hf.sh``'s flags go through tools/convert_ckpt.py and
-back bit-exact; ``data_convert_qwen3_instruction.sh`` asks tools/preprocess_data.py for a fine-tuning
-dataset and is refused in one line. MindSpeed-LLM's pretrain scripts against our own flags, in
-training runs: tests/e2e/test_mindspeed_llm_command_lines.py.
+back bit-exact; ``data_convert_qwen3_instruction.sh``'s flags build a fine-tuning dataset with
+tools/preprocess_data.py (details: tests/e2e/test_instruction_data.py). MindSpeed-LLM's pretrain
+scripts against our own flags, in training runs: tests/e2e/test_mindspeed_llm_command_lines.py.
 """
 from __future__ import annotations
 
+import json
+
 from helpers.hf_fixtures import make_tiny_qwen3
-from helpers.megatron_runs import SAMPLE_CORPUS, SAMPLE_TOKENIZER
+from helpers.megatron_runs import SAMPLE_TOKENIZER
+from helpers.paths import EXAMPLES
 from helpers.processes import import_tool, run_tool
 
 TOKENIZER = str(SAMPLE_TOKENIZER)
@@ -53,17 +56,21 @@ def torch_equal(a, b) -> bool:
     return a.dtype == b.dtype and torch.equal(a, b)
 
 
-def test_instruction_preprocessing_is_one_line(tmp_path):
-    """data_convert_qwen3_instruction.sh asks for a fine-tuning dataset: refused in one line, nothing written."""
-    proc = run_tool("preprocess_data.py", "--input", SAMPLE_CORPUS, "--tokenizer-name-or-path", TOKENIZER,
-                    "--output-prefix", tmp_path / "alpaca", "--handler-name", "AlpacaStyleInstructionHandler",
-                    "--tokenizer-type", "PretrainedFromHF", "--workers", "4", "--log-interval", "1000",
-                    "--prompt-type", "qwen3", timeout=300)
-    assert proc.returncode == 1
-    assert proc.stderr.strip().splitlines() == [
-        "preprocess_data.py: error: --prompt-type (MindSpeed-LLM): instruction datasets are not built by this tool "
-        "(pretraining text only)"]
-    assert list(tmp_path.iterdir()) == []
+def test_instruction_preprocessing_script(tmp_path):
+    """data_convert_qwen3_instruction.sh's flags (with --overwrite-cache) build MindSpeed-LLM's three datasets."""
+    proc = run_tool("preprocess_data.py", "--input", EXAMPLES / "data" / "sample_instructions.jsonl",
+                    "--tokenizer-name-or-path", TOKENIZER, "--output-prefix", tmp_path / "alpaca",
+                    "--handler-name", "AlpacaStyleInstructionHandler", "--tokenizer-type", "PretrainedFromHF",
+                    "--workers", "4", "--log-interval", "1000", "--enable-thinking", "true", "--prompt-type", "qwen3",
+                    "--overwrite-cache", timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "error" not in proc.stderr and "--overwrite-cache is not applied here" in proc.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
+        [f"alpaca_packed_{f}_document{ext}" for f in ("input_ids", "labels", "attention_mask")
+         for ext in (".bin", ".idx")] + ["alpaca_packed_meta.json"])
+    meta = json.loads((tmp_path / "alpaca_packed_meta.json").read_text())
+    assert meta["prompt_type"] == "qwen3" and meta["enable_thinking"] is True
+    assert meta["counts"]["conversations"] == 300 and meta["counts"]["bad_records_skipped"] == 0
 
 
 def test_mindspeed_context_parallel_switches_become_megatrons():
