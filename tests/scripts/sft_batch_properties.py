@@ -49,10 +49,10 @@ def main():
     seq = args.seq_length
     for doc in range(len(data)):
         ids, labels, seg = data.sample(doc)
-        if seg[:seq + 1].max() >= 3 and len(ids) <= seq + 1:
+        if seg[:seq + 1].max() >= 2 and len(ids) <= seq + 1:
             break
     else:
-        raise SystemExit("no sample of three or more conversations in the dataset")
+        raise SystemExit("no sample of two or more conversations in the dataset")
 
     def batch_of(*samples):
         return default_collate(list(samples))
