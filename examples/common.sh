@@ -79,3 +79,45 @@ launch() {
   exec torchrun --nproc_per_node "$NPROC" --nnodes "$NNODES" --node_rank "$NODE_RANK" \
     --master_addr "$MASTER_ADDR" --master_port "$MASTER_PORT" "$@"
 }
+
+# qwen3_shape: for MODEL_SIZE, Qwen3's published shape (LAYERS HIDDEN FFN HEADS KV_HEADS HEAD_DIM TIE)
+# and the example's defaults (DEF_SEQ DEF_MBS DEF_GBS DEF_ITERS DEF_LR DEF_VOCAB DEF_PREC).
+qwen3_shape() {
+  # Qwen3's published shapes: layers hidden ffn heads kv-heads head-dim tied-embeddings
+  case "$MODEL_SIZE" in
+    tiny) SHAPE=(4 128 384 4 2 32 tied);     DEF_SEQ=128;  DEF_MBS=4; DEF_GBS=16; DEF_ITERS=60; DEF_LR=3e-3; DEF_VOCAB=4096;   DEF_PREC=fp32 ;;
+    0.6b) SHAPE=(28 1024 3072 16 8 128 tied);  DEF_SEQ=4096; DEF_MBS=1; DEF_GBS=64; DEF_ITERS=5000; DEF_LR=3e-4; DEF_VOCAB=151936; DEF_PREC=bf16 ;;
+    8b)   SHAPE=(36 4096 12288 32 8 128 untied); DEF_SEQ=4096; DEF_MBS=1; DEF_GBS=256; DEF_ITERS=5000; DEF_LR=3e-4; DEF_VOCAB=151936; DEF_PREC=bf16 ;;
+    32b)  SHAPE=(64 5120 25600 64 8 128 untied); DEF_SEQ=4096; DEF_MBS=1; DEF_GBS=512; DEF_ITERS=5000; DEF_LR=2e-4; DEF_VOCAB=151936; DEF_PREC=bf16 ;;
+    *) die "MODEL_SIZE must be tiny, 0.6b, 8b or 32b (got '$MODEL_SIZE')" ;;
+  esac
+  read -r LAYERS HIDDEN FFN HEADS KV_HEADS HEAD_DIM TIE <<<"${SHAPE[*]}"
+}
+
+# qwen3_model_args: MODEL_ARGS for the shape (or, with HF_LOAD, for that Hugging Face directory's
+# config.json, whose tokenizer is used when TOKENIZER_MODEL is unset).
+qwen3_model_args() {
+  MODEL_ARGS=(
+    --num-layers "$LAYERS" --hidden-size "$HIDDEN" --ffn-hidden-size "$FFN"
+    --num-attention-heads "$HEADS" --group-query-attention --num-query-groups "$KV_HEADS"
+    --kv-channels "$HEAD_DIM" --qk-layernorm
+    --normalization RMSNorm --norm-epsilon 1e-6 --swiglu --disable-bias-linear
+    --position-embedding-type rope --rotary-base 1000000 --rotary-percent 1.0
+    --seq-length "$SEQ_LEN" --max-position-embeddings "$SEQ_LEN"
+    --attention-dropout 0.0 --hidden-dropout 0.0 --init-method-std 0.02
+  )
+  [ "$TIE" = untied ] && MODEL_ARGS+=(--untie-embeddings-and-output-weights)
+
+  if [ -n "${HF_LOAD:-}" ]; then
+    # The architecture of the Hugging Face directory; the first line is its vocabulary size.
+    [ -f "$HF_LOAD/config.json" ] || die "HF_LOAD=$HF_LOAD has no config.json"
+    HF_OUT="$("$PYTHON" "$ROOT/tools/hf_model_flags.py" "$HF_LOAD")" || exit 2
+    mapfile -t HF_ARGS <<<"$HF_OUT"
+    DEF_VOCAB="${HF_ARGS[0]}"
+    MODEL_ARGS=("${HF_ARGS[@]:1}" --seq-length "$SEQ_LEN" --max-position-embeddings "$SEQ_LEN"
+                --attention-dropout 0.0 --hidden-dropout 0.0 --init-method-std 0.02 --hf-load-dir "$HF_LOAD")
+    if [ -z "${TOKENIZER_MODEL:-}" ] && [ -f "$HF_LOAD/tokenizer.json" ] && [ "${MOCK_DATA:-0}" != 1 ]; then
+      TOKENIZER_MODEL="$HF_LOAD"
+    fi
+  fi
+}

@@ -50,3 +50,36 @@ def test_bf16_trains_on_cpu_and_tracks_fp32(shared_runs):
     assert b[-1] < b[0] - 0.05, b
     assert max(abs(x - y) / y for x, y in zip(b, f)) < 2e-2, (b, f)
     assert "Float16OptimizerWithFloat16Params" not in bf16.output or "Error" not in bf16.output
+
+
+def test_example_finetune_script_pretrains_a_base_then_tunes_lora_and_full(tmp_path):
+    """`bash examples/qwen3/finetune.sh`: without a base it pretrains the tiny example first, then LoRA on the
+    sample instructions writes adapters only and a PEFT directory; METHOD=full tunes every weight of that base."""
+    base_env = dict(os.environ, ADAPTOR_BACKEND="cpu", LOG_INTERVAL="1", MASTER_PORT=str(free_port()),
+                    BASE_CACHE=str(tmp_path / "base"), DATA_CACHE=str(tmp_path / "data"),
+                    PATH=os.path.dirname(sys.executable) + os.pathsep + os.environ["PATH"])
+    lora_env = dict(base_env, TRAIN_ITERS="20", SAVE=str(tmp_path / "lora"), HF_SAVE=str(tmp_path / "lora_hf"))
+    proc = subprocess.run(["bash", "examples/qwen3/finetune.sh"], cwd=ROOT, env=lora_env,
+                          capture_output=True, text=True, timeout=900)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, tail(out)
+    assert "pretraining the tiny example" in out, tail(out)
+    assert (tmp_path / "base" / "latest_checkpointed_iteration.txt").read_text().strip() == "60"
+    losses = [float(v) for _, v in LOSS_LINE.findall(out)]
+    assert len(losses) == 60 + 20, tail(out)  # the base's pretraining, then the fine-tuning
+    tuned = losses[60:]
+    assert tuned[-1] < tuned[0], tuned
+    assert (tmp_path / "lora_hf" / "adapter_config.json").is_file(), tail(out)
+    assert (tmp_path / "lora_hf" / "adapter_model.safetensors").is_file(), tail(out)
+    assert len(list((tmp_path / "data").glob("sample_instructions-*_packed_input_ids_document.idx"))) == 1
+
+    full_env = dict(base_env, METHOD="full", TRAIN_ITERS="10", SAVE=str(tmp_path / "full"),
+                    MASTER_PORT=str(free_port()))
+    proc = subprocess.run(["bash", "examples/qwen3/finetune.sh"], cwd=ROOT, env=full_env,
+                          capture_output=True, text=True, timeout=900)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, tail(out)
+    assert "pretraining the tiny example" not in out, tail(out)
+    losses = [float(v) for _, v in LOSS_LINE.findall(out)]
+    assert len(losses) == 10 and all(math.isfinite(x) for x in losses), tail(out)
+    assert (tmp_path / "full" / "latest_checkpointed_iteration.txt").read_text().strip() == "10"
