@@ -2,6 +2,7 @@
 
     python tools/check_hf_parity.py --hf-dir /models/Qwen3-0.6B --tp 2 --pp 2
     python tools/check_hf_parity.py --hf-dir tiny_dsv3 --model-type deepseek3 --tp 2 --pp 2 --ep 2
+    python tools/check_hf_parity.py --hf-dir /models/Qwen3-0.6B --lora-dir my_adapter --tp 2
 
 Computes the logits of one fixed random batch twice, in fp32:
 
@@ -12,6 +13,11 @@ Computes the logits of one fixed random batch twice, in fp32:
   torchrun (``ADAPTOR_BACKEND``, default cpu/gloo) through Megatron's pipeline schedule; logits
   are gathered over TP (vocabulary-parallel) on the last pipeline stage and the vocabulary padding
   is stripped.
+
+With ``--lora-dir`` (a PEFT LoRA adapter directory) both sides add the adapter: transformers through
+``peft.PeftModel.from_pretrained``, Megatron through LoRA layers (``--lora-r``/``--lora-alpha``/
+``--lora-target-modules`` from adapter_config.json) filled by ``adaptor.convert.online.load_peft_adapter``;
+the line also says how far the adapter moves transformers' logits.
 
 Prints the max abs logit difference and exits 1 past ``--tolerance``; bad input is one line
 ``check_hf_parity.py: error: ...`` and exit 2.
@@ -46,6 +52,7 @@ def parse_args(argv=None):
     parser.add_argument("--tp", type=int, default=1, help="tensor parallel size")
     parser.add_argument("--pp", type=int, default=1, help="pipeline parallel size")
     parser.add_argument("--ep", type=int, default=1, help="expert parallel size (expert tensor parallel 1 when > 1)")
+    parser.add_argument("--lora-dir", default=None, help="a PEFT LoRA adapter directory to add on both sides")
     parser.add_argument("--tolerance", type=float, default=1e-4, help="bound on the max abs logit difference")
     parser.add_argument("--seq-len", type=int, default=32)
     parser.add_argument("--batch", type=int, default=2)
@@ -102,14 +109,32 @@ def megatron_flags(model_type: str, config: dict, opts) -> list[str]:
     return kept
 
 
-def hf_logits(hf_dir: str, tokens):
+def hf_logits(hf_dir: str, tokens, lora_dir: str | None = None):
+    """transformers' logits, and with `lora_dir` also those with peft's adapter: (base, adapted or None)."""
     import torch
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(hf_dir, dtype=torch.float32, attn_implementation="eager")
     model.eval()
     with torch.no_grad():
-        return model(input_ids=tokens).logits.float()
+        base = model(input_ids=tokens).logits.float()
+    if lora_dir is None:
+        return base, None
+    from peft import PeftModel
+
+    adapted = PeftModel.from_pretrained(model, lora_dir).eval()
+    with torch.no_grad():
+        return base, adapted(input_ids=tokens).logits.float()
+
+
+def lora_flags(lora_dir: str) -> list[str]:
+    """The LoRA flags that build the adapter of `lora_dir` (ConversionError for one Megatron cannot hold)."""
+    from adaptor.convert.lora import PeftAdapter
+
+    adapter = PeftAdapter(lora_dir)
+    alpha = adapter.alpha
+    return ["--lora-r", str(adapter.r), "--lora-alpha", str(int(alpha) if alpha.is_integer() else alpha),
+            "--lora-dropout", "0", "--lora-target-modules", *adapter.linears()]
 
 
 def run_megatron(spec: dict, nproc: int, timeout: int) -> str:
@@ -138,6 +163,8 @@ def main(argv=None) -> int:
     hf_dir = Path(opts.hf_dir)
     if not (hf_dir / "config.json").is_file():
         error(f"--hf-dir {opts.hf_dir}: no config.json there")
+    if opts.lora_dir is not None and not (Path(opts.lora_dir) / "adapter_config.json").is_file():
+        error(f"--lora-dir {opts.lora_dir}: no adapter_config.json there (not a PEFT adapter directory)")
     config = json.loads((hf_dir / "config.json").read_text())
     model_type = opts.model_type or MODEL_TYPES.get(config.get("model_type"))
     if model_type is None:
@@ -156,13 +183,17 @@ def main(argv=None) -> int:
         etp = 1 if opts.ep > 1 else None
         model_mapping(model_type, config).check_layout(Layout(opts.tp, opts.pp, opts.ep, etp))
         flags = megatron_flags(model_type, config, opts)
+        if opts.lora_dir is not None:
+            flags += lora_flags(opts.lora_dir)
     except ConversionError as exc:
         message = str(exc)
         for converter_flag, ours in (("--target-tensor-parallel-size", "--tp"),
                                      ("--target-pipeline-parallel-size", "--pp"),
                                      ("--target-expert-parallel-size", "--ep")):
             message = message.replace(converter_flag, ours)
-        error(f"--hf-dir {opts.hf_dir}: {message}")
+        lora = opts.lora_dir and opts.lora_dir in message
+        where = f"--lora-dir {opts.lora_dir}" if lora else f"--hf-dir {opts.hf_dir}"
+        error(f"{where}: {message}")
     vocab = int(config["vocab_size"])
     generator = torch.Generator().manual_seed(opts.seed)
     tokens = torch.randint(0, vocab, (opts.batch, opts.seq_len), generator=generator)
@@ -170,17 +201,21 @@ def main(argv=None) -> int:
     with tempfile.TemporaryDirectory(prefix="hf_parity_") as work:
         spec = {"hf_dir": str(hf_dir.resolve()), "model_type": model_type, "flags": flags, "vocab": vocab,
                 "tokens": str(Path(work) / "tokens.pt"), "logits": str(Path(work) / "logits.pt"),
-                "spec_file": str(Path(work) / "spec.json")}
+                "spec_file": str(Path(work) / "spec.json"),
+                "lora_dir": str(Path(opts.lora_dir).resolve()) if opts.lora_dir else None}
         torch.save(tokens, spec["tokens"])
         Path(spec["spec_file"]).write_text(json.dumps(spec))
         run_megatron(spec, nproc, opts.timeout)
         megatron = torch.load(spec["logits"])
-    reference = hf_logits(str(hf_dir), tokens)
+    base, adapted = hf_logits(str(hf_dir), tokens, opts.lora_dir)
+    reference = base if adapted is None else adapted
     if megatron.shape != reference.shape:
         error(f"logits shapes differ: Megatron {tuple(megatron.shape)}, transformers {tuple(reference.shape)}")
     diff = (megatron - reference).abs().max().item()
     scale = reference.abs().max().item()
     layout = f"tp={opts.tp} pp={opts.pp} ep={opts.ep} ({nproc} processes)"
+    if adapted is not None:
+        layout += f" with LoRA {opts.lora_dir} (moves logits by up to {(adapted - base).abs().max().item():.3e})"
     verdict = "ok" if diff <= opts.tolerance else "FAILED"
     print(f"{PROG}: {model_type} {opts.hf_dir} {layout}: max abs logit difference {diff:.3e} "
           f"(max |logit| {scale:.3e}, tolerance {opts.tolerance:g}, batch {opts.batch}x{opts.seq_len}): {verdict}",
@@ -218,6 +253,13 @@ def worker(spec_file: str) -> int:
         load_hf_weights(model, args)
     except ConversionError as exc:
         fail(f"--hf-dir {spec['hf_dir']}: {exc}")
+    if spec.get("lora_dir"):
+        from adaptor.convert.online import load_peft_adapter
+
+        try:
+            load_peft_adapter(model, args, spec["lora_dir"])
+        except ConversionError as exc:
+            fail(f"--lora-dir {spec['lora_dir']}: {exc}")
     for chunk in model:
         chunk.eval()
     device = next(model[0].parameters()).device

@@ -3,7 +3,9 @@
 Used by ``--hf-load-dir`` / ``--hf-save-dir`` (patches/hf/online_conversion.py) and tools/check_hf_parity.py.
 Loading reads, on each rank, only the tensors that rank holds (:func:`megatron_rank_tensors`, mmap);
 saving writes each rank's state as a temporary legacy checkpoint, which rank 0 converts tensor by
-tensor (:func:`convert_megatron_to_hf`).
+tensor (:func:`convert_megatron_to_hf`). With LoRA layers, loading leaves the adapters alone, and saving
+writes either the adapters alone (a PEFT directory) or each rank's weights with them merged
+(:mod:`adaptor.convert.lora`); :func:`load_peft_adapter` reads a PEFT directory into the adapters.
 """
 from __future__ import annotations
 
@@ -29,13 +31,19 @@ def _layout(args):
                   etp=None if etp in (None, tp) else etp)
 
 
-def copy_into(module, tensors, what: str) -> int:
-    """Copy (name, tensor) pairs into ``module``'s parameters; every parameter must be given."""
+def is_lora_name(name: str) -> bool:
+    """A LoRA adapter tensor (``<linear>.lora_A.weight`` / ``lora_B``): not part of a base checkpoint."""
+    return ".lora_A." in name or ".lora_B." in name
+
+
+def copy_into(module, tensors, what: str, select=None) -> int:
+    """Copy (name, tensor) pairs into ``module``'s parameters; every parameter (``select(name)`` true) must be given."""
     import torch
 
     from adaptor.convert import ConversionError
 
-    target = {n: t for n, t in module.state_dict(keep_vars=True).items() if not n.endswith("_extra_state")}
+    target = {n: t for n, t in module.state_dict(keep_vars=True).items()
+              if not n.endswith("_extra_state") and (select is None or select(n))}
     copied = set()
     with torch.no_grad():
         for name, tensor in tensors:
@@ -69,17 +77,84 @@ def load_hf_weights(model, args) -> int:
         hf, args.model_type_hf, _layout(args), mpu.get_tensor_model_parallel_rank(),
         mpu.get_pipeline_model_parallel_rank(), mpu.get_expert_model_parallel_rank(),
         padded_vocab_size=args.padded_vocab_size)
-    return copy_into(chunks[0], tensors, "this rank's model")
+    # LoRA adapters keep their own start (or --lora-load's): the base checkpoint has none.
+    return copy_into(chunks[0], tensors, "this rank's model", select=lambda n: not is_lora_name(n))
 
 
-def write_rank_state(model, args, legacy_dir: Path, iteration: int) -> None:
-    """This rank's model state as one file of a legacy ``--ckpt-format torch`` release checkpoint."""
+def load_peft_adapter(model, args, adapter_dir) -> int:
+    """Copy this rank's part of a PEFT LoRA adapter directory into the model's ``lora_A`` / ``lora_B``.
+
+    The model's base architecture comes from ``--hf-load-dir``'s config.json, or from the flags
+    (``--model-type-hf``); the adapter's r and lora_alpha must be the flags'. Returns the tensors copied.
+    """
+    from megatron.core import mpu
+
+    from adaptor.convert import ConversionError
+    from adaptor.convert.lora import PeftAdapter, peft_rank_tensors, settings_from_args
+
+    chunks = _unwrapped(model)
+    if len(chunks) != 1:
+        raise ConversionError("virtual pipeline stages are not supported for PEFT adapters")
+    settings = settings_from_args(args)
+    if settings is None:
+        raise ConversionError("a PEFT adapter needs LoRA layers (--lora-r)")
+    if args.hf_load_dir is not None:
+        hf_config = json.loads((Path(args.hf_load_dir) / "config.json").read_text())
+    elif getattr(args, "model_type_hf", None):
+        hf_config = hf_config_from_args(args)
+    else:
+        raise ConversionError("the base architecture is unknown: pass --model-type-hf qwen3")
+    wanted = {n for n in chunks[0].state_dict() if is_lora_name(n)}
+    tensors = peft_rank_tensors(PeftAdapter(adapter_dir), args.model_type_hf, hf_config, _layout(args),
+                                mpu.get_tensor_model_parallel_rank(), mpu.get_pipeline_model_parallel_rank(),
+                                mpu.get_expert_model_parallel_rank(), settings, wanted)
+    return copy_into(chunks[0], tensors, "this rank's LoRA adapter", select=is_lora_name)
+
+
+def lora_scalings(module) -> dict[str, float | None]:
+    """Each LoRA-adapted linear of ``module`` (by state-dict prefix) and its scaling alpha / r (None where
+    the adapters are merged into the weight already)."""
+    return {name: None if getattr(m, "lora_merged", False) else float(m.lora_scaling)
+            for name, m in module.named_modules()
+            if getattr(m, "lora_A", None) is not None and getattr(m, "lora_B", None) is not None}
+
+
+def load_peft_lora(model, optimizer, args) -> None:
+    """``--lora-load DIR`` where DIR is a PEFT adapter directory: fill the adapters (fresh optimizer state,
+    iteration unchanged); a problem is one line."""
+    from megatron.training import print_rank_0
+
+    from adaptor.convert import ConversionError
+    from adaptor.errors import fail
+
+    try:
+        count = load_peft_adapter(model, args, args.lora_load)
+    except (ConversionError, OSError) as exc:
+        fail(f"--lora-load {args.lora_load}: {exc}")
+    if optimizer is not None:
+        optimizer.reload_model_params()
+    print_rank_0(f"> rank 0 loaded its {count} LoRA tensors from PEFT adapter {args.lora_load}")
+
+
+def write_rank_state(model, args, legacy_dir: Path, iteration: int, lora: str | None = None) -> None:
+    """This rank's model state as one file of a legacy ``--ckpt-format torch`` release checkpoint.
+
+    ``lora="merged"``: adapted weights are written merged (``W + scaling * B @ A``), without the adapter
+    tensors; ``lora="adapter"``: only the adapter tensors are written.
+    """
     import torch
     from megatron.core import mpu
     from megatron.training.checkpointing import get_checkpoint_name
 
-    state = {name: tensor.detach().cpu() for name, tensor in _unwrapped(model)[0].state_dict().items()
+    from adaptor.convert.lora import merge_lora_state
+
+    chunk = _unwrapped(model)[0]
+    state = {name: tensor.detach().cpu() for name, tensor in chunk.state_dict().items()
              if not name.endswith("_extra_state")}
+    if lora == "merged":
+        state = merge_lora_state(state, lora_scalings(chunk))
+    elif lora == "adapter":
+        state = {name: tensor for name, tensor in state.items() if is_lora_name(name)}
     path = get_checkpoint_name(
         str(legacy_dir), iteration, release=True,
         pipeline_parallel=args.pipeline_model_parallel_size > 1,
@@ -158,7 +233,10 @@ def save_hf_dir(model, args, iteration: int) -> None:
     from megatron.core import mpu
 
     from adaptor.convert import convert_megatron_to_hf
+    from adaptor.convert.lora import settings_from_args
 
+    lora = settings_from_args(args)
+    mode = (getattr(args, "hf_save_lora", None) or "adapter") if lora else None
     final = Path(args.hf_save_dir).absolute()
     work = final.parent / f".{final.name}.megatron-partial"
     rank = torch.distributed.get_rank()
@@ -169,7 +247,7 @@ def save_hf_dir(model, args, iteration: int) -> None:
     error = None
     try:
         if mpu.get_expert_data_parallel_rank() == 0:
-            write_rank_state(model, args, work / "megatron", iteration)
+            write_rank_state(model, args, work / "megatron", iteration, lora=mode)
     except Exception as exc:  # noqa: BLE001  (reported once, by rank 0, below)
         error = f"rank {rank}: {type(exc).__name__}: {exc}"
     errors = [None] * torch.distributed.get_world_size()
@@ -184,8 +262,11 @@ def save_hf_dir(model, args, iteration: int) -> None:
                     config_dir = work / "config"
                     config_dir.mkdir()
                     (config_dir / "config.json").write_text(json.dumps(hf_config_from_args(args), indent=2) + "\n")
-                convert_megatron_to_hf(work / "megatron", final, args.model_type_hf, hf_config_dir=config_dir,
-                                       layout=_layout(args))
+                if mode == "adapter":
+                    write_adapter_dir(work / "megatron", final, args, config_dir, lora)
+                else:
+                    convert_megatron_to_hf(work / "megatron", final, args.model_type_hf, hf_config_dir=config_dir,
+                                           layout=_layout(args))
         except Exception as exc:  # noqa: BLE001
             error = f"{type(exc).__name__}: {exc}"
         finally:
@@ -197,4 +278,21 @@ def save_hf_dir(model, args, iteration: int) -> None:
 
         fail(f"--hf-save-dir {args.hf_save_dir}: {status[0]}")
     if rank == 0:
-        print(f"> wrote Hugging Face directory {final} (iteration {iteration})", flush=True)
+        what = {"adapter": "PEFT LoRA adapter", "merged": "Hugging Face directory (LoRA merged)"}.get(
+            mode, "Hugging Face directory")
+        print(f"> wrote {what} {final} (iteration {iteration})", flush=True)
+
+
+def write_adapter_dir(legacy_dir: Path, final: Path, args, config_dir, lora) -> None:
+    """A PEFT adapter directory at ``final`` from the adapter-only rank files under ``legacy_dir``."""
+    from adaptor.convert.lora import peft_adapter_from_rank_files
+    from adaptor.convert.offline import _publish, _temp_beside
+
+    hf_config = json.loads((Path(config_dir) / "config.json").read_text())
+    temp = _temp_beside(final)
+    try:
+        peft_adapter_from_rank_files(legacy_dir / "release", temp, args.model_type_hf, hf_config, _layout(args), lora,
+                                     base_model=None if args.hf_load_dir is None else str(args.hf_load_dir))
+        _publish(temp, final)
+    finally:
+        shutil.rmtree(temp, ignore_errors=True)

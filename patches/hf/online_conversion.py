@@ -19,6 +19,12 @@ Upstream functions wrapped:
   the flags (``--model-type-hf`` names the architecture). With ``--bf16`` the saved tensors are
   the bf16 model weights, and loading copies into them (the fp32 main params are then refreshed
   from those copies).
+* With LoRA (``--lora-r``), ``--hf-load-dir`` fills the base weights only (the adapters keep their
+  start), and ``--hf-save-dir`` writes, per ``--hf-save-lora``: ``adapter`` (default) a PEFT adapter
+  directory, ``adapter_config.json`` + ``adapter_model.safetensors`` with PEFT's tensor names
+  (each rank writes only its adapter tensors; fused ``linear_qkv`` / ``linear_fc1`` adapters become
+  q/k/v and gate/up adapters sharing one ``lora_A``, :mod:`adaptor.convert.lora`); ``merged`` a
+  plain Hugging Face directory of ``W + alpha/r * B @ A``, each rank merging its own part.
 * ``megatron.core.tokenizers.utils.build_tokenizer._set_padded_vocab_size``: with ``--hf-load-dir``
   the padded vocabulary is at least the HF ``vocab_size`` (rounded up to a multiple of TP), so a
   checkpoint whose embedding has more rows than the tokenizer's padded vocabulary (Qwen3: 151936
@@ -139,13 +145,17 @@ class OnlineConversion(Feature):
                                 "each rank reads its own shard; a --load checkpoint that exists wins.")
         group.add_argument("--hf-save-dir", default=None, dest="hf_save_dir", metavar="DIR",
                            help="At the end of training write the model as a Hugging Face directory here.")
+        group.add_argument("--hf-save-lora", default=None, dest="hf_save_lora", choices=("adapter", "merged"),
+                           help="With LoRA: --hf-save-dir writes a PEFT adapter directory (adapter, the default) "
+                                "or the full model with the adapters merged into the weights (merged).")
         group.add_argument("--model-type-hf", default=None, dest="model_type_hf",
                            choices=sorted(set(HF_MODEL_TYPES.values())),
                            help="Architecture of --hf-load-dir/--hf-save-dir (default: config.json's model_type).")
 
     def enabled(self, ctx) -> bool:
         flags = ctx.flags
-        return super().enabled(ctx) and bool(getattr(flags, "hf_load_dir", None) or getattr(flags, "hf_save_dir", None))
+        return super().enabled(ctx) and bool(getattr(flags, "hf_load_dir", None) or getattr(flags, "hf_save_dir", None)
+                                             or getattr(flags, "hf_save_lora", None))
 
     def register_patches(self, pm, ctx) -> None:
         pm.register_wrapper("megatron.training.training.setup_model_and_optimizer", _setup_model_and_optimizer, OWNER)
@@ -179,6 +189,11 @@ class OnlineConversion(Feature):
             if explicit_padded is not None and explicit_padded < config.get("vocab_size", 0):
                 raise ArgumentError(f"--padded-vocab-size {explicit_padded} is smaller than vocab_size "
                                     f"{config['vocab_size']} of --hf-load-dir {args.hf_load_dir}")
+        if getattr(args, "hf_save_lora", None) is not None:
+            if args.hf_save_dir is None:
+                raise ArgumentError(f"--hf-save-lora {args.hf_save_lora} needs --hf-save-dir")
+            if not getattr(args, "lora_r", None):
+                raise ArgumentError(f"--hf-save-lora {args.hf_save_lora} needs LoRA layers (--lora-r)")
         if args.hf_save_dir is not None:
             if args.model_type_hf is None:
                 raise ArgumentError("--hf-save-dir without --hf-load-dir needs --model-type-hf qwen3|deepseek3")
