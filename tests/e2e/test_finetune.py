@@ -17,15 +17,18 @@ Qwen3 chat template and packed by ``tools/preprocess_data.py`` (several conversa
 """
 from __future__ import annotations
 
+import glob
 import json
 import math
 import subprocess
 import sys
 
 import pytest
+import torch
 
 from helpers.megatron_runs import (TINY_QWEN3_MODEL, run_pretrain, save_start_checkpoint, side_by_side, tail,
                                   worst_relative_gap)
+from helpers.npu_contract import standin_env
 from helpers.one_line_errors import assert_one_line_error, run_python
 from helpers.paths import EXAMPLES, ROOT, SAMPLE_TOKENIZER, TOOLS
 from helpers.prefetch import prefetched
@@ -128,6 +131,25 @@ def test_lora_trains_differently_from_full_fine_tuning(curves):
     lora, full = curves["lora_reference"][0], curves["sft_reference"][0]
     assert lora[0] == pytest.approx(full[0], rel=1e-6)  # zero-initialised B: the same model at step 1
     assert lora[-1] < lora[0] and lora[-1] != pytest.approx(full[-1], rel=1e-3), (lora, full)
+
+
+def test_lora_sft_on_the_npu_standin_matches_cpu(packed_dataset, tmp_path):
+    """bf16 LoRA fine-tuning with the fused flags on the NPU backend (torch_npu STAND-IN: every kernel call
+    checked against torch_npu 2.14.0's schemas and shape rules; no Ascend kernel runs) against the CPU
+    backend from the same weights. Packed conversations reach ``npu_fusion_attention`` as TND with their
+    lengths. rtol 1e-3: bf16 rounding in different kernels, as in tests/e2e/test_npu_whole_runs.py."""
+    args = sft_args(packed_dataset, *LORA, "--train-iters", "6", "--use-cpu-initialization", "--bf16",
+                    "--use-flash-attn", "--use-fused-rmsnorm", "--use-fused-swiglu", "--use-fused-rotary-pos-emb")
+    log = tmp_path / "npu"
+    npu, cpu = side_by_side(
+        lambda: run_pretrain(args, env=standin_env(ADAPTOR_BACKEND="npu", STANDIN_NPU_CALL_LOG=str(log)),
+                             script="posttrain_gpt.py"),
+        lambda: run_pretrain(args, env={"TORCHDYNAMO_DISABLE": "1"}, script="posttrain_gpt.py"))
+    for run in (npu, cpu):
+        assert run.returncode == 0 and len(run.losses) == 6, tail(run.output)
+    torch.testing.assert_close(npu.curve(), cpu.curve(), rtol=1e-3, atol=0)
+    calls = [json.load(open(path)) for path in sorted(glob.glob(f"{log}.*.json"))]
+    assert max(c.get("npu_fusion_attention", 0) for c in calls) > 0, calls
 
 
 def test_megatron_sft_trains_on_jsonl_conversations(tmp_path):
