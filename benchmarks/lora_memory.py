@@ -35,7 +35,7 @@ LAYOUTS = {  # name -> (processes, flags)
 }
 _STATE = re.compile(r"model state rank (\d+): parameters (\d+), gradients (\d+), optimizer (\d+)")
 _PEAK = re.compile(r"peak memory rank (\d+): RSS ([0-9.]+) MiB")
-_TRAINABLE = re.compile(r"(LoRA[^\n]*trainable[^\n]*)")
+_TRAINABLE = re.compile(r"(LoRA r=[^\n]*parameters train[^\n]*)")
 
 
 def run(shape, seq, precision, nproc, extra):
@@ -89,7 +89,9 @@ def main():
                 with open(a.log, "a") as f:
                     f.write(f"\n===== {layout} {method}\n{text}")
             if result is None:
-                print(f"| {layout} | {method} | - | - | - | failed: {text.strip().splitlines()[-1][:120]} | - |")
+                why = ("out of memory (killed)" if "SIGKILL" in text or "MemoryError" in text
+                       else f"failed: {text.strip().splitlines()[-1][:100]}")
+                print(f"| {layout} | {method} | - | - | - | {why} | - |")
                 continue
             states, peaks, trainable = result
             for rank, (params, grads, optim) in sorted(states.items()):
