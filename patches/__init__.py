@@ -31,6 +31,7 @@ def all_features():
     from patches.diagnostics.profiling import Profiling
     from patches.diagnostics.tensorboard_memory import TensorboardMemory
     from patches.diagnostics.throughput import Throughput
+    from patches.finetune.lora import Lora
     from patches.finetune.supervised_fine_tuning import SupervisedFineTuning
     from patches.fsdp2.sharded_checkpoint import ShardedCheckpoint
     from patches.fsdp2.torch_fsdp2 import TorchFsdp2
@@ -111,6 +112,8 @@ def all_features():
         SaveFailures(),
         LoadFit(),
         SafeTorchLoad(),
+        # LoRA after them: its load and save wrappers go around theirs.
+        Lora(),
         # pretrain_mm.py.
         MultimodalArguments(),
         VisionTowerNorms(),

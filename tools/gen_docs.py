@@ -140,8 +140,13 @@ def mindspeed_page() -> str:
     lines += table("tools/preprocess_data.py", [(f"`{a}`", f"`{b}`") for a, b in m.PREPROCESS_RENAMED.items()]
                    + [(f"`{f} {v}`", f"`{f} {n}`" if n else "dropped (what the tool does)")
                       for (f, v), n in m.PREPROCESS_VALUES.items()]
+                   + [(f"`{f}`", f"accepted, not applied: {why}") for f, (_, why) in m.PREPROCESS_NOT_APPLIED.items()]
                    + [(f"`{f}`", f"refused: {why}") for f, (_, why) in m.PREPROCESS_REFUSED.items()]
-                   + [("`--handler-name` (other handlers)", "refused: pretraining text datasets only")],
+                   + [("`--handler-name AlpacaStyleInstructionHandler\\|SharegptStyleInstructionHandler`",
+                       "instruction datasets, with `--prompt-type`, `--enable-thinking`, `--map-keys`, `--pack`, "
+                       "`--neat-pack`, `--seq-length` as they are ([data.md](data.md#instruction-datasets))"),
+                      ("`--handler-name` (other handlers)", "refused: the tool builds "
+                       + ", ".join(m.PREPROCESS_HANDLERS))],
                    head=("flag", "what happens"))
     return "\n".join(lines) + "\n"
 

@@ -43,6 +43,7 @@ _recorded: dict[int, str] = {}  # padded vocabulary taken from a checkpoint -> t
 
 # Tensor-name fragment -> the flag that sets that dimension (first match wins).
 _FLAG_FOR = (
+    (("lora_A", "lora_B"), "--lora-r and the base model flags the adapters were trained with"),
     (VOCAB_TENSORS, "--padded-vocab-size"),
     (("experts.linear_fc", "experts.local_experts", "experts.experts"), "--moe-ffn-hidden-size"),
     (("shared_experts",), "--moe-shared-expert-intermediate-size"),
@@ -210,7 +211,9 @@ def _load_checkpoint(wrapped, instance, args_, kwargs):
         vocab_rows = None
         if _is_vocab(key) and stored[1:] == want[1:]:
             vocab_rows = stored[0] * args.tensor_model_parallel_size  # torch format stores each TP rank's rows
-        fail(f"--load {args.load}: {mismatch_line(key, stored, want, vocab_rows)}"
+        load_arg = kwargs.get("load_arg", "load")  # --lora-load's adapters load through here too
+        flag = "--" + load_arg.replace("_", "-")
+        fail(f"{flag} {getattr(args, load_arg, None)}: {mismatch_line(key, stored, want, vocab_rows)}"
              + (" (shapes per tensor-parallel rank)" if args.tensor_model_parallel_size > 1 else ""))
 
 

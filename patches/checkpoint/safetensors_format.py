@@ -141,7 +141,7 @@ def _load_checkpoint(wrapped, instance, args_, kwargs):
     load_dir = getattr(args, kwargs.get("load_arg", "load"), None)
     # A safetensors checkpoint (tools/convert_ckpt.py's default output) loads under --ckpt-format torch too.
     sharded = args.ckpt_format == "torch" and _safetensors_on_disk(load_dir)
-    with _one_line_errors(f"loading the checkpoint under {args.load}"), \
+    with _one_line_errors(f"loading the checkpoint under {load_dir}"), \
             _checkpoint_operation(args, saving=False, sharded_on_disk=sharded):
         return wrapped(*args_, **kwargs)
 
