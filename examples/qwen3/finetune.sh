@@ -58,7 +58,10 @@ if [ -z "${HF_LOAD:-}" ]; then
     fi
   fi
   [ -d "$BASE" ] || die "BASE=$BASE is not a directory"
-  BASE_ARGS=(--load "$BASE" --finetune --no-load-optim --no-load-rng)
+  # LoRA reads --load as the base model's weights only (resume state comes with --lora-load);
+  # full fine-tuning starts from its weights at iteration 0
+  BASE_ARGS=(--load "$BASE")
+  if [ "$METHOD" = full ]; then BASE_ARGS+=(--finetune --no-load-optim --no-load-rng); fi
 fi
 
 # The instruction data: the sample set, rendered with the tokenizer's chat template and packed.
