@@ -144,7 +144,7 @@ def test_layer_spec_swaps_are_declared_by_the_features_that_cause_them():
     assert owners == {"multi_latent_attention": "mla", "use_fused_rmsnorm": "rmsnorm",
                       "use_flash_attn": "flash_attention", "moe_grouped_gemm": "grouped_matmul",
                       "context_parallel_size>1": "context_parallel",
-                      "dataloader_inter_document_masking": "packed_sequences"}
+                      "dataloader_inter_document_masking": "packed_sequences", "lora_r": "lora"}
     from megatron.core.transformer.dot_product_attention import DotProductAttention
 
     from adaptor.ops.flash_attention import FlashAttention
@@ -155,6 +155,13 @@ def test_layer_spec_swaps_are_declared_by_the_features_that_cause_them():
     both = Namespace(multi_latent_attention=True, use_flash_attn=True)
     assert layer_specs.module_swaps(both, features)[DotProductAttention] is FlashAttention  # later feature wins
     assert layer_specs.module_swaps(Namespace(), features) == {}
+    # LoRA swaps the parallel linears for ones that carry adapters where a target names them.
+    from megatron.core.tensor_parallel.layers import ColumnParallelLinear, RowParallelLinear
+
+    from adaptor.lora.layers import LoraColumnParallelLinear, LoraRowParallelLinear
+
+    lora = layer_specs.module_swaps(Namespace(lora_r=8), features)
+    assert lora[ColumnParallelLinear] is LoraColumnParallelLinear and lora[RowParallelLinear] is LoraRowParallelLinear
     # A size gate: on above the size only.
     assert layer_specs.module_swaps(Namespace(context_parallel_size=1), features) == {}
     assert layer_specs.module_swaps(Namespace(context_parallel_size=2), features)[DotProductAttention] is FlashAttention
