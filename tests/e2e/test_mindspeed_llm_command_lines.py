@@ -226,8 +226,8 @@ def one_process_runs():
                                           "here; supported: yarn, llama3"),
     (["--moe-tp-extend-ep"], "--moe-tp-extend-ep (MindSpeed-LLM): pass --expert-tensor-parallel-size 1 and "
                              "--expert-model-parallel-size TPxEP, the same layout in Megatron's flags"),
-    (["--sft"], "--sft: pretrain_gpt.py builds GPTDataset pretraining samples only; drop it (supervised "
-                "fine-tuning is not supported yet)"),
+    # Megatron's SFT is honoured; on mock data there are no conversations to train on
+    (["--sft"], "--sft trains on conversations; --mock-data has none, so give --data-path"),
     (["--context-parallel-size", "1", "--context-parallel-algo", "megatron_cp_algo", "--tensor-model-parallel-size",
       "1"], None),  # CP 1: the algorithm choice is not applied, and the run goes on
 ])
