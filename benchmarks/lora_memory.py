@@ -23,7 +23,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 sys.path.insert(0, str(ROOT / "tests"))
 from helpers.megatron_runs import free_port  # noqa: E402
-from memory_features import SHAPES  # noqa: E402
+from memory_features import SHAPES, model_args  # noqa: E402
 from step_vs_transformers import cpu_description  # noqa: E402
 
 LORA = ["--lora-r", "16", "--lora-alpha", "32",
@@ -39,13 +39,9 @@ _TRAINABLE = re.compile(r"(LoRA r=[^\n]*parameters train[^\n]*)")
 
 
 def run(shape, seq, precision, nproc, extra):
-    layers, hidden, ffn, heads, kv, head_dim, vocab = SHAPES[shape]
+    vocab = SHAPES[shape][-1]
     args = [
-        "--num-layers", str(layers), "--hidden-size", str(hidden), "--ffn-hidden-size", str(ffn),
-        "--num-attention-heads", str(heads), "--group-query-attention", "--num-query-groups", str(kv),
-        "--kv-channels", str(head_dim), "--qk-layernorm", "--normalization", "RMSNorm", "--norm-epsilon", "1e-6",
-        "--swiglu", "--disable-bias-linear", "--position-embedding-type", "rope", "--rotary-base", "1000000",
-        "--seq-length", str(seq), "--max-position-embeddings", str(seq),
+        *model_args(shape, seq),
         "--attention-dropout", "0", "--hidden-dropout", "0", "--micro-batch-size", "1",
         "--global-batch-size", "2", "--train-iters", "2", "--lr", "1e-4", "--clip-grad", "1.0",
         "--mock-data", "--tokenizer-type", "NullTokenizer", "--vocab-size", str(vocab - 1),

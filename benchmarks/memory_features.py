@@ -50,14 +50,22 @@ _MS = re.compile(r"elapsed time per iteration \(ms\): ([0-9.]+)")
 _OFFLOAD = re.compile(r"(offload[^\n]*?[0-9.]+ ?[KMG]i?B[^\n]*)", re.IGNORECASE)
 
 
-def run(shape, seq, precision, extra, flash):
-    layers, hidden, ffn, heads, kv, head_dim, vocab = SHAPES[shape]
-    args = [
+def model_args(shape, seq) -> list[str]:
+    """The Qwen3-shaped model of SHAPES[shape] at sequence ``seq``, in pretrain_gpt.py's flags."""
+    layers, hidden, ffn, heads, kv, head_dim, _ = SHAPES[shape]
+    return [
         "--num-layers", str(layers), "--hidden-size", str(hidden), "--ffn-hidden-size", str(ffn),
         "--num-attention-heads", str(heads), "--group-query-attention", "--num-query-groups", str(kv),
         "--kv-channels", str(head_dim), "--qk-layernorm", "--normalization", "RMSNorm", "--norm-epsilon", "1e-6",
         "--swiglu", "--disable-bias-linear", "--position-embedding-type", "rope", "--rotary-base", "1000000",
         "--seq-length", str(seq), "--max-position-embeddings", str(seq),
+    ]
+
+
+def run(shape, seq, precision, extra, flash):
+    vocab = SHAPES[shape][-1]
+    args = [
+        *model_args(shape, seq),
         "--attention-dropout", "0", "--hidden-dropout", "0", "--micro-batch-size", "1", "--global-batch-size", "1",
         "--train-iters", "2", "--lr", "1e-4", "--clip-grad", "1.0",
         "--mock-data", "--tokenizer-type", "NullTokenizer", "--vocab-size", str(vocab - 1),

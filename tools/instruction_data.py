@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import Iterator, List, Optional
 
 from chat_template import RecordError
-from text_readers import COMPRESSION, Chunk, InputError, file_format
+from text_readers import COMPRESSION, Chunk, InputError, file_format, open_parquet
 
 ALPACA = "AlpacaStyleInstructionHandler"
 SHAREGPT = "SharegptStyleInstructionHandler"
@@ -268,14 +268,7 @@ def iter_record_chunks(files: List[str], batch_size: int, max_chunk_bytes: int =
 
 
 def _parquet_rows(path: str, batch_size: int) -> Iterator[Chunk]:
-    try:
-        import pyarrow.parquet as pq
-    except ImportError as exc:
-        raise InputError(f"{path}: reading parquet needs pyarrow (pip install pyarrow)") from exc
-    try:
-        parquet = pq.ParquetFile(path)
-    except Exception as exc:  # pyarrow raises its own error types
-        raise InputError(f"{path}: not a readable parquet file: {exc}") from exc
+    parquet = open_parquet(path)
     first = 1
     try:
         for batch in parquet.iter_batches(batch_size=batch_size):

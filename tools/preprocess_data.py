@@ -548,13 +548,7 @@ def run(args: argparse.Namespace, files: list) -> None:
         quoted = 0
         results = _results(chunks, args.workers, 2 * args.workers + 2, spawn_args)
         for result in results:
-            for message in result["bad_lines"]:
-                if quoted < MAX_QUOTED_BAD:
-                    print(f"[{PROG}] skipped {message}", file=sys.stderr, flush=True)
-                    quoted += 1
-            if result["error"]:
-                raise ToolError(result["error"] + (" (--skip-bad-lines skips such lines)"
-                                                   if not args.skip_bad_lines else ""))
+            quoted = _report_bad(result, quoted, args.skip_bad_lines, "lines")
             docs += result["records"]
             nbytes += result["bytes"]
             bad += result["bad"]
@@ -732,13 +726,7 @@ def run_instruction(args: argparse.Namespace, settings, files: list) -> None:
         chunks = instruction_data.iter_record_chunks(files, args.batch_size)
         results = _results(chunks, workers, 2 * workers + 2, None, work=encode_instruction_chunk)
         for result in results:
-            for message in result["bad_lines"]:
-                if quoted < MAX_QUOTED_BAD:
-                    print(f"[{PROG}] skipped {message}", file=sys.stderr, flush=True)
-                    quoted += 1
-            if result["error"]:
-                raise ToolError(result["error"] + (" (--skip-bad-lines skips such records)"
-                                                   if not args.skip_bad_lines else ""))
+            quoted = _report_bad(result, quoted, args.skip_bad_lines, "records")
             nbytes += result["bytes"]
             counts["bad_records_skipped"] += result["bad"]
             if result["ids"].size and int(result["ids"].max()) >= limit:
@@ -809,6 +797,17 @@ def run_instruction(args: argparse.Namespace, settings, files: list) -> None:
          f"{counts['bad_records_skipped']} bad records skipped, {nbytes} bytes in {seconds:.2f} s | "
          f"{_rate(counts['conversations'], seconds):.0f} conversations/s | wrote "
          f"{prefix}_packed_{{input_ids,labels,attention_mask}}_document.bin/.idx, {meta_path}")
+
+
+def _report_bad(result: dict, quoted: int, skip_bad: bool, what: str) -> int:
+    """Quote a chunk's skipped lines (the first MAX_QUOTED_BAD of the run) and stop at its error; the new count."""
+    for message in result["bad_lines"]:
+        if quoted < MAX_QUOTED_BAD:
+            print(f"[{PROG}] skipped {message}", file=sys.stderr, flush=True)
+            quoted += 1
+    if result["error"]:
+        raise ToolError(result["error"] + ("" if skip_bad else f" (--skip-bad-lines skips such {what})"))
+    return quoted
 
 
 def _on_signal(signum, frame):

@@ -195,16 +195,21 @@ def parquet_available() -> bool:
     return True
 
 
-def _parquet_chunks(path: str, keys: List[str], batch_size: int) -> Iterator[Chunk]:
+def open_parquet(path: str):
+    """``pyarrow.parquet.ParquetFile`` for ``path``; a missing pyarrow or an unreadable file is an InputError."""
     try:
-        import pyarrow as pa
         import pyarrow.parquet as pq
     except ImportError as exc:
         raise InputError(f"{path}: reading parquet needs pyarrow (pip install pyarrow)") from exc
     try:
-        parquet = pq.ParquetFile(path)
+        return pq.ParquetFile(path)
     except Exception as exc:  # pyarrow raises its own error types
         raise InputError(f"{path}: not a readable parquet file: {exc}") from exc
+
+
+def _parquet_chunks(path: str, keys: List[str], batch_size: int) -> Iterator[Chunk]:
+    parquet = open_parquet(path)
+    import pyarrow as pa
     schema = parquet.schema_arrow
     for key in keys:
         if key not in schema.names:

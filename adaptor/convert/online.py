@@ -16,6 +16,7 @@ import shutil
 from pathlib import Path
 
 from adaptor.convert.config_check import normalized_value
+from adaptor.lora import is_lora_name
 
 def _unwrapped(model):
     from megatron.core.utils import unwrap_model
@@ -29,11 +30,6 @@ def _layout(args):
     tp, etp = args.tensor_model_parallel_size, getattr(args, "expert_tensor_parallel_size", None)
     return Layout(tp=tp, pp=args.pipeline_model_parallel_size, ep=args.expert_model_parallel_size,
                   etp=None if etp in (None, tp) else etp)
-
-
-def is_lora_name(name: str) -> bool:
-    """A LoRA adapter tensor (``<linear>.lora_A.weight`` / ``lora_B``): not part of a base checkpoint."""
-    return ".lora_A." in name or ".lora_B." in name
 
 
 def copy_into(module, tensors, what: str, select=None) -> int:

@@ -85,8 +85,8 @@ def main():
     random_ids = torch.randint(0, args.padded_vocab_size, perturbed["labels"].shape, generator=g)
     perturbed["labels"] = torch.where(outside, random_ids, perturbed["labels"])
     changed = int((perturbed["labels"] != packed["labels"]).sum())
-    moved = reference.keys() | grads_of(perturbed).keys()
     again = grads_of(perturbed)
+    moved = reference.keys() | again.keys()
     grad_diff = max((reference[n] - again[n]).abs().max().item() for n in moved)
 
     with torch.no_grad():
@@ -101,7 +101,7 @@ def main():
         for a, b in zip(bounds[:-1], bounds[1:]):
             one = build_sample(ids[a:b], labels[a:b], seg[a:b], seq, 0)
             out, _ = losses(batch_of(one))
-            alone.append(out.reshape(-1)[: b - a - 1] if b < n else out.reshape(-1)[: b - a - 1])
+            alone.append(out.reshape(-1)[: b - a - 1])
         # the packed row's position p predicts token p+1; a conversation's last position predicts the
         # next conversation's first token, which the mask leaves out: compare the rest
         keep = torch.ones(n - 1, dtype=torch.bool)
