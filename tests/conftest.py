@@ -5,6 +5,9 @@
 * ``tests/e2e``: real torchrun/gloo jobs, training runs, tools run on real files. Every test there is
   marked ``e2e`` here, so ``pytest -m "not e2e" tests`` is the unit tier.
 
+Runs of the entry scripts start warm (helpers/warm_launcher.py: forked from one process that imported
+torch and Megatron once); ``ADAPTOR_TEST_COLD=1 pytest ...`` starts every one cold, as its command line.
+
 ``tests/`` goes on sys.path so that tests and child scripts import ``helpers.<module>``. Slow e2e fixtures
 declared ``@prefetched`` (helpers/prefetch.py) start on a background thread once collection ends.
 """
@@ -33,16 +36,23 @@ def pytest_collection_modifyitems(config, items):
 
 
 def pytest_collection_finish(session):
-    """Start the slow fixtures of the selected e2e tests on the core the tests ahead of them leave idle."""
+    """Start the warm launcher's zygote, and the slow fixtures of the selected e2e tests, on the core
+    the tests ahead of them leave idle."""
     from helpers.prefetch import start_for
+    from helpers.warm_launcher import ZYGOTES, cold_only
 
+    option = session.config.option
+    if session.items and not option.collectonly and not cold_only():
+        ZYGOTES.prestart()
     start_for(session)
 
 
 def pytest_sessionfinish(session):
     from helpers.prefetch import PREFETCH
+    from helpers.warm_launcher import ZYGOTES
 
     PREFETCH.stop()
+    ZYGOTES.stop()
 
 
 # YaRN stretching a 16-position original context 4x: test_hf_parity.py's 32-token batch crosses it.

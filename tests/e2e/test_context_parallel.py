@@ -25,7 +25,8 @@ import sys
 
 import pytest
 
-from helpers.megatron_runs import TINY_QWEN3, TORCHRUN, run_pretrain, tail, worst_relative_gap
+from helpers.megatron_runs import TINY_QWEN3, run_pretrain, tail, worst_relative_gap
+from helpers.megatron_runs import Run, launch
 from helpers.npu_contract import standin_env
 from helpers.one_line_errors import assert_one_line_error, run_torchrun
 from helpers.paths import ROOT
@@ -39,9 +40,8 @@ CASES = ("causal", "gqa", "packed", "mla_head_dims", "non_causal")
 
 
 # ------------------------------------------------------------------------------- attention
-def _parity(algo: str, nproc: int, env: dict | None = None) -> subprocess.CompletedProcess:
-    cmd = TORCHRUN + [f"--nproc_per_node={nproc}", f"--master_port={free_port()}", str(PARITY), "--algo", algo]
-    return subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+def _parity(algo: str, nproc: int, env: dict | None = None) -> Run:
+    return launch(PARITY, ["--algo", algo], nproc, env, timeout=600)
 
 
 @pytest.mark.parametrize("algo,nproc", [("p2p", 2), ("a2a", 2), ("a2a+p2p", 4), ("p2p", 4)])

@@ -20,15 +20,14 @@ MLA config. The layer spec and MLA's core attention on their own: tests/unit/tes
 from __future__ import annotations
 
 import math
-import subprocess
-import sys
 
 import pytest
 
 from helpers.megatron_runs import TINY_DEEPSEEK_V3, run_pretrain, side_by_side, tail, worst_relative_gap
+from helpers.megatron_runs import launch as launch_script
 from helpers.paths import ROOT
 from helpers.prefetch import prefetched
-from helpers.processes import child_env, free_port, tagged_json
+from helpers.processes import tagged_json
 ITERS = 10
 RTOL = 3e-5
 
@@ -155,11 +154,8 @@ dist.barrier()
 def test_uneven_gather_on_gloo_and_mla_yarn_flags(tmp_path):
     script = tmp_path / "collectives_child.py"
     script.write_text(COLLECTIVES_CHILD)
-    env = child_env(ADAPTOR_QUIET="1", PYTHONPATH=str(ROOT))
-    out = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2",
-                          f"--master_port={free_port()}", str(script)], cwd=ROOT, env=env,
-                         capture_output=True, text=True, timeout=300)
-    assert out.returncode == 0, (out.stdout + out.stderr)[-4000:]
+    out = launch_script(script, nproc=2, env={"ADAPTOR_QUIET": "1", "PYTHONPATH": str(ROOT)}, timeout=300)
+    assert out.returncode == 0, out.output[-4000:]
     facts = tagged_json(out.stdout)
     assert facts["gathered"] and facts["grad"], facts
     # --yarn-original-max-position-embeddings 16 (upstream leaves MLA's default 4096)

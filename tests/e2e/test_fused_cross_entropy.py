@@ -14,12 +14,12 @@ The op against Megatron's in this process: tests/unit/test_fused_cross_entropy.p
 """
 from __future__ import annotations
 
-import subprocess
 
 import pytest
 
-from helpers.megatron_runs import ROOT, TINY_QWEN3, TORCHRUN, run_pretrain, side_by_side, tail, worst_relative_gap
-from helpers.processes import child_env, free_port, tagged_json
+from helpers.megatron_runs import ROOT, TINY_QWEN3, run_pretrain, side_by_side, tail, worst_relative_gap
+from helpers.megatron_runs import launch
+from helpers.processes import tagged_json
 
 RTOL_CURVE = 2e-5
 BF16_STEP = 2.0**-8
@@ -73,10 +73,8 @@ dist.destroy_process_group()
 def test_tp2_matches_unsplit_reference(tmp_path):
     script = tmp_path / "ce_tp2.py"
     script.write_text(TP2_SCRIPT)
-    env = child_env(PYTHONPATH=str(ROOT))
-    cmd = TORCHRUN + ["--nproc_per_node=2", f"--master_port={free_port()}", str(script)]
-    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
-    out = proc.stdout + proc.stderr
+    proc = launch(script, nproc=2, env={"PYTHONPATH": str(ROOT)}, timeout=300)
+    out = proc.output
     assert proc.returncode == 0, tail(out)
     result = tagged_json(out, "RESULT")
     for impl in ("ours", "megatron"):

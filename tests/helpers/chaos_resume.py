@@ -45,7 +45,8 @@ from datetime import datetime
 from pathlib import Path
 
 from helpers.checkpoint_compare import checkpoint_differences, checkpoint_format
-from helpers.megatron_runs import LOSS_LINE, ROOT, TINY_QWEN3, _launch, tail
+from helpers.megatron_runs import LOSS_LINE, ROOT, TINY_QWEN3, tail
+from helpers.warm_launcher import base_env, start
 
 ITERS = 12
 INTERVAL = 3
@@ -103,9 +104,8 @@ class Launch:
 
     def __init__(self, args: list[str], env: dict | None = None, script: str = "pretrain_gpt.py"):
         self.tag = uuid.uuid4().hex
-        cmd, full_env = _launch(args, NPROC, dict(env or {}, CHAOS_LAUNCH=self.tag), script)
-        self.proc = subprocess.Popen(cmd, cwd=ROOT, env=full_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                     text=True, start_new_session=True)
+        self.proc = start(ROOT / script, args, nproc=NPROC, env=base_env(dict(env or {}, CHAOS_LAUNCH=self.tag)),
+                          merge_stderr=True)
         self.lines: list[str] = []
         self._queue: queue.Queue = queue.Queue()
         threading.Thread(target=self._pump, daemon=True).start()
@@ -161,7 +161,7 @@ class Launch:
                 process.kill()
             except psutil.NoSuchProcess:
                 pass
-        for _ in range(3):  # workers in sessions of their own, orphans of the killed launcher
+        for _ in range(3):  # cold: workers in sessions of their own, orphans of the killed launcher
             rest = self._ours()
             if not rest:
                 break

@@ -1,18 +1,15 @@
 """Run pretrain_gpt.py through torchrun, as a user would, and read its loss curve."""
 from __future__ import annotations
 
-import os
 import re
 import subprocess
-import sys
 import threading
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from helpers.paths import ROOT, SAMPLE_CORPUS, SAMPLE_TOKENIZER  # noqa: F401  (re-exported)
-from helpers.processes import free_port, without_launcher
-
-TORCHRUN = [sys.executable, "-m", "torch.distributed.run"]
+from helpers.processes import free_port  # noqa: F401  (re-exported)
+from helpers.warm_launcher import TORCHRUN, Launched, base_env, finish_cold_report, start  # noqa: F401
 
 # A Qwen3-shaped model small enough for two CPU cores: GQA, qk-layernorm,
 # kv-channels != hidden/heads, RMSNorm, SwiGLU, RoPE base 1e6, tied embeddings.
@@ -65,13 +62,26 @@ _MTP_LOSS = re.compile(r"iteration\s+(\d+)/\s*\d+ .*?mtp_1 loss: ([0-9.Ee+-]+)")
 
 @dataclass
 class Run:
+    """One run's record: exit status, output, loss curves, each rank's exit, where it started and how long it took."""
+
     returncode: int
     output: str
     losses: dict[int, float]
     mtp_losses: dict[int, float]
+    stdout: str = ""
+    stderr: str = ""
+    exitcodes: list[int] | None = None
+    first_failure: tuple[int, int] | None = None
+    warm: bool = False
+    wall_s: float = 0.0
+    command: list[str] = field(default_factory=list)
 
     def curve(self) -> list[float]:
         return [self.losses[i] for i in sorted(self.losses)]
+
+    def error_lines(self) -> list[str]:
+        """The ``megatron-adaptor: error:`` lines the run printed."""
+        return [line for line in self.output.splitlines() if line.startswith("megatron-adaptor: error:")]
 
 
 def side_by_side(*jobs):
@@ -104,21 +114,6 @@ class TwoAtATime:
         self._pool.shutdown(wait=True, cancel_futures=True)
 
 
-def _launch(args: list[str], nproc: int, env: dict | None, script: str,
-            torchrun: bool = True) -> tuple[list[str], dict]:
-    """The command line (torchrun, or plain python for one process) and environment of one pretrain run on CPU."""
-    if torchrun:
-        cmd = TORCHRUN + [f"--nproc_per_node={nproc}", f"--master_port={free_port()}", str(ROOT / script)] + args
-    else:
-        assert nproc == 1, "plain python runs one process"
-        cmd = [sys.executable, str(ROOT / script)] + args
-    full_env = dict(os.environ, ADAPTOR_BACKEND="cpu", OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
-    if not torchrun:  # as a user's shell would have it: no launcher variables
-        without_launcher(full_env)
-    full_env.update(env or {})
-    return cmd, full_env
-
-
 def losses_of(output: str) -> dict[int, float]:
     """Iteration -> lm loss, as Megatron logged them."""
     return {int(i): float(v) for i, v in LOSS_LINE.findall(output)}
@@ -135,16 +130,45 @@ def _parsed(returncode: int, output: str) -> Run:
     return Run(returncode, output, losses, mtp_losses)
 
 
-def run_pretrain(args: list[str], nproc: int = 1, env: dict | None = None, timeout: int = 600,
-                 script: str = "pretrain_gpt.py", torchrun: bool = True) -> Run:
+def record(launched: Launched, stdout: str, stderr: str) -> Run:
+    """The run record of a finished launch."""
+    output = stdout + stderr
+    finish_cold_report(launched, output)
+    run = _parsed(launched.returncode, output)
+    run.stdout, run.stderr = stdout, stderr
+    run.exitcodes, run.first_failure = launched.exitcodes, launched.first_failure
+    run.warm, run.wall_s, run.command = launched.warm, launched.wall_s or 0.0, launched.command
+    return run
+
+
+def launch(script, args=(), nproc: int = 1, env: dict | None = None, timeout: float = 600, *,
+           launcher: str = "torchrun", warm: bool = True, cwd=ROOT, code: str | None = None,
+           merge_stderr: bool = False) -> Run:
+    """Run ``script`` (relative to the repository, or a path) to its end and return its record.
+
+    ``env`` adds to the test environment (one thread per process, cpu backend, no launcher variables);
+    ``launcher="python"`` is a user's plain ``python script.py``; ``warm=False`` always starts cold, as
+    the user's command line (helpers/warm_launcher.py). A timeout kills every rank and fails the test.
+    """
+    script = script if script == "-c" else str(ROOT / script)
     for _ in range(3):
-        cmd, full_env = _launch(args, nproc, env, script, torchrun)
-        proc = subprocess.run(cmd, cwd=ROOT, env=full_env, capture_output=True, text=True, timeout=timeout)
-        output = proc.stdout + proc.stderr
-        # free_port() closes the port before torchrun binds it; a run beside this one may take it first
-        if proc.returncode == 0 or "EADDRINUSE" not in output:
-            break
-    return _parsed(proc.returncode, output)
+        launched = start(script, args, nproc=nproc, env=base_env(env), launcher=launcher, cwd=cwd, warm=warm,
+                         code=code, merge_stderr=merge_stderr)
+        try:
+            stdout, stderr = launched.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired as exc:
+            raise AssertionError(f"no exit within {timeout} s: {' '.join(map(str, launched.command))}\n"
+                                 f"{tail((exc.output or '') + (exc.stderr or ''))}") from None
+        run = record(launched, stdout, stderr)
+        # free_port() closes the port before rank 0 binds it; a run beside this one may take it first
+        if run.returncode == 0 or "EADDRINUSE" not in run.output:
+            return run
+    return run
+
+
+def run_pretrain(args: list[str], nproc: int = 1, env: dict | None = None, timeout: int = 600,
+                 script: str = "pretrain_gpt.py", torchrun: bool = True, warm: bool = True) -> Run:
+    return launch(script, args, nproc, env, timeout, launcher="torchrun" if torchrun else "python", warm=warm)
 
 
 def save_start_checkpoint(model_args: list[str], directory) -> None:
@@ -163,17 +187,15 @@ def tail(text: str, n: int = 60) -> str:
 class LiveRun:
     """A pretrain run whose output is read while it runs, so a test can signal it at a chosen moment.
 
-    ``signal`` reaches the launcher and every process under it at once (torchrun starts its
-    workers in sessions of their own), as a dying node or a scheduler's SIGTERM would.
+    ``signal`` reaches the launcher (or warm agent) and every rank under it at once, as a dying node or
+    a scheduler's SIGTERM would.
     """
 
-    def __init__(self, args: list[str], nproc: int = 1, env: dict | None = None, script: str = "pretrain_gpt.py"):
+    def __init__(self, args: list[str], nproc: int = 1, env: dict | None = None, script: str = "pretrain_gpt.py",
+                 warm: bool = True):
         import queue
-        import threading
 
-        cmd, full_env = _launch(args, nproc, env, script)
-        self.proc = subprocess.Popen(cmd, cwd=ROOT, env=full_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                     text=True, start_new_session=True)
+        self.proc = start(str(ROOT / script), args, nproc=nproc, env=base_env(env), warm=warm, merge_stderr=True)
         self.lines: list[str] = []
         self._queue: queue.Queue = queue.Queue()
         threading.Thread(target=self._pump, daemon=True).start()
@@ -203,18 +225,7 @@ class LiveRun:
                 return line
 
     def signal(self, sig: int) -> None:
-        import psutil
-
-        try:
-            tree = [psutil.Process(self.proc.pid)]
-            tree += tree[0].children(recursive=True)
-        except psutil.NoSuchProcess:
-            return
-        for process in tree:
-            try:
-                process.send_signal(sig)
-            except psutil.NoSuchProcess:
-                pass
+        self.proc.send_signal(sig)
 
     def finish(self, timeout: float = 300) -> Run:
         self.proc.wait(timeout=timeout)
@@ -223,7 +234,7 @@ class LiveRun:
             if line is None:
                 break
             self.lines.append(line)
-        return _parsed(self.proc.returncode, "".join(self.lines))
+        return record(self.proc, "".join(self.lines), "")
 
 
 class SharedRuns:

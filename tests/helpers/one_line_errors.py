@@ -9,12 +9,12 @@ import os
 import re
 import signal
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from helpers.paths import ROOT
+from helpers.megatron_runs import Run, launch
 from helpers.processes import free_port, without_launcher
 
 SCRIPT = str(ROOT / "pretrain_gpt.py")
@@ -96,24 +96,23 @@ def run(cmd: list[str], cwd: Path, env: dict) -> subprocess.CompletedProcess:
     return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
 
 
-def run_torchrun(nproc: int, args: list[str], cwd: Path, **env) -> subprocess.CompletedProcess:
-    cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}",
-           f"--master_port={free_port()}", SCRIPT, *args]
-    return run(cmd, cwd, base_env(**env))
+def run_torchrun(nproc: int, args: list[str], cwd: Path, warm: bool = True, **env) -> Run:
+    """``torchrun --nproc_per_node nproc pretrain_gpt.py args`` in ``cwd`` (warm unless ``warm=False``)."""
+    return launch(SCRIPT, args, nproc, env, TIMEOUT, cwd=cwd, warm=warm)
 
 
-def run_python(args: list[str], cwd: Path, script: str = SCRIPT, **env) -> subprocess.CompletedProcess:
+def run_python(args: list[str], cwd: Path, script: str = SCRIPT, warm: bool = True, **env) -> Run:
     """One process of ``script`` (pretrain_gpt.py), with the variables torchrun --nproc_per_node 1 would set."""
     rendezvous = dict(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", LOCAL_WORLD_SIZE="1",
                       MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
-    return run([sys.executable, script, *args], cwd, base_env(**rendezvous, **env))
+    return launch(script, args, 1, {**rendezvous, **env}, TIMEOUT, launcher="python", cwd=cwd, warm=warm)
 
 
 def error_lines(output: str) -> list[str]:
     return [line for line in output.splitlines() if line.startswith(PREFIX)]
 
 
-def torchrun_root_cause(output: str) -> tuple[int, int] | None:
+def torchrun_root_cause(output: str) -> tuple[int, int] | None:  # noqa: D401
     """(rank, exitcode) of the "Root Cause" entry in torchrun's ChildFailedError report."""
     _, sep, tail = output.partition("Root Cause (first observed failure):")
     if not sep:
@@ -136,8 +135,9 @@ def assert_one_line_error(proc, must_name: list[str], torchrun: bool) -> str:
         assert launcher_only_frames(output), where
         # The worker left through adaptor.errors.fail (SystemExit(2)), not an
         # uncaught exception (1); and rank 0, the one that prints, was the
-        # first to exit rather than being SIGTERMed by torchrun before it could.
-        assert torchrun_root_cause(output) == (0, 2), where
+        # first to exit rather than being SIGTERMed by the launcher before it could.
+        first = getattr(proc, "first_failure", None) if getattr(proc, "warm", False) else torchrun_root_cause(output)
+        assert first == (0, 2), where
     else:
         assert "Traceback" not in output, where
         assert proc.returncode == 2, where

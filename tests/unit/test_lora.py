@@ -19,15 +19,13 @@ from __future__ import annotations
 import argparse
 import functools
 import os
-import subprocess
-import sys
 from types import SimpleNamespace
 
 import pytest
 import torch
 import torch.nn.functional as F
 
-from helpers.paths import ROOT
+from helpers.megatron_runs import launch
 from helpers.processes import free_port
 
 os.environ.setdefault("ADAPTOR_BACKEND", "cpu")
@@ -270,11 +268,8 @@ def test_mla_linears_take_adapters(model_parallel):
 
 
 def test_tensor_parallel_layout_matches_the_whole_layer():
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", f"--master_port={free_port()}",
-           str(ROOT / "tests" / "scripts" / "lora_tp_parity.py")]
-    env = dict(os.environ, ADAPTOR_BACKEND="cpu", OMP_NUM_THREADS="1", ADAPTOR_QUIET="1")
-    out = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
-    assert out.returncode == 0, (out.stdout + out.stderr)[-4000:]
+    out = launch("tests/scripts/lora_tp_parity.py", nproc=2, env={"ADAPTOR_QUIET": "1"}, timeout=300)
+    assert out.returncode == 0, out.output[-4000:]
     cases = [line.split()[1] for line in out.stdout.splitlines() if line.startswith("CASE") and line.endswith(" ok")]
     assert cases == [f"{k}_{c}" for k in ("column", "row") for c in ("plain", "sequence_parallel", "expert")] + [
         "sharded_state_dict"], out.stdout

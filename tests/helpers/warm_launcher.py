@@ -1,0 +1,335 @@
+"""Start entry scripts as torchrun (or plain python) would, from a warm zygote when that is sound.
+
+``start(script, args, nproc=..., launcher="torchrun"|"python")`` returns a :class:`Launched`, a small
+Popen: ``pid`` (the run's agent, leader of its own session), ``stdout``/``stderr`` pipes, ``wait``,
+``communicate``, ``send_signal``, ``returncode``, plus ``exitcodes`` (one per rank) and
+``first_failure`` ((rank, exit code) of the first rank to fail, torchrun's "root cause").
+
+Warm runs fork from helpers/zygote.py, which has imported torch and Megatron once (about 6 s a rank
+saved). A run is launched cold, as the user's command line, when ``warm=False``, when the environment
+differs from the zygote's in a variable read at import time, or when ``ADAPTOR_TEST_COLD=1`` (the whole
+suite cold: the reference the warm suite must equal). Cold torchrun's ranks and root cause are read
+from its ChildFailedError report.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+from helpers.paths import ROOT
+from helpers.processes import free_port, without_launcher
+
+ZYGOTE = Path(__file__).with_name("zygote.py")
+TORCHRUN = [sys.executable, "-m", "torch.distributed.run"]
+
+
+def cold_only() -> bool:
+    return os.environ.get("ADAPTOR_TEST_COLD", "") not in ("", "0")
+
+
+def base_env(extra: dict | None = None, launcher: str = "torchrun") -> dict:
+    """This process's environment, one thread per process on the cpu backend, without launcher variables."""
+    env = without_launcher(dict(os.environ, OMP_NUM_THREADS="1", ADAPTOR_BACKEND="cpu", PYTHONUNBUFFERED="1"))
+    env.pop("ADAPTOR_TEST_COLD", None)
+    env.update(extra or {})
+    return env
+
+
+class _Zygote:
+    """One zygote process, for one set of import-time variables; started on first use or by ``prestart``."""
+
+    def __init__(self, import_env: dict | None = None) -> None:
+        self.import_env = dict(import_env or {})
+        self._lock = threading.Lock()
+        self._proc: subprocess.Popen | None = None
+        self._path: str | None = None
+        self._ready = threading.Event()
+        self.failed: str | None = None
+
+    def prestart(self) -> None:
+        with self._lock:
+            if self._proc is not None or self.failed:
+                return
+            folder = tempfile.mkdtemp(prefix="adaptor-zygote-")
+            self._path = os.path.join(folder, "socket")
+            self._log = os.path.join(folder, "zygote.log")  # the imports' warnings; ranks write to their own pipes
+            with open(self._log, "w") as log:
+                self._proc = subprocess.Popen([sys.executable, str(ZYGOTE), self._path], cwd=ROOT, env=self.env(),
+                                              stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=log, text=True)
+            threading.Thread(target=self._await_ready, daemon=True).start()
+
+    def _await_ready(self) -> None:
+        line = self._proc.stdout.readline()
+        if line.strip() != "ready":
+            self._proc.wait()
+            self.failed = f"zygote did not start: {line}{Path(self._log).read_text()[-3000:]}"
+        self._ready.set()
+
+    def connect(self) -> socket.socket | None:
+        """A connection to the zygote, or None when it could not start."""
+        self.prestart()
+        self._ready.wait(300)
+        if self.failed or not self._ready.is_set():
+            return None
+        conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        conn.connect(self._path)
+        return conn
+
+    def env(self) -> dict:
+        """The zygote's own environment: the tests' base, with this zygote's import-time variables."""
+        from helpers.zygote import import_time_variables
+
+        env = {k: v for k, v in base_env().items() if k not in import_time_variables(base_env())}
+        env.update(self.import_env)
+        return env
+
+    def stop(self) -> None:
+        with self._lock:
+            proc, self._proc = self._proc, None
+        if proc is None:
+            return
+        try:
+            if self._ready.wait(1) and not self.failed:
+                with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
+                    conn.connect(self._path)
+                    socket.send_fds(conn, [(json.dumps({"stop": True}) + "\n").encode()], [])
+            proc.wait(10)
+        except (OSError, subprocess.TimeoutExpired):
+            proc.kill()
+            proc.wait()
+
+
+class _Zygotes:
+    """A zygote per set of import-time variables (the tests' base, the NPU stand-in's PYTHONPATH, ...).
+
+    A set met for the first time gets its own zygote, up to ``MAX`` of them; beyond that, cold.
+    """
+
+    MAX = 4
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._by_key: dict[tuple, _Zygote] = {}
+
+    def for_env(self, env: dict) -> _Zygote | None:
+        from helpers.zygote import import_time_variables
+
+        wanted = import_time_variables(env)
+        key = tuple(sorted(wanted.items()))
+        with self._lock:
+            if key not in self._by_key:
+                if len(self._by_key) >= self.MAX:
+                    return None
+                self._by_key[key] = _Zygote(wanted)
+            return self._by_key[key]
+
+    def prestart(self) -> None:
+        self.for_env(base_env()).prestart()
+
+    def stop(self) -> None:
+        with self._lock:
+            zygotes = list(self._by_key.values())
+        for zygote in zygotes:
+            zygote.stop()
+
+
+ZYGOTES = _Zygotes()
+
+
+class Launched:
+    """One launched run: a subset of subprocess.Popen, plus each rank's exit code."""
+
+    def __init__(self, command: list[str], warm: bool):
+        self.command = command
+        self.warm = warm
+        self.returncode: int | None = None
+        self.exitcodes: list[int] | None = None
+        self.first_failure: tuple[int, int] | None = None
+        self.threads_at_fork: int | None = None
+        self.started = time.monotonic()
+        self.wall_s: float | None = None
+        self.pid: int = 0
+        self.stdout = self.stderr = None
+        self._popen: subprocess.Popen | None = None
+        self._conn: socket.socket | None = None
+        self._conn_file = None
+
+    # -- Popen's interface --
+    def poll(self) -> int | None:
+        if self.returncode is None and self._popen is not None and self._popen.poll() is not None:
+            self._finish_cold()
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        if self.returncode is not None:
+            return self.returncode
+        if self._popen is not None:
+            self._popen.wait(timeout)
+            self._finish_cold()
+        else:
+            self._conn.settimeout(timeout)
+            try:
+                line = self._conn_file.readline()
+            except (TimeoutError, socket.timeout):
+                raise subprocess.TimeoutExpired(self.command, timeout) from None
+            report = json.loads(line) if line else {"exitcodes": [-signal.SIGKILL], "first_failure": None}
+            self._finish_warm(report)
+        return self.returncode
+
+    def communicate(self, timeout: float | None = None) -> tuple[str, str]:
+        """Both streams read to their end and the exit status, as Popen.communicate; kills the run on timeout."""
+        chunks = {"out": [], "err": []}
+
+        def read(name, stream):
+            if stream is not None:
+                chunks[name].append(stream.read())
+
+        readers = [threading.Thread(target=read, args=(n, s), daemon=True)
+                   for n, s in (("out", self.stdout), ("err", self.stderr))]
+        for t in readers:
+            t.start()
+        deadline = None if timeout is None else time.monotonic() + timeout
+        for t in readers:
+            t.join(None if deadline is None else max(0.0, deadline - time.monotonic()))
+        if any(t.is_alive() for t in readers):
+            self.kill_all()
+            for t in readers:
+                t.join(30)
+            self.wait(30)
+            raise subprocess.TimeoutExpired(self.command, timeout, output="".join(chunks["out"]),
+                                            stderr="".join(chunks["err"]))
+        self.wait(None if deadline is None else max(1.0, deadline - time.monotonic()))
+        return "".join(chunks["out"]), "".join(chunks["err"])
+
+    def send_signal(self, sig: int) -> None:
+        """To the agent (or launcher) and every rank under it, as a node's death or a scheduler would."""
+        import psutil
+
+        try:
+            tree = [psutil.Process(self.pid)]
+            tree += tree[0].children(recursive=True)
+        except psutil.NoSuchProcess:
+            return
+        for process in tree:
+            try:
+                process.send_signal(sig)
+            except psutil.NoSuchProcess:
+                pass
+
+    def kill_all(self) -> None:
+        try:
+            os.killpg(self.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+        self.send_signal(signal.SIGKILL)
+
+    # -- ends --
+    def _finish_warm(self, report: dict) -> None:
+        self.exitcodes = report["exitcodes"]
+        failure = report.get("first_failure")
+        self.first_failure = tuple(failure) if failure else None
+        if self.command[1:3] == ["-m", "torch.distributed.run"]:
+            self.returncode = 0 if all(code == 0 for code in self.exitcodes) else 1
+        else:
+            self.returncode = self.exitcodes[0]
+        self.wall_s = time.monotonic() - self.started
+        self._conn_file.close()
+        self._conn.close()
+
+    def _finish_cold(self) -> None:
+        self.returncode = self._popen.returncode
+        self.wall_s = time.monotonic() - self.started
+
+
+def _torchrun_root_cause(output: str) -> tuple[int, int] | None:
+    _, sep, tail = output.partition("Root Cause (first observed failure):")
+    if not sep:
+        return None
+    rank = re.search(r"rank\s*:\s*(\d+)", tail)
+    code = re.search(r"exitcode\s*:\s*(-?\d+)", tail)
+    return (int(rank.group(1)), int(code.group(1))) if rank and code else None
+
+
+def command_line(script: str, args, nproc: int, launcher: str, port: int) -> list[str]:
+    """What the user would type; a cold launch runs exactly this."""
+    if launcher == "torchrun":
+        return TORCHRUN + [f"--nproc_per_node={nproc}", f"--master_port={port}", str(script), *map(str, args)]
+    assert nproc == 1, "plain python runs one process"
+    return [sys.executable, str(script), *map(str, args)]
+
+
+def start(script, args=(), *, nproc: int = 1, env: dict | None = None, launcher: str = "torchrun",
+          cwd=ROOT, warm: bool = True, merge_stderr: bool = False, code: str | None = None) -> Launched:
+    """Launch ``script`` (a path, or ``"-c"`` with ``code``) with ``args`` on ``nproc`` ranks.
+
+    ``env`` is the whole environment (default: :func:`base_env`); a plain-python launch gets no launcher
+    variables unless ``env`` sets them, as a user's shell has none.
+    """
+    env = base_env() if env is None else dict(env)
+    port = free_port()
+    script = str(script)
+    cmd = command_line(script, args, nproc, launcher, port) if script != "-c" else [sys.executable, "-c", code, *args]
+    conn = None
+    if warm and not cold_only():
+        zygote = ZYGOTES.for_env(env)
+        conn = zygote.connect() if zygote is not None else None
+    if conn is None:
+        return _start_cold(cmd, env, cwd, merge_stderr)
+    launched = Launched(cmd, warm=True)
+    out_r, out_w = os.pipe()
+    if merge_stderr:
+        err_r, err_w = None, os.dup(out_w)
+    else:
+        err_r, err_w = os.pipe()
+    request = {"script": script, "code": code, "argv": [str(a) for a in args], "env": env, "cwd": str(cwd),
+               "nproc": nproc, "launcher": launcher, "master_port": port}
+    socket.send_fds(conn, [(json.dumps(request) + "\n").encode()], [out_w, err_w])
+    os.close(out_w)
+    os.close(err_w)
+    conn_file = conn.makefile("r")
+    hello = json.loads(conn_file.readline() or '{"refused": "zygote closed the connection"}')
+    if "refused" in hello and os.environ.get("ADAPTOR_TEST_LAUNCH_DEBUG"):
+        print("warm launch refused:", hello["refused"], file=sys.stderr)
+    if "refused" in hello:
+        conn_file.close()
+        conn.close()
+        for fd in (out_r, err_r):
+            if fd is not None:
+                os.close(fd)
+        return _start_cold(cmd, env, cwd, merge_stderr)
+    launched.pid = hello["pid"]
+    launched.threads_at_fork = hello["threads_at_fork"]
+    launched._conn, launched._conn_file = conn, conn_file
+    launched.stdout = os.fdopen(out_r, "r", errors="replace")
+    launched.stderr = None if err_r is None else os.fdopen(err_r, "r", errors="replace")
+    return launched
+
+
+def _start_cold(cmd, env, cwd, merge_stderr) -> Launched:
+    launched = Launched(cmd, warm=False)
+    launched._popen = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=subprocess.PIPE,
+                                       stderr=subprocess.STDOUT if merge_stderr else subprocess.PIPE,
+                                       stdin=subprocess.DEVNULL, text=True, errors="replace", start_new_session=True)
+    launched.pid = launched._popen.pid
+    launched.stdout, launched.stderr = launched._popen.stdout, launched._popen.stderr
+    return launched
+
+
+def finish_cold_report(launched: Launched, output: str) -> None:
+    """Ranks' exit codes of a cold run, as far as the launcher's output tells them."""
+    if launched.warm:
+        return
+    if launched.command[1:3] == ["-m", "torch.distributed.run"]:
+        launched.first_failure = _torchrun_root_cause(output)
+    else:
+        launched.exitcodes = [launched.returncode]
+        launched.first_failure = None if launched.returncode == 0 else (0, launched.returncode)
