@@ -86,13 +86,15 @@ def feature_registry() -> FeatureRegistry:
 def summary(enabled=None) -> str:
     """Backend, enabled features, and every applied patch grouped by the module that owns it."""
     enabled = registry.enabled(context) if enabled is None else enabled
+    pending = patch_manager.pending()
+    waiting = f" ({len(pending)} more when their module is first imported)" if pending else ""
     lines = [
         f"[megatron-adaptor] backend={backend.name} ({backend.source}), "
         f"distributed backend={backend.dist_backend}, megatron-core {SUPPORTED_MEGATRON_CORE}",
         f"[megatron-adaptor] features: {_by_concern(enabled) or 'none'}",
-        f"[megatron-adaptor] {len(patch_manager)} patches applied:",
+        f"[megatron-adaptor] {len(patch_manager)} patches applied{waiting}:",
     ]
-    for owner, targets in patch_manager.targets_by_owner().items():
+    for owner, targets in patch_manager.targets_by_owner(pending=True).items():
         groups: dict[str, list[str]] = {}
         for target in targets:
             parent, _, attr = target.rpartition(".")

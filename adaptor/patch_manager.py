@@ -14,6 +14,11 @@ two features silently fighting over one function. Three properties matter:
   signature, so methods, classmethods and staticmethods bind correctly.
 * **Conflicts are errors.** A second replacement of one target raises
   :class:`PatchConflictError` naming both registrants.
+* **Lazy where it can be.** A target whose module is not imported yet is patched the moment that
+  module finishes importing (wrapt's post-import hook), not imported to be patched: a run that
+  never loads Megatron's Hugging Face tokenizers or vision models does not pay for importing them
+  (transformers alone is about a second), and a bad flag is answered that much sooner. Nobody can
+  hold the unpatched object in between: it does not exist before its module does.
 """
 from __future__ import annotations
 
@@ -81,6 +86,7 @@ class _Patch:
     installed: Any = None
     installed_visible: Any = None  # getattr view of `installed`, for rebinding aliases
     aliases: list[tuple[types.ModuleType, str]] = field(default_factory=list)
+    waiting_on: Optional[str] = None  # the module whose import applies it, while pending
 
     @property
     def owners(self) -> list[str]:
@@ -104,6 +110,7 @@ class PatchManager:
 
     def __init__(self) -> None:
         self._patches: dict[str, _Patch] = {}
+        self._hooked: set[str] = set()  # modules with our post-import hook
 
     # ---------------------------------------------------------------- registration
     def register_replacement(self, target: str, replacement: Any, owner: str, create: bool = False) -> None:
@@ -134,17 +141,48 @@ class PatchManager:
 
     # ---------------------------------------------------------------- apply/remove
     def apply(self) -> list[str]:
-        """Apply every registered patch not yet applied; return the targets applied now."""
-        done = [p for p in self._patches.values() if not p.applied]
-        for patch in done:
-            self._apply_one(patch)
+        """Apply every registered patch whose module is imported; the others wait for their module.
+
+        Returns the targets applied now.
+        """
+        done = []
+        for patch in [p for p in self._patches.values() if not p.applied]:
+            missing = _first_missing_module(patch.target)
+            if missing is None:
+                self._apply_one(patch)
+                patch.waiting_on = None
+                done.append(patch)
+            else:
+                self._wait_for(patch, missing)
         self._rebind_aliases(done)
         return [p.target for p in done]
 
+    def _wait_for(self, patch: _Patch, module: str) -> None:
+        """Hook every module on the target's path that has not started importing; the end of each
+        import re-tries the patches still waiting (a circular import finishes the deeper module last)."""
+        patch.waiting_on = module
+        parts = patch.target.split(".")
+        for i in range(1, len(parts)):
+            name = ".".join(parts[:i])
+            if name not in sys.modules and name not in self._hooked:
+                self._hooked.add(name)
+                wrapt.register_post_import_hook(self._imported, name)
+
+    def _imported(self, module) -> None:
+        # Called at the end of the module's exec_module, before importlib marks it done.
+        _FINISHED.add(module.__name__)
+        if any(p.waiting_on for p in self._patches.values()):
+            self.apply()
+
+    def pending(self) -> dict[str, str]:
+        """Registered targets not applied yet -> the module whose import will apply them."""
+        return {p.target: p.waiting_on for p in self._patches.values() if not p.applied and p.waiting_on}
+
     def remove(self) -> None:
-        """Undo every applied patch, aliases included, in reverse order."""
+        """Undo every applied patch, aliases included, in reverse order; pending ones stop waiting."""
         self._collect_late_aliases([p for p in self._patches.values() if p.applied])
         for patch in reversed(list(self._patches.values())):
+            patch.waiting_on = None
             if patch.applied:
                 self._remove_one(patch)
 
@@ -229,11 +267,12 @@ class PatchManager:
             return getattr(parent, attr)
         return p.original_visible
 
-    def targets_by_owner(self) -> dict[str, list[str]]:
-        """Applied targets per registrant (a target with several owners appears under each)."""
+    def targets_by_owner(self, pending: bool = False) -> dict[str, list[str]]:
+        """Applied targets per registrant (a target with several owners appears under each);
+        with ``pending``, the targets waiting for their module too."""
         out: dict[str, list[str]] = {}
         for p in self._patches.values():
-            if p.applied:
+            if p.applied or (pending and p.waiting_on):
                 for owner in dict.fromkeys(p.owners):
                     out.setdefault(owner, []).append(p.target)
         return out
@@ -252,6 +291,57 @@ class PatchManager:
 
     def __len__(self) -> int:
         return sum(p.applied for p in self._patches.values())
+
+
+def _first_missing_module(target: str) -> Optional[str]:
+    """The first module on ``target``'s path that is not imported yet (None: all there), found
+    without importing anything."""
+    parts = target.split(".")
+    if len(parts) < 2:
+        raise PatchTargetError(f"patch target {target!r} must be a dotted path 'module.attr'")
+    if not _imported(parts[0]):
+        return parts[0] if _is_module(parts[0]) else None
+    obj: Any = sys.modules[parts[0]]
+    for i, part in enumerate(parts[1:-1], start=1):
+        name = ".".join(parts[: i + 1])
+        if isinstance(obj, types.ModuleType) and name in sys.modules:
+            if not _imported(name):
+                return name
+            obj = sys.modules[name]
+        elif part in vars(obj) if isinstance(obj, types.ModuleType) else hasattr(obj, part):
+            obj = getattr(obj, part)
+        elif isinstance(obj, types.ModuleType):
+            return name if _is_module(name) else None  # not importable: resolve_parent says so
+        else:
+            return None  # not a module path: resolve_parent names what is wrong
+    if isinstance(obj, types.ModuleType) and parts[-1] not in vars(obj):
+        submodule = f"{obj.__name__}.{parts[-1]}"
+        if not _imported(submodule) and (submodule in sys.modules or _is_module(submodule)):
+            return submodule
+    if isinstance(obj, types.ModuleType) and not _imported(obj.__name__):
+        return obj.__name__
+    return None
+
+
+_FINISHED: set[str] = set()  # modules whose post-import hook ran: executed, though still flagged as importing
+
+
+def _imported(name: str) -> bool:
+    """In sys.modules and done executing (a module part-way through a circular import is not)."""
+    module = sys.modules.get(name)
+    if module is None:
+        return False
+    return name in _FINISHED or not getattr(getattr(module, "__spec__", None), "_initializing", False)
+
+
+def _is_module(name: str) -> bool:
+    """Whether ``name`` can be imported; its parent package is imported already, so this imports nothing."""
+    import importlib.util
+
+    try:
+        return importlib.util.find_spec(name) is not None
+    except (ImportError, ValueError):
+        return False
 
 
 def _copies(by_id: dict, held: Callable[[_Patch], Any]):

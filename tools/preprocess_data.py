@@ -288,7 +288,51 @@ def _hub_name(path: str) -> bool:
 
 # Tokenizer -----------------------------------------------------------------------------------
 
+class JsonTokenizer:
+    """What this tool reads of Megatron's ``MegatronTokenizerText`` (``vocab_size``, ``eod``, ``tokenize``),
+    over the very library object the training run builds for a ``tokenizer.json`` (the
+    ``TokenizerJson`` of adaptor/tokenizer_json.py, with the arguments Megatron's ``build_tokenizer``
+    gives it): the same ids, without importing torch or Megatron."""
+
+    def __init__(self, library):
+        self._tokenizer = library
+
+    @property
+    def vocab_size(self) -> int:
+        return self._tokenizer.vocab_size
+
+    @property
+    def eod(self):
+        return self._tokenizer.eod
+
+    def tokenize(self, text: str):
+        return self._tokenizer.text_to_ids(text)
+
+
+def plain_tokenizer_json(args: argparse.Namespace) -> bool:
+    """A HuggingFaceTokenizer from a tokenizer.json with no other tokenizer option: Megatron would build
+    exactly a TokenizerJson (patches/hf/tokenizer_json.py), which this tool can build itself."""
+    if getattr(args, "tokenizer_type", None) != "HuggingFaceTokenizer" or not args.tokenizer_model:
+        return False
+    if args.vocab_file or args.merge_file:
+        return False
+    return _tokenizer_json_module().find_tokenizer_json(args.tokenizer_model) is not None
+
+
+def _tokenizer_json_module():
+    """adaptor/tokenizer_json.py on its own (json and the tokenizers library only), as for the tables below."""
+    return _standalone("tokenizer_json_standalone", "tokenizer_json.py")
+
+
 def build_megatron_tokenizer(args: argparse.Namespace):
+    if getattr(args, "fast_tokenizer", False):
+        try:
+            return JsonTokenizer(_tokenizer_json_module().TokenizerJson(
+                args.tokenizer_model, additional_special_tokens=[], include_special_tokens=True, chat_template=None))
+        except (OSError, ValueError) as exc:
+            detail = " ".join(str(exc).split()) or type(exc).__name__
+            raise ToolError(f"cannot build the {args.tokenizer_type} tokenizer from {args.tokenizer_model}: "
+                            f"{detail}") from exc
     from megatron.core.tokenizers.utils.build_tokenizer import build_tokenizer
 
     if args.tokenizer_type is None:
@@ -309,6 +353,8 @@ def build_megatron_tokenizer(args: argparse.Namespace):
 
 def batch_encoder(tok):
     """``texts -> list of id lists``: the library's ``encode_batch`` when it has one, else ``tokenize``."""
+    if isinstance(tok, JsonTokenizer):
+        return tok._tokenizer.encode_batch, True
     from megatron.core.tokenizers.text.text_tokenizer import MegatronTokenizerText
 
     library = getattr(tok, "_tokenizer", None)
@@ -327,10 +373,8 @@ def end_of_document(tok):
 
 
 def choose_dtype(requested: str, vocab_size: int):
-    if requested == "auto":
-        from megatron.core.datasets.indexed_dataset import DType
-
-        return np.dtype(DType.optimal_dtype(vocab_size))  # Megatron's own rule (uint16 below 65500)
+    if requested == "auto":  # Megatron's rule, DType.optimal_dtype: uint16 below 65500, else int32
+        return np.dtype(np.uint16 if vocab_size is not None and vocab_size < 65500 else np.int32)
     if vocab_size > DTYPE_LIMITS[requested]:
         raise ToolError(f"--dtype {requested} holds token ids below {DTYPE_LIMITS[requested]}, but the "
                         f"tokenizer's vocabulary has {vocab_size} tokens; use --dtype int32 or auto")
@@ -425,7 +469,8 @@ def _init_worker(spawn_args) -> None:
     _die_with_parent()
     if spawn_args is not None:  # no fork on this platform: build our own tokenizer
         args, keys, skip_bad, eod, dtype = spawn_args
-        _import_megatron()
+        if not getattr(args, "fast_tokenizer", False):
+            _import_megatron()
         _State.encode = batch_encoder(build_megatron_tokenizer(args))[0]
         _State.keys, _State.skip_bad, _State.eod, _State.dtype = keys, skip_bad, eod, np.dtype(dtype)
 
@@ -818,11 +863,16 @@ def _mindspeed_llm_tables():
     """``adaptor/command_line/mindspeed_llm.py`` loaded on its own (plain tables and functions), so a
     refused flag is one line before torch and Megatron load; importing it through ``adaptor`` would
     load both."""
-    spec = importlib.util.spec_from_file_location(
-        "mindspeed_llm_tables", Path(__file__).resolve().parents[1] / "adaptor" / "command_line" / "mindspeed_llm.py")
-    module = sys.modules[spec.name] = importlib.util.module_from_spec(spec)  # its dataclasses look it up
-    spec.loader.exec_module(module)
-    return module
+    return _standalone("mindspeed_llm_tables", "command_line/mindspeed_llm.py")
+
+
+def _standalone(name: str, path: str):
+    """A torch-free module of adaptor/ loaded by file, once, without the package (which loads torch)."""
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(name, Path(__file__).resolve().parents[1] / "adaptor" / path)
+        module = sys.modules[spec.name] = importlib.util.module_from_spec(spec)  # dataclasses look it up
+        spec.loader.exec_module(module)
+    return sys.modules[name]
 
 
 def main(argv=None) -> int:
@@ -836,11 +886,14 @@ def main(argv=None) -> int:
     previous = {s: signal.signal(s, _on_signal) for s in (signal.SIGTERM, signal.SIGHUP)}
     try:
         files = None
+        args = None
         if not {"-h", "--help"} & set(argv):
-            opts, _ = _pre_parser().parse_known_args(argv)
+            opts, unknown = _pre_parser().parse_known_args(argv)
             if opts.input and opts.output_prefix:
                 files = precheck(opts)  # before the slow imports: quick answers for common mistakes
-        args = full_parser().parse_args(argv)
+                if not unknown and plain_tokenizer_json(opts):  # nothing for Megatron's parser to add
+                    args, args.fast_tokenizer = opts, True
+        args = args or full_parser().parse_args(argv)
         run(args, files if files is not None else precheck(args))
         return 0
     except (ToolError, InputError) as exc:

@@ -608,3 +608,31 @@ def test_killed_mid_run_leaves_no_complete_looking_pair(runs, tmp_path):
     # The next run at this prefix clears what the killed one left (it checks the pid is gone).
     assert sorted(Path(p).name for p in remove_stale_temps(str(out / "data_text_document"))) == temps
     assert snapshot(out) == before
+
+
+def test_tokenizer_json_fast_path_equals_megatrons_tokenizer(tmp_path):
+    """A plain tokenizer.json is read without torch or Megatron (start-up under a second instead of
+    ~7 s), and gives the bytes Megatron's own build_tokenizer path gives: the same command plus a
+    Megatron tokenizer flag that does not apply to this tokenizer goes through Megatron's parser and
+    build_tokenizer, and must write the same files."""
+    from helpers.paths import SAMPLE_CORPUS, SAMPLE_TOKENIZER
+
+    corpus = tmp_path / "corpus.jsonl"
+    corpus.write_text("".join(SAMPLE_CORPUS.read_text(encoding="utf-8").splitlines(keepends=True)[:300]))
+    common = ["--input", corpus, "--tokenizer-type", "HuggingFaceTokenizer", "--tokenizer-model", SAMPLE_TOKENIZER,
+              "--append-eod", "--workers", 2]
+    code = ("import sys, runpy; sys.argv = sys.argv[1:]; sys.path.insert(0, sys.argv[0].rsplit('/', 1)[0])\n"
+            "try:\n    runpy.run_path(sys.argv[0], run_name='__main__')\n"
+            "finally:\n    print('TORCH_IMPORTED', 'torch' in sys.modules, 'MEGATRON_IMPORTED', 'megatron' in sys.modules)")
+    fast = subprocess.run([sys.executable, "-c", code, str(TOOL), *map(str, common), "--output-prefix",
+                           str(tmp_path / "fast")], env=env(), capture_output=True, text=True, timeout=TIMEOUT)
+    assert fast.returncode == 0, fast.stderr
+    assert "TORCH_IMPORTED False MEGATRON_IMPORTED False" in fast.stdout, fast.stdout + fast.stderr
+    slow = subprocess.run(tool(*common, "--output-prefix", tmp_path / "megatron", "--tiktoken-num-special-tokens",
+                               1000), env=env(), capture_output=True, text=True, timeout=TIMEOUT)
+    assert slow.returncode == 0, slow.stderr
+    for ext in (".bin", ".idx"):
+        ours = (tmp_path / f"fast_text_document{ext}").read_bytes()
+        assert ours == (tmp_path / f"megatron_text_document{ext}").read_bytes(), ext
+    docs, dtype = read_dataset(tmp_path / "fast_text_document")
+    assert len(docs) == 300 and dtype == np.uint16

@@ -423,3 +423,61 @@ def test_descriptions_list_applied_targets_with_owners(make_module, pm):
     ]
     pm.remove()
     assert pm.descriptions() == []
+
+
+# ------------------------------------------------------------------ lazy: targets in modules not yet imported
+
+def _package_on_disk(tmp_path, monkeypatch, source: str) -> str:
+    """A package ``<name>`` with submodule ``<name>.heavy`` (``source``), on sys.path, not imported."""
+    name = f"_pm_lazy_{uuid.uuid4().hex}"
+    (tmp_path / name).mkdir()
+    (tmp_path / name / "__init__.py").write_text("")
+    (tmp_path / name / "heavy.py").write_text(textwrap.dedent(source))
+    (tmp_path / name / "user.py").write_text(f"from {name}.heavy import f\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    for module in ("", ".heavy", ".user"):  # forgotten after the test
+        monkeypatch.delitem(sys.modules, name + module, raising=False)
+    return name
+
+
+def test_target_in_an_unimported_module_waits_for_its_import(tmp_path, monkeypatch, pm):
+    """apply() imports nothing; the import of the target's module applies the patch at once, and a
+    module that copies the function afterwards gets the patched one; remove() restores both."""
+    name = _package_on_disk(tmp_path, monkeypatch, SOURCE)
+    pm.register_wrapper(f"{name}.heavy.f", lambda wrapped, _i, args, kwargs: wrapped(*args, **kwargs) * 100, "o.lazy")
+    assert pm.apply() == []
+    assert name not in sys.modules and f"{name}.heavy" not in sys.modules
+    assert pm.pending() == {f"{name}.heavy.f": name}
+    assert pm.targets_by_owner(pending=True) == {"o.lazy": [f"{name}.heavy.f"]} and pm.targets_by_owner() == {}
+
+    import importlib
+
+    heavy = importlib.import_module(f"{name}.heavy")
+    assert heavy.f(1) == 200 and pm.is_applied(f"{name}.heavy.f") and pm.pending() == {}
+    user = importlib.import_module(f"{name}.user")
+    assert user.f(1) == 200
+    pm.remove()
+    assert heavy.f(1) == 2 and user.f(1) == 2
+
+
+def test_pending_target_forgotten_by_remove(tmp_path, monkeypatch, pm):
+    name = _package_on_disk(tmp_path, monkeypatch, SOURCE)
+    pm.register_replacement(f"{name}.heavy.f", lambda x: -1, "o.lazy")
+    pm.apply()
+    pm.remove()
+    assert pm.pending() == {}
+    import importlib
+
+    assert importlib.import_module(f"{name}.heavy").f(1) == 2
+
+
+def test_misspelt_lazy_target_fails_the_import_of_its_module(tmp_path, monkeypatch, pm):
+    """A target that turns out not to exist when its module arrives is the same PatchTargetError,
+    raised by that import, naming the registrant: never a patch silently waiting for ever."""
+    name = _package_on_disk(tmp_path, monkeypatch, SOURCE)
+    pm.register_replacement(f"{name}.heavy.no_such_function", lambda x: x, "o.typo")
+    assert pm.apply() == []
+    import importlib
+
+    with pytest.raises(PatchTargetError, match="no_such_function.*o.typo"):
+        importlib.import_module(f"{name}.heavy")
