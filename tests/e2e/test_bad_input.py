@@ -131,13 +131,13 @@ def test_heads_not_divisible_by_tp(scratch, shape, named):
 @pytest.fixture(scope="module")
 def one_process_cases(tmp_path_factory, dataset):
     """name -> Future of (proc, scratch, case directory)."""
-    def case(name, args_of, torchrun=False, **env):
+    def case(name, args_of, torchrun=False, warm=True, **env):
         base = tmp_path_factory.mktemp(name)
         scratch = base / "run"
         scratch.mkdir()
         args = args_of(scratch, base)
-        launch = (lambda: run_torchrun(1, args, cwd=scratch, **env)) if torchrun else \
-            (lambda: run_python(args, cwd=scratch, **env))
+        launch = (lambda: run_torchrun(1, args, cwd=scratch, warm=warm, **env)) if torchrun else \
+            (lambda: run_python(args, cwd=scratch, warm=warm, **env))
         return lambda: (launch(), scratch, base)
 
     def half_written(scratch, base):
@@ -147,8 +147,9 @@ def one_process_cases(tmp_path_factory, dataset):
 
     blend = ["0.5", str(dataset), "0.5", str(dataset)]
     jobs = {
+        # As a user launches it (the others start warm: docs/testing.md).
         "missing_data_path": case("missing_data_path", lambda scratch, _: TINY + ["--data-path", "/nonexistent/prefix"]
-                                  + save_args(scratch)),
+                                  + save_args(scratch), warm=False),
         "missing_half": case("missing_half", lambda scratch, _: TINY + ["--data-path", "0.5", str(dataset), "0.5",
                                                                       "/nonexistent/b"] + save_args(scratch)),
         "half_written": case("half_written", half_written),
@@ -239,7 +240,7 @@ def test_unknown_backend(one_process_cases):
 
 def test_unknown_backend_under_torchrun(scratch):
     """Import-time failure on every rank: still one line, printed by rank 0."""
-    proc = run_torchrun(2, TINY + MOCK + save_args(scratch), cwd=scratch, ADAPTOR_BACKEND="tpu")
+    proc = run_torchrun(2, TINY + MOCK + save_args(scratch), cwd=scratch, warm=False, ADAPTOR_BACKEND="tpu")
     assert_one_line_error(proc, ["ADAPTOR_BACKEND='tpu'"], torchrun=True)
     assert_nothing_written(scratch)
 

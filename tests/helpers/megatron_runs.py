@@ -73,6 +73,7 @@ class Run:
     exitcodes: list[int] | None = None
     first_failure: tuple[int, int] | None = None
     warm: bool = False
+    threads_at_fork: int | None = None  # the zygote's thread count when it forked this run (warm only)
     wall_s: float = 0.0
     command: list[str] = field(default_factory=list)
 
@@ -138,6 +139,7 @@ def record(launched: Launched, stdout: str, stderr: str) -> Run:
     run.stdout, run.stderr = stdout, stderr
     run.exitcodes, run.first_failure = launched.exitcodes, launched.first_failure
     run.warm, run.wall_s, run.command = launched.warm, launched.wall_s or 0.0, launched.command
+    run.threads_at_fork = launched.threads_at_fork
     return run
 
 

@@ -15,9 +15,18 @@ tests/unit/test_warm_launcher.py shows them):
   imported, and the patches applied, inside each rank from its own command line and environment;
 * no thread exists at fork (``/proc/self/task`` is counted before every fork): no lock is held, no
   OpenMP pool is half-copied;
-* no process group, device or RNG was touched here: imports only; Python's ``random`` reseeds at fork;
-* the rank's environment is the request's, whole; a request whose variables would have changed what
-  was imported here (``IMPORT_TIME_VARIABLES``) is refused, and the client launches it cold.
+* no process group or device was touched here: imports only; each rank draws fresh seeds for
+  torch's and numpy's default generators (Python's ``random`` reseeds itself at fork), as a fresh
+  interpreter draws them at import;
+* the rank's environment is the request's, whole, plus torchrun's variables and what the imports
+  here set (inductor's cache directory); a request whose variables would have changed what was
+  imported here (``IMPORT_TIME_PREFIXES``) is refused (the client asks a zygote started with them).
+
+What differs from torchrun, and why it does not matter here: ranks share the zygote's str-hash seed
+(as ranks launched with one ``PYTHONHASHSEED`` would); rank 0 hosts the rendezvous store itself (no
+``TORCHELASTIC_USE_AGENT_STORE``, as a plain ``python`` launch with ``env://`` does); there is no
+per-rank error file (``TORCHELASTIC_ERROR_FILE``), since nothing here reads one. The tests that
+prove launcher behaviour (a late rank 0, hangs, a killed rank, rlimits) launch cold.
 
 Run as ``python zygote.py SOCKET``; prints ``ready`` once the imports are done.
 """
@@ -221,7 +230,8 @@ def _rank_job(request: dict, fds: list[int], rank: int) -> dict:
                    GROUP_RANK="0", ROLE_RANK=str(rank), ROLE_NAME="default", ROLE_WORLD_SIZE=str(nproc),
                    GROUP_WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(request["master_port"]),
                    TORCHELASTIC_RESTART_COUNT="0", TORCHELASTIC_MAX_RESTARTS="0",
-                   TORCHELASTIC_RUN_ID="none")
+                   TORCHELASTIC_RUN_ID="none", TORCHELASTIC_SIGNALS_TO_HANDLE="SIGTERM,SIGINT,SIGHUP,SIGQUIT",
+                   TORCH_NCCL_ASYNC_ERROR_HANDLING="1")
     for name, value in IMPORT_EFFECTS.items():
         if env.get(name) == STARTING_ENV.get(name):  # a fresh import, from this value, would have done this
             if value is None:
@@ -231,7 +241,18 @@ def _rank_job(request: dict, fds: list[int], rank: int) -> dict:
     os.environ.clear()
     os.environ.update(env)
     os.chdir(request["cwd"])
+    _reseed()
     return request
+
+
+def _reseed() -> None:
+    """Draw the seeds a fresh interpreter draws at import from the OS, rank by rank: torch's default
+    generator and numpy's global one (Python's ``random`` reseeds itself at fork)."""
+    import numpy
+    import torch
+
+    numpy.random.seed()
+    torch.seed()
 
 
 def run_job(request: dict) -> None:

@@ -10,13 +10,12 @@ import importlib.util
 import json
 import os
 import subprocess
-import sys
 import textwrap
 from pathlib import Path
 
 import pytest
 
-from helpers.paths import ROOT as REPO
+from helpers import processes
 TARGET = "megatron.core.optimizer.clip_grads.clip_grad_by_total_norm_fp32"
 
 # Shared tail of both child scripts: collect facts, tear down, collect again.
@@ -75,12 +74,10 @@ import adaptor
 
 
 def run_child(code: str, backend: str = "cpu") -> subprocess.CompletedProcess:
+    """A fresh interpreter (import order is what is tested: never a warm one); rank 0 prints."""
     env = dict(os.environ, ADAPTOR_BACKEND=backend)
     env.pop("RANK", None)  # the summary and errors are printed on rank 0 only
-    return subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(code)],
-        cwd=REPO, env=env, capture_output=True, text=True, timeout=120,
-    )
+    return processes.run_child(textwrap.dedent(code), env=env, timeout=120)
 
 
 def facts_of(proc: subprocess.CompletedProcess) -> dict:
