@@ -37,6 +37,11 @@ VARIABLES = {
         Variable("ADAPTOR_CE_GRAD_IN_PLACE", "1",
                  "`0`: `--cross-entropy-loss-fusion` keeps its gradient in a separate buffer instead "
                  "of the logits' storage."),
+        Variable("ADAPTOR_TORCHRUN", "",
+                 "The command the tools start distributed workers with (`check_hf_parity.py`, "
+                 "`check_vision_parity.py`, the re-layout of `safetensors_ckpt.py`), split as a shell "
+                 "would; default `python -m torch.distributed.run`. A cluster's launcher wrapper goes "
+                 "here; the test suite puts its warm launcher here."),
         Variable("ADAPTOR_ERROR_GRACE_S", "10",
                  "Seconds a rank other than 0 waits before exiting on a command-line error, so "
                  "rank 0 prints the reason first under torchrun."),
@@ -57,3 +62,11 @@ def is_on(name: str, environ=None) -> bool:
 
 def quiet() -> bool:
     return is_on("ADAPTOR_QUIET")
+
+
+def torchrun_command() -> list[str]:
+    """``ADAPTOR_TORCHRUN`` split into words, or this interpreter's ``-m torch.distributed.run``."""
+    import shlex
+    import sys
+
+    return shlex.split(value("ADAPTOR_TORCHRUN")) or [sys.executable, "-m", "torch.distributed.run"]

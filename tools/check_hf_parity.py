@@ -138,7 +138,9 @@ def lora_flags(lora_dir: str) -> list[str]:
 
 
 def run_megatron(spec: dict, nproc: int, timeout: int) -> str:
-    cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}",
+    from adaptor.env import torchrun_command
+
+    cmd = [*torchrun_command(), f"--nproc_per_node={nproc}",
            f"--master_port={free_port()}", str(Path(__file__).resolve()), "--hf-dir", spec["hf_dir"],
            "--worker", spec["spec_file"]]
     env = dict(os.environ, PYTHONUNBUFFERED="1", ADAPTOR_QUIET="1")

@@ -139,7 +139,9 @@ def split(args) -> Path:
         nproc = layout.get("tensor_model_parallel_size", 1) * layout.get("pipeline_model_parallel_size", 1) \
             * layout.get("expert_model_parallel_size", 1)
         script = Path(recorded[0]) if Path(recorded[0]).is_file() else ROOT / "pretrain_gpt.py"
-        cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}", "--master_port",
+        from adaptor.env import torchrun_command
+
+        cmd = [*torchrun_command(), f"--nproc_per_node={nproc}", "--master_port",
                os.environ.get("MASTER_PORT", "29533"), str(script),
                *replay_argv(recorded[1:], layout, release, work / "converted")]
         env = dict(os.environ, ADAPTOR_QUIET="1")

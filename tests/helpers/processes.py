@@ -9,7 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from helpers.paths import ROOT, TOOLS
+from helpers.paths import ROOT, TESTS, TOOLS
 
 LAUNCHER_VARIABLES = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 
@@ -35,10 +35,20 @@ def without_launcher(env: dict) -> dict:
     return env
 
 
-def run_child(code: str, *argv, env: dict, timeout: float = 300, cwd=ROOT) -> subprocess.CompletedProcess:
-    """``python -c code argv...`` in the repository root; output captured as text."""
-    return subprocess.run([sys.executable, "-c", code, *map(str, argv)], cwd=cwd, env=env, capture_output=True,
-                          text=True, timeout=timeout)
+def run_child(code: str, *argv, env: dict, timeout: float = 300, cwd=ROOT, warm: bool = True):
+    """``python -c code argv...`` in the repository root, environment ``env`` as given: a record with
+    ``returncode``, ``stdout`` and ``stderr``. Warm unless ``warm=False`` (a test of a fresh interpreter's
+    imports must say so)."""
+    from helpers.megatron_runs import record
+    from helpers.warm_launcher import start
+
+    launched = start("-c", [str(a) for a in argv], env=dict(env), launcher="python", cwd=cwd, warm=warm, code=code)
+    try:
+        stdout, stderr = launched.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired as exc:
+        raise AssertionError(f"python -c did not end within {timeout} s:\n{(exc.output or '')[-3000:]}"
+                             f"{(exc.stderr or '')[-3000:]}") from None
+    return record(launched, stdout, stderr)
 
 
 def tagged_json(output: str, tag: str = "FACTS"):
@@ -51,9 +61,30 @@ def tool_command(name: str, *args) -> list[str]:
     return [sys.executable, str(TOOLS / name), *map(str, args)]
 
 
-def run_tool(name: str, *args, timeout: float = 300, **kwargs) -> subprocess.CompletedProcess:
-    """``tools/<name>`` as a user runs it, output captured as text (``kwargs`` go to subprocess.run)."""
-    return subprocess.run(tool_command(name, *args), capture_output=True, text=True, timeout=timeout, **kwargs)
+def run_tool(name: str, *args, timeout: float = 300, warm: bool = True, cwd=None, env: dict | None = None):
+    """``tools/<name> args`` as a user runs it (``python tools/<name> ...``, environment ``env`` or this
+    process's), to its end: a record with ``returncode``, ``stdout`` and ``stderr``.
+
+    Warm unless ``warm=False`` (helpers/warm_launcher.py); the distributed workers a tool starts go
+    through ``ADAPTOR_TORCHRUN``, which a warm run points at the same zygote (helpers/warm_torchrun.py).
+    """
+    from helpers.megatron_runs import record
+    from helpers.warm_launcher import ZYGOTES, cold_only, start
+
+    env = dict(os.environ if env is None else env)
+    if warm and not cold_only():
+        socket_path = ZYGOTES.socket_for(env)
+        if socket_path:
+            env.update(ADAPTOR_TORCHRUN=f"{sys.executable} {TESTS / 'helpers' / 'warm_torchrun.py'}",
+                       ADAPTOR_TEST_ZYGOTE_SOCKET=socket_path)
+    launched = start(TOOLS / name, [str(a) for a in args], env=env, launcher="python", cwd=cwd or os.getcwd(),
+                     warm=warm)
+    try:
+        stdout, stderr = launched.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired as exc:
+        raise AssertionError(f"tools/{name} did not end within {timeout} s:\n{(exc.output or '')[-3000:]}"
+                             f"{(exc.stderr or '')[-3000:]}") from None
+    return record(launched, stdout, stderr)
 
 
 def import_tool(name: str):

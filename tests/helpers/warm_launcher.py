@@ -114,7 +114,7 @@ class _Zygotes:
     A set met for the first time gets its own zygote, up to ``MAX`` of them; beyond that, cold.
     """
 
-    MAX = 4
+    MAX = 6
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
@@ -134,6 +134,17 @@ class _Zygotes:
 
     def prestart(self) -> None:
         self.for_env(base_env()).prestart()
+
+    def socket_for(self, env: dict) -> str | None:
+        """The socket of the zygote for ``env``, started if need be; None when there is none."""
+        zygote = self.for_env(env)
+        if zygote is None:
+            return None
+        conn = zygote.connect()
+        if conn is None:
+            return None
+        conn.close()
+        return zygote._path
 
     def stop(self) -> None:
         with self._lock:

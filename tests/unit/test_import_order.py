@@ -77,7 +77,7 @@ def run_child(code: str, backend: str = "cpu") -> subprocess.CompletedProcess:
     """A fresh interpreter (import order is what is tested: never a warm one); rank 0 prints."""
     env = dict(os.environ, ADAPTOR_BACKEND=backend)
     env.pop("RANK", None)  # the summary and errors are printed on rank 0 only
-    return processes.run_child(textwrap.dedent(code), env=env, timeout=120)
+    return processes.run_child(textwrap.dedent(code), env=env, timeout=120, warm=False)
 
 
 def facts_of(proc: subprocess.CompletedProcess) -> dict:
