@@ -87,6 +87,7 @@ class _Patch:
     installed_visible: Any = None  # getattr view of `installed`, for rebinding aliases
     aliases: list[tuple[types.ModuleType, str]] = field(default_factory=list)
     waiting_on: Optional[str] = None  # the module whose import applies it, while pending
+    lazy: bool = False  # applied when its module finished importing, after setup
 
     @property
     def owners(self) -> list[str]:
@@ -111,6 +112,7 @@ class PatchManager:
     def __init__(self) -> None:
         self._patches: dict[str, _Patch] = {}
         self._hooked: set[str] = set()  # modules with our post-import hook
+        self._scanned: set[str] = set()  # modules walked for aliases by the last _rebind_aliases
 
     # ---------------------------------------------------------------- registration
     def register_replacement(self, target: str, replacement: Any, owner: str, create: bool = False) -> None:
@@ -150,6 +152,7 @@ class PatchManager:
             missing = _first_missing_module(patch.target)
             if missing is None:
                 self._apply_one(patch)
+                patch.lazy = patch.waiting_on is not None
                 patch.waiting_on = None
                 done.append(patch)
             else:
@@ -231,13 +234,21 @@ class PatchManager:
         patch.installed = patch.installed_visible = None
 
     def _rebind_aliases(self, patches: list[_Patch]) -> None:
-        """Point every loaded module's copy of an original at its patched object."""
+        """Point every loaded module's copy of an original at its patched object.
+
+        A patch applied when its module finished importing (lazily) has an original that did not exist
+        at any earlier scan, so only the modules loaded since the last scan can hold a copy: each scan
+        after the first covers those alone, and a run pays for about one walk over sys.modules.
+        """
         by_id = {}
         for p in patches:
             if isinstance(p.parent, types.ModuleType) and p.original_visible is not None and callable(p.original_visible):
                 p.installed_visible = getattr(p.parent, p.attr)
                 by_id[id(p.original_visible)] = p
-        for module, namespace, name, p in _copies(by_id, lambda p: p.original_visible):
+        lazy = all(p.lazy for p in patches)
+        modules = [m for name, m in list(sys.modules.items()) if name not in self._scanned] if lazy else None
+        self._scanned.update(sys.modules)
+        for module, namespace, name, p in _copies(by_id, lambda p: p.original_visible, modules):
             namespace[name] = p.installed_visible
             p.aliases.append((module, name))
 
@@ -344,12 +355,12 @@ def _is_module(name: str) -> bool:
         return False
 
 
-def _copies(by_id: dict, held: Callable[[_Patch], Any]):
-    """Yield (module, namespace, name, patch) for every loaded module attribute that is
-    ``held(patch)``, except the patch target's own attribute."""
+def _copies(by_id: dict, held: Callable[[_Patch], Any], modules=None):
+    """Yield (module, namespace, name, patch) for every attribute of ``modules`` (default: every loaded
+    module) that is ``held(patch)``, except the patch target's own attribute."""
     if not by_id:
         return
-    for module in list(sys.modules.values()):
+    for module in list(sys.modules.values()) if modules is None else modules:
         if not isinstance(module, types.ModuleType):
             continue
         try:

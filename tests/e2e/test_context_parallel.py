@@ -20,8 +20,6 @@ DeepSeek-V3 (MLA, MoE with EP) at CP = 2: tests/e2e/test_deepseek_v3.py.
 from __future__ import annotations
 
 import re
-import subprocess
-import sys
 
 import pytest
 
@@ -139,9 +137,9 @@ def document_losses():
 
     out = {}
     for rope in ("rope", "yarn", "linear"):
-        proc = subprocess.run([sys.executable, str(PACKED_LOSSES), str(free_port()), rope], cwd=ROOT,
-                              env=standin_env(OMP_NUM_THREADS="1", ADAPTOR_BACKEND="cpu"),
-                              capture_output=True, text=True, timeout=300)
+        proc = launch(PACKED_LOSSES, [str(free_port()), rope], env=standin_env(OMP_NUM_THREADS="1",
+                                                                               ADAPTOR_BACKEND="cpu"),
+                      launcher="python", timeout=300)
         line = [x for x in proc.stdout.splitlines() if x.startswith("RESULT ")]
         assert proc.returncode == 0 and line, proc.stdout[-2000:] + proc.stderr[-3000:]
         out[rope] = json.loads(line[0][len("RESULT "):])
