@@ -87,7 +87,7 @@ class _Patch:
     installed_visible: Any = None  # getattr view of `installed`, for rebinding aliases
     aliases: list[tuple[types.ModuleType, str]] = field(default_factory=list)
     waiting_on: Optional[str] = None  # the module whose import applies it, while pending
-    lazy: bool = False  # applied when its module finished importing, after setup
+    loaded_before: Optional[frozenset] = None  # sys.modules when first deferred: none of these can hold a copy
 
     @property
     def owners(self) -> list[str]:
@@ -112,7 +112,6 @@ class PatchManager:
     def __init__(self) -> None:
         self._patches: dict[str, _Patch] = {}
         self._hooked: set[str] = set()  # modules with our post-import hook
-        self._scanned: set[str] = set()  # modules walked for aliases by the last _rebind_aliases
 
     # ---------------------------------------------------------------- registration
     def register_replacement(self, target: str, replacement: Any, owner: str, create: bool = False) -> None:
@@ -152,7 +151,6 @@ class PatchManager:
             missing = _first_missing_module(patch.target)
             if missing is None:
                 self._apply_one(patch)
-                patch.lazy = patch.waiting_on is not None
                 patch.waiting_on = None
                 done.append(patch)
             else:
@@ -163,6 +161,9 @@ class PatchManager:
     def _wait_for(self, patch: _Patch, module: str) -> None:
         """Hook every module on the target's path that has not started importing; the end of each
         import re-tries the patches still waiting (a circular import finishes the deeper module last)."""
+        if patch.waiting_on is None and patch.loaded_before is None:
+            # the target's module is not loaded at all (not merely mid-import): nothing loaded now can copy from it
+            patch.loaded_before = frozenset(sys.modules) if module not in sys.modules else frozenset()
         patch.waiting_on = module
         parts = patch.target.split(".")
         for i in range(1, len(parts)):
@@ -185,7 +186,7 @@ class PatchManager:
         """Undo every applied patch, aliases included, in reverse order; pending ones stop waiting."""
         self._collect_late_aliases([p for p in self._patches.values() if p.applied])
         for patch in reversed(list(self._patches.values())):
-            patch.waiting_on = None
+            patch.waiting_on = patch.loaded_before = None
             if patch.applied:
                 self._remove_one(patch)
 
@@ -237,17 +238,18 @@ class PatchManager:
         """Point every loaded module's copy of an original at its patched object.
 
         A patch applied when its module finished importing (lazily) has an original that did not exist
-        at any earlier scan, so only the modules loaded since the last scan can hold a copy: each scan
-        after the first covers those alone, and a run pays for about one walk over sys.modules.
+        when the patch was deferred, so only modules loaded since then can hold a copy: those alone
+        are walked, not the thousands torch and Megatron loaded before.
         """
         by_id = {}
         for p in patches:
             if isinstance(p.parent, types.ModuleType) and p.original_visible is not None and callable(p.original_visible):
                 p.installed_visible = getattr(p.parent, p.attr)
                 by_id[id(p.original_visible)] = p
-        lazy = all(p.lazy for p in patches)
-        modules = [m for name, m in list(sys.modules.items()) if name not in self._scanned] if lazy else None
-        self._scanned.update(sys.modules)
+        modules = None
+        if patches and all(p.loaded_before is not None for p in patches):
+            older = frozenset.intersection(*(p.loaded_before for p in patches))
+            modules = [m for name, m in list(sys.modules.items()) if name not in older]
         for module, namespace, name, p in _copies(by_id, lambda p: p.original_visible, modules):
             namespace[name] = p.installed_visible
             p.aliases.append((module, name))

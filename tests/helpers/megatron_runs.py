@@ -143,6 +143,17 @@ def record(launched: Launched, stdout: str, stderr: str) -> Run:
     return run
 
 
+def finish(launched: Launched, timeout: float) -> Run:
+    """Wait for ``launched`` to end and return its record; past ``timeout`` every rank is killed and the
+    test fails with the output so far."""
+    try:
+        stdout, stderr = launched.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired as exc:
+        raise AssertionError(f"no exit within {timeout} s: {' '.join(map(str, launched.command))}\n"
+                             f"{tail((exc.output or '') + (exc.stderr or ''))}") from None
+    return record(launched, stdout, stderr)
+
+
 def launch(script, args=(), nproc: int = 1, env: dict | None = None, timeout: float = 600, *,
            launcher: str = "torchrun", warm: bool = True, cwd=ROOT, code: str | None = None,
            merge_stderr: bool = False) -> Run:
@@ -154,14 +165,8 @@ def launch(script, args=(), nproc: int = 1, env: dict | None = None, timeout: fl
     """
     script = script if script == "-c" else str(ROOT / script)
     for _ in range(3):
-        launched = start(script, args, nproc=nproc, env=base_env(env), launcher=launcher, cwd=cwd, warm=warm,
-                         code=code, merge_stderr=merge_stderr)
-        try:
-            stdout, stderr = launched.communicate(timeout=timeout)
-        except subprocess.TimeoutExpired as exc:
-            raise AssertionError(f"no exit within {timeout} s: {' '.join(map(str, launched.command))}\n"
-                                 f"{tail((exc.output or '') + (exc.stderr or ''))}") from None
-        run = record(launched, stdout, stderr)
+        run = finish(start(script, args, nproc=nproc, env=base_env(env), launcher=launcher, cwd=cwd, warm=warm,
+                           code=code, merge_stderr=merge_stderr), timeout)
         # free_port() closes the port before rank 0 binds it; a run beside this one may take it first
         if run.returncode == 0 or "EADDRINUSE" not in run.output:
             return run

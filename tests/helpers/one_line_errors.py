@@ -15,6 +15,7 @@ import pytest
 
 from helpers.paths import ROOT
 from helpers.megatron_runs import Run, launch
+from helpers.warm_launcher import torchrun_root_cause
 from helpers.processes import free_port, without_launcher
 
 SCRIPT = str(ROOT / "pretrain_gpt.py")
@@ -110,16 +111,6 @@ def run_python(args: list[str], cwd: Path, script: str = SCRIPT, warm: bool = Tr
 
 def error_lines(output: str) -> list[str]:
     return [line for line in output.splitlines() if line.startswith(PREFIX)]
-
-
-def torchrun_root_cause(output: str) -> tuple[int, int] | None:  # noqa: D401
-    """(rank, exitcode) of the "Root Cause" entry in torchrun's ChildFailedError report."""
-    _, sep, tail = output.partition("Root Cause (first observed failure):")
-    if not sep:
-        return None
-    rank = re.search(r"rank\s*:\s*(\d+)", tail)
-    code = re.search(r"exitcode\s*:\s*(-?\d+)", tail)
-    return (int(rank.group(1)), int(code.group(1))) if rank and code else None
 
 
 def assert_one_line_error(proc, must_name: list[str], torchrun: bool) -> str:

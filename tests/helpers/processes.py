@@ -5,7 +5,6 @@ import importlib
 import json
 import os
 import socket
-import subprocess
 import sys
 from pathlib import Path
 
@@ -39,16 +38,11 @@ def run_child(code: str, *argv, env: dict, timeout: float = 300, cwd=ROOT, warm:
     """``python -c code argv...`` in the repository root, environment ``env`` as given: a record with
     ``returncode``, ``stdout`` and ``stderr``. Warm unless ``warm=False`` (a test of a fresh interpreter's
     imports must say so)."""
-    from helpers.megatron_runs import record
+    from helpers.megatron_runs import finish
     from helpers.warm_launcher import start
 
-    launched = start("-c", [str(a) for a in argv], env=dict(env), launcher="python", cwd=cwd, warm=warm, code=code)
-    try:
-        stdout, stderr = launched.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired as exc:
-        raise AssertionError(f"python -c did not end within {timeout} s:\n{(exc.output or '')[-3000:]}"
-                             f"{(exc.stderr or '')[-3000:]}") from None
-    return record(launched, stdout, stderr)
+    return finish(start("-c", [str(a) for a in argv], env=dict(env), launcher="python", cwd=cwd, warm=warm,
+                        code=code), timeout)
 
 
 def tagged_json(output: str, tag: str = "FACTS"):
@@ -68,7 +62,7 @@ def run_tool(name: str, *args, timeout: float = 300, warm: bool = True, cwd=None
     Warm unless ``warm=False`` (helpers/warm_launcher.py); the distributed workers a tool starts go
     through ``ADAPTOR_TORCHRUN``, which a warm run points at the same zygote (helpers/warm_torchrun.py).
     """
-    from helpers.megatron_runs import record
+    from helpers.megatron_runs import finish
     from helpers.warm_launcher import ZYGOTES, cold_only, start
 
     env = dict(os.environ if env is None else env)
@@ -77,14 +71,8 @@ def run_tool(name: str, *args, timeout: float = 300, warm: bool = True, cwd=None
         if socket_path:
             env.update(ADAPTOR_TORCHRUN=f"{sys.executable} {TESTS / 'helpers' / 'warm_torchrun.py'}",
                        ADAPTOR_TEST_ZYGOTE_SOCKET=socket_path)
-    launched = start(TOOLS / name, [str(a) for a in args], env=env, launcher="python", cwd=cwd or os.getcwd(),
-                     warm=warm)
-    try:
-        stdout, stderr = launched.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired as exc:
-        raise AssertionError(f"tools/{name} did not end within {timeout} s:\n{(exc.output or '')[-3000:]}"
-                             f"{(exc.stderr or '')[-3000:]}") from None
-    return record(launched, stdout, stderr)
+    return finish(start(TOOLS / name, [str(a) for a in args], env=env, launcher="python", cwd=cwd or os.getcwd(),
+                        warm=warm), timeout)
 
 
 def import_tool(name: str):

@@ -261,7 +261,8 @@ class Launched:
         self.wall_s = time.monotonic() - self.started
 
 
-def _torchrun_root_cause(output: str) -> tuple[int, int] | None:
+def torchrun_root_cause(output: str) -> tuple[int, int] | None:
+    """(rank, exitcode) of the "Root Cause" entry in torchrun's ChildFailedError report."""
     _, sep, tail = output.partition("Root Cause (first observed failure):")
     if not sep:
         return None
@@ -340,7 +341,7 @@ def finish_cold_report(launched: Launched, output: str) -> None:
     if launched.warm:
         return
     if launched.command[1:3] == ["-m", "torch.distributed.run"]:
-        launched.first_failure = _torchrun_root_cause(output)
+        launched.first_failure = torchrun_root_cause(output)
     else:
         launched.exitcodes = [launched.returncode]
         launched.first_failure = None if launched.returncode == 0 else (0, launched.returncode)

@@ -481,3 +481,25 @@ def test_misspelt_lazy_target_fails_the_import_of_its_module(tmp_path, monkeypat
 
     with pytest.raises(PatchTargetError, match="no_such_function.*o.typo"):
         importlib.import_module(f"{name}.heavy")
+
+
+def test_lazy_target_copied_while_its_package_imports_is_rebound(tmp_path, monkeypatch, pm):
+    """The package imports the target's module and then a sibling that copies the function, all before
+    the package finishes (Megatron's ``megatron.training`` does this with ``initialize_megatron``): the
+    patch applies when the package is done, and the sibling's copy is rebound too."""
+    name = f"_pm_lazy_{uuid.uuid4().hex}"
+    (tmp_path / name).mkdir()
+    (tmp_path / name / "__init__.py").write_text(f"from {name} import heavy, user\n")
+    (tmp_path / name / "heavy.py").write_text(textwrap.dedent(SOURCE))
+    (tmp_path / name / "user.py").write_text(f"from {name}.heavy import f\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    for module in ("", ".heavy", ".user"):
+        monkeypatch.delitem(sys.modules, name + module, raising=False)
+    pm.register_replacement(f"{name}.heavy.f", lambda x: -x, "o.lazy")
+    pm.apply()
+    import importlib
+
+    package = importlib.import_module(name)
+    assert package.heavy.f(3) == -3 and package.user.f(3) == -3
+    pm.remove()
+    assert package.heavy.f(3) == 4 and package.user.f(3) == 4
