@@ -15,7 +15,8 @@ tests/unit/test_warm_launcher.py shows them):
   imported, and the patches applied, inside each rank from its own command line and environment;
 * no thread exists at fork (``/proc/self/task`` is counted before every fork): no lock is held, no
   OpenMP pool is half-copied;
-* no process group or device was touched here: imports only; each rank draws fresh seeds for
+* no process group or device was touched here: imports, and two caches of machine facts torch's
+  compiler keeps (``warm_machine_facts``); each rank draws fresh seeds for
   torch's and numpy's default generators (Python's ``random`` reseeds itself at fork), as a fresh
   interpreter draws them at import;
 * the rank's environment is the request's, whole, plus torchrun's variables and what the imports
@@ -274,6 +275,18 @@ def run_job(request: dict) -> None:
         runpy.run_path(script, run_name="__main__")
 
 
+def warm_machine_facts() -> None:
+    """Fill two caches torch's compiler fills in every process that runs a ``torch.compile``d function
+    (Megatron's fused SwiGLU and bias-dropout-add are): the CPU's vector instruction sets (found by
+    compiling and running a C++ probe, under a file lock every process queues on) and the compiler's
+    system key (a hash of the triton and torch installation). Both are facts of this machine and
+    installation, the same in every process; computed here, each rank inherits them."""
+    from torch._inductor import codecache, cpu_vec_isa
+
+    cpu_vec_isa.valid_vec_isa_list()
+    codecache.CacheBase.get_system()
+
+
 def main() -> None:
     path = sys.argv[1]
     sys.argv = sys.argv[:1]
@@ -283,6 +296,7 @@ def main() -> None:
 
     for name in PRELOAD:
         importlib.import_module(name)
+    warm_machine_facts()
     record_import_effects()
     job = serve(path)
     if job is not None:
