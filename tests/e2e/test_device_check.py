@@ -25,7 +25,7 @@ def test_every_part_runs_on_cpu(capsys):
         run = launch("pretrain_gpt.py", args, nproc, env, timeout=600, cwd=cwd)
         return run.returncode, run.output
 
-    status = device_check.main(["--device", "cpu", "--iters", "4", "--bench-iters", "8"], launch=warm)
+    status = device_check.main(["--device", "cpu", "--iters", "3", "--bench-iters", "7"], launch=warm)
     table = capsys.readouterr().out
     rows = re.findall(r"^\| (.+?) \| (ok|FAIL|skipped) \| (.*) \|$", table, re.MULTILINE)
     assert status == 0, table

@@ -77,11 +77,17 @@ class _Zygote:
     def connect(self) -> socket.socket | None:
         """A connection to the zygote, or None when it could not start."""
         self.prestart()
+        if self.failed:
+            return None
         self._ready.wait(300)
         if self.failed or not self._ready.is_set():
             return None
         conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        conn.connect(self._path)
+        try:
+            conn.connect(self._path)
+        except OSError:  # stopped meanwhile (evicted): this run starts cold
+            conn.close()
+            return None
         return conn
 
     def env(self) -> dict:
@@ -95,10 +101,12 @@ class _Zygote:
     def stop(self) -> None:
         with self._lock:
             proc, self._proc = self._proc, None
+            was_failed, self.failed = self.failed, self.failed or "stopped"  # no restart after this
         if proc is None:
+            self._ready.set()
             return
         try:
-            if self._ready.wait(1) and not self.failed:
+            if self._ready.wait(1) and not was_failed:
                 with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
                     conn.connect(self._path)
                     socket.send_fds(conn, [(json.dumps({"stop": True}) + "\n").encode()], [])
@@ -111,26 +119,28 @@ class _Zygote:
 class _Zygotes:
     """A zygote per set of import-time variables (the tests' base, the NPU stand-in's PYTHONPATH, ...).
 
-    A set met for the first time gets its own zygote, up to ``MAX`` of them; beyond that, cold.
+    A set met for the first time gets its own zygote; past ``MAX`` of them (about 1 GB each) the one
+    used least recently stops (its runs go on: they are its children's children, not its threads).
     """
 
-    MAX = 6
+    MAX = 4
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._by_key: dict[tuple, _Zygote] = {}
+        self._by_key: dict[tuple, _Zygote] = {}  # least recently used first
 
-    def for_env(self, env: dict) -> _Zygote | None:
+    def for_env(self, env: dict) -> _Zygote:
         from helpers.zygote import import_time_variables
 
         wanted = import_time_variables(env)
         key = tuple(sorted(wanted.items()))
         with self._lock:
-            if key not in self._by_key:
-                if len(self._by_key) >= self.MAX:
-                    return None
-                self._by_key[key] = _Zygote(wanted)
-            return self._by_key[key]
+            zygote = self._by_key.pop(key, None) or _Zygote(wanted)
+            self._by_key[key] = zygote
+            stale = [self._by_key.pop(k) for k in list(self._by_key)[:-self.MAX]]
+        for old in stale:
+            threading.Thread(target=old.stop, daemon=True).start()
+        return zygote
 
     def prestart(self) -> None:
         self.for_env(base_env()).prestart()
@@ -138,8 +148,6 @@ class _Zygotes:
     def socket_for(self, env: dict) -> str | None:
         """The socket of the zygote for ``env``, started if need be; None when there is none."""
         zygote = self.for_env(env)
-        if zygote is None:
-            return None
         conn = zygote.connect()
         if conn is None:
             return None
@@ -292,8 +300,7 @@ def start(script, args=(), *, nproc: int = 1, env: dict | None = None, launcher:
     cmd = command_line(script, args, nproc, launcher, port) if script != "-c" else [sys.executable, "-c", code, *args]
     conn = None
     if warm and not cold_only():
-        zygote = ZYGOTES.for_env(env)
-        conn = zygote.connect() if zygote is not None else None
+        conn = ZYGOTES.for_env(env).connect()
     if conn is None:
         return _start_cold(cmd, env, cwd, merge_stderr)
     launched = Launched(cmd, warm=True)
