@@ -17,8 +17,8 @@ two features silently fighting over one function. Three properties matter:
 * **Lazy where it can be.** A target whose module is not imported yet is patched the moment that
   module finishes importing (wrapt's post-import hook), not imported to be patched: a run that
   never loads Megatron's Hugging Face tokenizers or vision models does not pay for importing them
-  (transformers alone is about a second), and a bad flag is answered that much sooner. Nobody can
-  hold the unpatched object in between: it does not exist before its module does.
+  (transformers alone is about a second), and ``import adaptor`` costs what Megatron's own import
+  costs. Nobody can hold the unpatched object in between: it does not exist before its module does.
 """
 from __future__ import annotations
 
@@ -170,9 +170,9 @@ class PatchManager:
             name = ".".join(parts[:i])
             if name not in sys.modules and name not in self._hooked:
                 self._hooked.add(name)
-                wrapt.register_post_import_hook(self._imported, name)
+                wrapt.register_post_import_hook(self._on_import, name)
 
-    def _imported(self, module) -> None:
+    def _on_import(self, module) -> None:
         # Called at the end of the module's exec_module, before importlib marks it done.
         _FINISHED.add(module.__name__)
         if any(p.waiting_on for p in self._patches.values()):

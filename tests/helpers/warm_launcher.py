@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import select
 import signal
 import socket
 import subprocess
@@ -36,7 +37,7 @@ def cold_only() -> bool:
     return os.environ.get("ADAPTOR_TEST_COLD", "") not in ("", "0")
 
 
-def base_env(extra: dict | None = None, launcher: str = "torchrun") -> dict:
+def base_env(extra: dict | None = None) -> dict:
     """This process's environment, one thread per process on the cpu backend, without launcher variables."""
     env = without_launcher(dict(os.environ, OMP_NUM_THREADS="1", ADAPTOR_BACKEND="cpu", PYTHONUNBUFFERED="1"))
     env.pop("ADAPTOR_TEST_COLD", None)
@@ -184,8 +185,12 @@ class Launched:
 
     # -- Popen's interface --
     def poll(self) -> int | None:
-        if self.returncode is None and self._popen is not None and self._popen.poll() is not None:
-            self._finish_cold()
+        if self.returncode is None:
+            if self._popen is not None:
+                if self._popen.poll() is not None:
+                    self._finish_cold()
+            elif select.select([self._conn], [], [], 0)[0]:  # the agent's report (or its end) is there
+                self.wait()
         return self.returncode
 
     def wait(self, timeout: float | None = None) -> int:
