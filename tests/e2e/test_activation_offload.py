@@ -14,7 +14,8 @@ import re
 
 import pytest
 
-from helpers.megatron_runs import (TINY_QWEN3, run_pretrain, save_start_checkpoint, side_by_side, tail,
+from helpers.megatron_runs import train_from as _train_from
+from helpers.megatron_runs import (TINY_QWEN3, save_start_checkpoint, side_by_side, tail,
                                   worst_relative_gap)
 from helpers.npu_contract import standin_env
 from helpers.prefetch import prefetched
@@ -36,12 +37,7 @@ def common_start(tmp_path_factory):
 
 
 def train_from(ckpt, nproc=1, extra=(), env=None):
-    args = TINY_QWEN3 + ["--train-iters", str(ITERS), "--load", str(ckpt),
-                         "--finetune", "--no-load-optim", "--no-load-rng", *extra]
-    run = run_pretrain(args, nproc=nproc, env=env)
-    assert run.returncode == 0, tail(run.output)
-    assert sorted(run.losses) == list(range(1, ITERS + 1)), tail(run.output)
-    return run
+    return _train_from(TINY_QWEN3, ckpt, ITERS, nproc, extra, env=env)
 
 
 def offloaded_bytes(run) -> dict[str, float]:

@@ -23,6 +23,7 @@ import re
 
 import pytest
 
+from helpers.megatron_runs import train_from as _train_from
 from helpers.megatron_runs import TINY_QWEN3, run_pretrain, tail, worst_relative_gap
 from helpers.megatron_runs import Run, launch
 from helpers.npu_contract import standin_env
@@ -77,11 +78,7 @@ def common_start(tmp_path_factory):
 
 
 def train_from(ckpt, nproc=1, extra=()):
-    run = run_pretrain(TINY_QWEN3 + ["--train-iters", str(ITERS), "--load", str(ckpt), "--finetune",
-                                     "--no-load-optim", "--no-load-rng", *extra], nproc=nproc)
-    assert run.returncode == 0, tail(run.output)
-    assert sorted(run.losses) == list(range(1, ITERS + 1)), tail(run.output)
-    return run
+    return _train_from(TINY_QWEN3, ckpt, ITERS, nproc, extra)
 
 
 PACKED = ["--reset-attention-mask", "--reset-position-ids", "--eod-mask-loss"]

@@ -17,7 +17,8 @@ from __future__ import annotations
 
 import re
 
-from helpers.megatron_runs import (TINY_QWEN3, run_pretrain, save_start_checkpoint, side_by_side, tail,
+from helpers.megatron_runs import train_from as _train_from
+from helpers.megatron_runs import (TINY_QWEN3, save_start_checkpoint, side_by_side, tail,
                                   worst_relative_gap)
 from helpers.prefetch import prefetched
 
@@ -40,12 +41,8 @@ def common_start(tmp_path_factory):
 
 
 def train(ckpt, nproc=1, extra=(), first=1, resume=False):
-    start = ["--load", str(ckpt)] + (["--ckpt-step", str(SAVE_AT)] if resume else
-                                     ["--finetune", "--no-load-optim", "--no-load-rng"])
-    run = run_pretrain(TINY_QWEN3 + ["--train-iters", str(ITERS), *start, *extra], nproc=nproc)
-    assert run.returncode == 0, tail(run.output)
-    assert sorted(run.losses) == list(range(first, ITERS + 1)), tail(run.output)
-    return run
+    extra = (["--ckpt-step", str(SAVE_AT)] if resume else []) + list(extra)
+    return _train_from(TINY_QWEN3, ckpt, ITERS, nproc, extra, first=first, resume=resume)
 
 
 def host_share(run) -> float:

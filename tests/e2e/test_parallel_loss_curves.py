@@ -20,6 +20,7 @@ import math
 
 import pytest
 
+from helpers.megatron_runs import train_from as _train_from
 from helpers.megatron_runs import (TINY_QWEN3, run_pretrain, save_start_checkpoint, side_by_side, tail,
                                   worst_relative_gap)
 from helpers.prefetch import prefetched
@@ -38,12 +39,7 @@ def common_start(tmp_path_factory):
 
 
 def train_from(ckpt, nproc=1, extra=(), warm=True):
-    args = TINY_QWEN3 + ["--train-iters", str(ITERS), "--load", str(ckpt),
-                         "--finetune", "--no-load-optim", "--no-load-rng", *extra]
-    run = run_pretrain(args, nproc=nproc, warm=warm)
-    assert run.returncode == 0, tail(run.output)
-    assert sorted(run.losses) == list(range(1, ITERS + 1)), tail(run.output)
-    return run.curve()
+    return _train_from(TINY_QWEN3, ckpt, ITERS, nproc, extra, warm=warm).curve()
 
 
 @prefetched

@@ -44,6 +44,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from helpers.megatron_runs import train_from as _train_from
 from helpers.megatron_runs import ROOT, SAMPLE_TOKENIZER, free_port, losses_of, run_pretrain, tail, worst_relative_gap
 from helpers.one_line_errors import assert_one_line_error
 from helpers.one_line_errors import run_python as run_script
@@ -144,12 +145,7 @@ def common_start(tmp_path_factory):
 
 
 def train_from(ckpt, nproc=1, extra=(), warm=True):
-    args = MM + TRAIN + ["--train-iters", str(ITERS), "--load", str(ckpt), "--finetune", "--no-load-optim",
-                         "--no-load-rng", *extra]
-    run = run_mm(args, nproc=nproc, warm=warm)
-    assert run.returncode == 0, tail(run.output)
-    assert sorted(run.losses) == list(range(1, ITERS + 1)), tail(run.output)
-    return run.curve()
+    return _train_from(MM + TRAIN, ckpt, ITERS, nproc, extra, warm=warm, script="pretrain_mm.py").curve()
 
 
 @prefetched

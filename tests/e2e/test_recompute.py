@@ -16,8 +16,8 @@ from __future__ import annotations
 
 import pytest
 
-from helpers.megatron_runs import (TINY_QWEN3, run_pretrain, save_start_checkpoint, side_by_side, tail,
-                                  worst_relative_gap)
+from helpers.megatron_runs import train_from as _train_from
+from helpers.megatron_runs import (TINY_QWEN3, save_start_checkpoint, side_by_side, worst_relative_gap)
 from helpers.prefetch import prefetched
 
 ITERS = 10
@@ -33,12 +33,7 @@ def common_start(tmp_path_factory):
 
 
 def train_from(ckpt, nproc=1, extra=()):
-    args = TINY_QWEN3 + ["--train-iters", str(ITERS), "--load", str(ckpt),
-                         "--finetune", "--no-load-optim", "--no-load-rng", *extra]
-    run = run_pretrain(args, nproc=nproc)
-    assert run.returncode == 0, tail(run.output)
-    assert sorted(run.losses) == list(range(1, ITERS + 1)), tail(run.output)
-    return run.curve()
+    return _train_from(TINY_QWEN3, ckpt, ITERS, nproc, extra).curve()
 
 
 # One process each. 4 layers: block 2 recomputes layers 0-1 whole, the MindSpeed flags take 2-3.

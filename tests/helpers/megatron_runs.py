@@ -187,6 +187,22 @@ def save_start_checkpoint(model_args: list[str], directory) -> None:
     assert run.returncode == 0, tail(run.output)
 
 
+def train_from(model_args: list[str], ckpt, iters: int, nproc: int = 1, extra=(), *, first: int = 1,
+               resume: bool = False, env: dict | None = None, warm: bool = True,
+               script: str = "pretrain_gpt.py") -> Run:
+    """``iters`` iterations from the weights in ``ckpt``, asserting the run ended well and logged every one.
+
+    By default the weights only (``--finetune``, no optimizer or RNG state): the common start of the
+    loss-curve comparisons, where each layout must begin from the same weights. ``resume`` continues
+    the run that saved ``ckpt`` instead, from iteration ``first``."""
+    start = [] if resume else ["--finetune", "--no-load-optim", "--no-load-rng"]
+    args = list(model_args) + ["--train-iters", str(iters), "--load", str(ckpt), *start, *extra]
+    run = launch(script, args, nproc, env, warm=warm)
+    assert run.returncode == 0, tail(run.output)
+    assert sorted(run.losses) == list(range(first, iters + 1)), tail(run.output)
+    return run
+
+
 def tail(text: str, n: int = 60) -> str:
     return "\n".join(text.splitlines()[-n:])
 

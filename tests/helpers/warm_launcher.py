@@ -18,6 +18,7 @@ import os
 import re
 import select
 import signal
+import shutil
 import socket
 import subprocess
 import sys
@@ -115,6 +116,7 @@ class _Zygote:
         except (OSError, subprocess.TimeoutExpired):
             proc.kill()
             proc.wait()
+        shutil.rmtree(os.path.dirname(self._path), ignore_errors=True)  # its socket and log
 
 
 class _Zygotes:

@@ -56,6 +56,13 @@ PRELOAD = (
     "megatron.training", "megatron.training.training", "megatron.training.arguments",
     "megatron.training.argument_utils", "megatron.training.checkpointing", "megatron.training.initialize",
     "megatron.training.utils",
+    # imported by the first step's work, not by the entry file: Megatron's tokenizer classes (with
+    # transformers' model registry), the dataset index helpers, and torch's compiler backend for the
+    # ``torch.compile``d fusions Megatron warms up before training
+    "megatron.core.tokenizers.text", "megatron.core.datasets.helpers", "megatron.core.models.mimo",
+    "torch._dynamo.backends.inductor", "torch._inductor.compile_fx", "torch.export._trace",
+    "torch._inductor.fx_passes.pad_mm", "torch._inductor.fx_passes.fuse_attention",
+    "torch._inductor.codegen.wrapper_fxir", "torch._inductor.runtime.caching",
 )
 
 # Variables read while the modules above are imported: a request that sets any of them differently
