@@ -10,6 +10,8 @@ setup(
     python_requires=">=3.12",
     packages=find_packages(include=["adaptor", "adaptor.*", "patches", "patches.*"]),
     py_modules=["pretrain_gpt", "pretrain_mm"],
+    # the snapshot of Megatron's parser the command line is checked against before torch is imported
+    package_data={"adaptor.command_line": ["megatron_parser.json"]},
     install_requires=[
         # The patches target exactly this release; adaptor checks it at import.
         "megatron-core==0.19.2",

@@ -24,11 +24,15 @@ from __future__ import annotations
 import sys
 import warnings
 
+from adaptor import env
 from adaptor.version import SUPPORTED_MEGATRON_CORE, check_megatron_version
 
 check_megatron_version()
+if env.is_on("ADAPTOR_PATCH"):  # a training run: its command line first, before torch is imported
+    from adaptor.command_line.early_check import check_entry_command_line
 
-from adaptor import env  # noqa: E402
+    check_entry_command_line()
+
 from adaptor.backend import Backend, BackendError, detect_backend  # noqa: E402
 from adaptor.errors import fail, is_rank0  # noqa: E402
 from adaptor.features import Feature, FeatureContext, FeatureRegistry  # noqa: E402

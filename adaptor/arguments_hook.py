@@ -7,7 +7,8 @@ wrap both:
 * ``parse_args``: every feature's flags are added to Megatron's own parser
   (after the script's ``extra_args_provider``), Megatron parses the command line as
   the features rewrote it (``Feature.rewrite_argv``), then each enabled feature
-  fills backend defaults for what the user did not pass explicitly.
+  fills backend defaults for what the user did not pass explicitly. A command line the parser
+  rejects is one line (with the likely spelling of an unknown flag), not argparse's usage text.
 * ``validate_args``: enabled features check the arguments first, so common
   mistakes get one sentence instead of an assertion deep inside Megatron;
   any assertion Megatron's own validation still raises is reported as one
@@ -19,6 +20,7 @@ import sys
 import traceback
 from pathlib import Path
 
+from adaptor.command_line.early_check import errors_in_one_line
 from adaptor.errors import fail
 from adaptor.features import ArgumentError, explicit_dests
 from adaptor.wrapping import argument
@@ -44,7 +46,7 @@ def register(pm, registry, ctx) -> None:
         def provider(parser):
             if extra is not None:
                 parser = extra(parser)
-            seen["parser"] = registry.add_arguments(parser)
+            seen["parser"] = errors_in_one_line(registry.add_arguments(parser))
             return seen["parser"]
 
         # Megatron parses sys.argv: give it the command line as the features rewrite it now

@@ -26,6 +26,10 @@ VARIABLES = {
         Variable("ADAPTOR_PATCH", "1",
                  "`0`: `import adaptor` loads the libraries (conversion, checkpoints, ops) without "
                  "patching torch or Megatron. The tools that do not train set it themselves."),
+        Variable("ADAPTOR_EARLY_CHECK", "1",
+                 "`0`: an entry file's command line is checked only when Megatron parses it, after "
+                 "the imports, instead of first from the parser's snapshot (the errors are the same "
+                 "lines; the early check answers in about a second)."),
         Variable("ADAPTOR_QUIET", "0",
                  "`1`: rank 0 does not print the start-up summary (backend, features, patches) nor "
                  "the one-time lines naming the kernels in use."),

@@ -21,6 +21,12 @@ import time
 from adaptor import env
 
 PREFIX = "megatron-adaptor: error: "
+
+
+class ArgumentError(ValueError):
+    """A command-line problem reported to the user as one line."""
+
+
 GRACE_ENV = "ADAPTOR_ERROR_GRACE_S"
 DEFAULT_GRACE_S = 10.0
 

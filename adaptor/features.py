@@ -27,10 +27,7 @@ from dataclasses import dataclass, field
 from typing import Iterable, Sequence
 
 from adaptor.backend import Backend
-
-
-class ArgumentError(ValueError):
-    """A command-line problem reported to the user as one line."""
+from adaptor.errors import ArgumentError  # noqa: F401  (features raise it; defined torch-free)
 
 
 @dataclass

@@ -10,7 +10,9 @@
 * docs/flags-megatron.md: every flag of megatron-core's parser with its policy
   (``adaptor/command_line/flag_table.py``);
 * docs/flags-mindspeed-llm.md: every MindSpeed-LLM flag we accept and what it becomes
-  (``adaptor/command_line/mindspeed_llm.py``).
+  (``adaptor/command_line/mindspeed_llm.py``);
+* adaptor/command_line/megatron_parser.json: Megatron's parser with our flags, for the command-line
+  check that runs before torch is imported (``adaptor/command_line/parser_snapshot.py``).
 
 One source of truth: a test fails when a committed page is stale.
 """
@@ -256,11 +258,22 @@ def environment_page() -> str:
     return "\n".join(lines) + "\n"
 
 
+def parser_snapshot() -> str:
+    """Megatron's parser with our features' flags, as the early command-line check rebuilds it."""
+    import adaptor
+    from adaptor.command_line import parser_snapshot as snap
+    from megatron.training.arguments import add_megatron_arguments
+
+    parser = add_megatron_arguments(argparse.ArgumentParser(allow_abbrev=False))
+    return snap.dumps(snap.snapshot(adaptor.feature_registry().add_arguments(parser)))
+
+
 PAGES = {
-    "reference.md": reference_page,
-    "environment.md": environment_page,
-    "flags-megatron.md": megatron_page,
-    "flags-mindspeed-llm.md": mindspeed_page,
+    DOCS / "reference.md": reference_page,
+    DOCS / "environment.md": environment_page,
+    DOCS / "flags-megatron.md": megatron_page,
+    DOCS / "flags-mindspeed-llm.md": mindspeed_page,
+    ROOT / "adaptor" / "command_line" / "megatron_parser.json": parser_snapshot,
 }
 
 
@@ -269,13 +282,13 @@ def main(argv=None) -> int:
     parser.add_argument("--check", action="store_true", help="compare with the committed pages; write nothing")
     args = parser.parse_args(argv)
     stale = []
-    for name, build in PAGES.items():
-        text, path = build(), DOCS / name
+    for path, build in PAGES.items():
+        text = build()
         if args.check:
             if not path.is_file() or path.read_text() != text:
                 stale.append(str(path.relative_to(ROOT)))
             continue
-        DOCS.mkdir(exist_ok=True)
+        path.parent.mkdir(exist_ok=True)
         path.write_text(text)
         print(f"wrote {path.relative_to(ROOT)}")
     if stale:

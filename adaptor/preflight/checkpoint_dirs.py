@@ -23,7 +23,7 @@ import zipfile
 from pathlib import Path
 
 from adaptor.checkpoint.files import TRACKER, tracked_dir_name
-from adaptor.features import ArgumentError
+from adaptor.errors import ArgumentError
 
 
 

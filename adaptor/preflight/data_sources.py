@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import os
 
-from adaptor.features import ArgumentError
+from adaptor.errors import ArgumentError
 from adaptor.preflight.indexed_data import check_prefix
 
 

@@ -18,7 +18,7 @@ import struct
 
 import numpy as np
 
-from adaptor.features import ArgumentError
+from adaptor.errors import ArgumentError
 
 MAGIC = b"MMIDIDX\x00\x00"
 HEADER_BYTES = len(MAGIC) + 8 + 1 + 8 + 8

@@ -13,7 +13,7 @@ import os
 import shutil
 from pathlib import Path
 
-from adaptor.features import ArgumentError
+from adaptor.errors import ArgumentError
 
 
 def nearest_existing(path: Path) -> Path:

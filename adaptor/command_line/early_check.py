@@ -1,0 +1,116 @@
+"""A training command line checked before torch and Megatron are imported: its errors in a second, not ten.
+
+A misspelt flag, a flag this backend refuses or a dataset that is not there would otherwise be
+answered after the imports (torch, megatron-core and its training package: seven to ten seconds),
+and a misspelt flag with argparse's whole usage (about 770 lines) above the error. ``import adaptor``
+calls :func:`check` first, when the program is one of the entry files. It parses the command line with
+Megatron's parser rebuilt from its snapshot (:mod:`adaptor.command_line.parser_snapshot`) and reports
+in one line, as the run itself would later:
+
+* what argparse rejects: an unknown flag (with the likely spelling), a missing value, a bad number
+  or choice;
+* a refusal of MindSpeed-LLM's command-line rewrite;
+* a flag refused on every backend (:mod:`adaptor.command_line.flag_table`: with no requirement, or
+  one whose module is not installed, and a value the snapshot reproduces exactly);
+* a training dataset that is missing or damaged (:mod:`adaptor.preflight.data_sources`), unless the
+  arguments come from elsewhere too (``--use-checkpoint-args``, ``--yaml-cfg``) or name instruction
+  datasets, whose check needs Megatron's dataset classes.
+
+What it cannot decide without the backend or Megatron is left to the checks at argument validation,
+which run as before; a command line it accepts is parsed again by Megatron.
+"""
+from __future__ import annotations
+
+import argparse
+import difflib
+import importlib.util
+import sys
+from pathlib import Path
+
+from adaptor import env
+from adaptor.errors import ArgumentError, fail
+
+ROOT = Path(__file__).resolve().parents[2]
+ENTRY_FILES = ("pretrain_gpt.py", "posttrain_gpt.py", "pretrain_mm.py")
+
+
+def one_line(message: str, options) -> str:
+    """argparse's ``message`` with the nearest known spelling of each unknown flag."""
+    prefix = "unrecognized arguments: "
+    if not message.startswith(prefix):
+        return message
+    hints = []
+    for token in message[len(prefix):].split():
+        flag = token.split("=", 1)[0]
+        if flag.startswith("--"):
+            close = difflib.get_close_matches(flag, list(options), n=1, cutoff=0.8)
+            if close:
+                hints.append(f"{flag}: did you mean {close[0]}?")
+    return message + ("; " + "; ".join(hints) if hints else "")
+
+
+def errors_in_one_line(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """Make ``parser`` report a bad command line as one line and exit 2, without the usage text."""
+
+    def error(message):
+        fail(one_line(message, [opt for a in parser._actions for opt in a.option_strings]))
+
+    parser.error = error
+    return parser
+
+
+def is_entry_file(program: str) -> bool:
+    path = Path(program)
+    return path.name in ENTRY_FILES and path.resolve().parent == ROOT
+
+
+def _refusal(args, parser, exact: set[str], argv: list[str]) -> str | None:
+    from adaptor.command_line.flag_policy import Refused, judge
+    from adaptor.command_line.flag_table import MEGATRON_FLAGS
+
+    def missing_everywhere(requirement: str) -> bool:  # "cuda" depends on the backend: decided later
+        return requirement != "cuda" and importlib.util.find_spec(requirement) is None
+
+    table = {dest: p for dest, p in MEGATRON_FLAGS.items() if isinstance(p, Refused) and dest in exact
+             and (not p.requires or any(missing_everywhere(r) for r in p.requires))}
+    verdict = judge(args, parser, table, _explicit(parser, argv), backend="cpu")
+    return verdict.refused[0] if verdict.refused else None
+
+
+def _explicit(parser: argparse.ArgumentParser, argv) -> set[str]:
+    given = {a.split("=", 1)[0] for a in argv if a.startswith("-")}
+    return {a.dest for a in parser._actions if any(o in given for o in a.option_strings)}
+
+
+def check(argv: list[str]) -> None:
+    """Exit with one line when ``argv`` (without the program) has an error found without torch."""
+    from adaptor.command_line import parser_snapshot
+    from adaptor.command_line.mindspeed_llm import rewrite_pretrain_argv
+
+    if any(a in ("-h", "--help") for a in argv):
+        return  # Megatron's own help, with the help texts
+    rows = parser_snapshot.load()
+    if rows is None:
+        return
+    rewrite = rewrite_pretrain_argv(list(argv))
+    if rewrite.refused:
+        fail(rewrite.refused[0])
+    parser, exact = parser_snapshot.rebuild(rows, prog=Path(sys.argv[0]).name)
+    args = errors_in_one_line(parser).parse_args(rewrite.argv)
+    line = _refusal(args, parser, exact, rewrite.argv)
+    if line:
+        fail(line)
+    if args.use_checkpoint_args or getattr(args, "yaml_cfg", None) or args.is_instruction_dataset:
+        return
+    from adaptor.preflight.data_sources import check_data_sources
+
+    try:
+        check_data_sources(args)
+    except ArgumentError as exc:
+        fail(str(exc))
+
+
+def check_entry_command_line() -> None:
+    """:func:`check` for ``sys.argv`` when the program is one of our entry files, unless switched off."""
+    if env.is_on("ADAPTOR_EARLY_CHECK") and sys.argv and is_entry_file(sys.argv[0]):
+        check(sys.argv[1:])
