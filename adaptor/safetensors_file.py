@@ -20,6 +20,8 @@ from typing import Iterable
 
 import torch
 
+from adaptor.checkpoint.files import fsync_dir  # noqa: F401  (also this module's: writers here use it)
+
 DTYPES = {
     "F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
     "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8,
@@ -131,20 +133,6 @@ def tensor_bytes(tensor: torch.Tensor):
     """A buffer over the tensor's bytes (one contiguous copy at most)."""
     flat = tensor.detach().contiguous().reshape(-1)
     return flat.view(torch.uint8).numpy() if flat.numel() else b""
-
-
-def fsync_dir(path) -> None:
-    """Make a rename or a new entry in ``path`` durable (no-op where directories cannot be opened)."""
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
 
 
 def write_file(path, tensors: list[tuple[str, torch.Tensor]], metadata: dict[str, str] | None = None) -> int:

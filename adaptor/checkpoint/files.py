@@ -25,7 +25,21 @@ import shutil
 from pathlib import Path
 
 from adaptor.checkpoint.errors import CheckpointError
-from adaptor.safetensors_file import fsync_dir
+
+
+def fsync_dir(path) -> None:
+    """Make a rename or a new entry in ``path`` durable (no-op where directories cannot be opened)."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
 
 TRACKER = "latest_checkpointed_iteration.txt"  # Megatron's: the iteration a resume loads
 BACKEND = "safetensors"

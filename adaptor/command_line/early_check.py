@@ -12,9 +12,9 @@ in one line, as the run itself would later:
 * a refusal of MindSpeed-LLM's command-line rewrite;
 * a flag refused on every backend (:mod:`adaptor.command_line.flag_table`: with no requirement, or
   one whose module is not installed, and a value the snapshot reproduces exactly);
-* a training dataset that is missing or damaged (:mod:`adaptor.preflight.data_sources`), unless the
-  arguments come from elsewhere too (``--use-checkpoint-args``, ``--yaml-cfg``) or name instruction
-  datasets, whose check needs Megatron's dataset classes.
+* the preflight checks of datasets, ``--load`` and output directories (:mod:`adaptor.preflight`),
+  unless the arguments come from elsewhere too (``--use-checkpoint-args``, ``--yaml-cfg``) or name
+  instruction datasets, whose check needs Megatron's dataset classes.
 
 What it cannot decide without the backend or Megatron is left to the checks at argument validation,
 which run as before; a command line it accepts is parsed again by Megatron.
@@ -101,11 +101,15 @@ def check(argv: list[str]) -> None:
     if line:
         fail(line)
     if args.use_checkpoint_args or getattr(args, "yaml_cfg", None) or args.is_instruction_dataset:
-        return
+        return  # arguments from elsewhere too, or instruction datasets: the run checks them in order
+    from adaptor.preflight.checkpoint_dirs import check_load_inputs
     from adaptor.preflight.data_sources import check_data_sources
+    from adaptor.preflight.output_dirs import check_output_dirs
 
-    try:
+    try:  # the order of the preflight features (patches/preflight), so the first error is the run's
         check_data_sources(args)
+        check_load_inputs(args)
+        check_output_dirs(args)
     except ArgumentError as exc:
         fail(str(exc))
 

@@ -136,3 +136,13 @@ def check_load_dir(path: str, flag: str, required: str | None = None) -> None:
         _check_safetensors(directory, flag)
     elif backend == "torch_dist":
         _check_torch_dist(directory, flag)
+
+
+def check_load_inputs(args) -> None:
+    """Raise CheckpointError/ArgumentError for a ``--load`` or ``--pretrained-checkpoint`` that cannot be read."""
+    exit_on_missing = "--exit-on-missing-checkpoint is set" if getattr(args, "exit_on_missing_checkpoint", False) \
+        else None
+    if getattr(args, "load", None):
+        check_load_dir(args.load, "--load", exit_on_missing)
+    if getattr(args, "pretrained_checkpoint", None):
+        check_load_dir(args.pretrained_checkpoint, "--pretrained-checkpoint", "the run starts from it")

@@ -15,6 +15,18 @@ from pathlib import Path
 
 from adaptor.errors import ArgumentError
 
+#: (dest, flag) of every directory a training run writes into
+OUTPUT_DIRS = (("save", "--save"), ("data_cache_path", "--data-cache-path"), ("tensorboard_dir", "--tensorboard-dir"),
+               ("wandb_save_dir", "--wandb-save-dir"), ("hf_save_dir", "--hf-save-dir"))
+
+
+def check_output_dirs(args) -> None:
+    """Raise ArgumentError for the first output directory of ``args`` that cannot be written."""
+    for dest, flag in OUTPUT_DIRS:
+        path = getattr(args, dest, None)
+        if path:
+            check_writable_dir(path, flag)
+
 
 def nearest_existing(path: Path) -> Path:
     path = Path(os.path.abspath(path))

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from adaptor.errors import fail
 from adaptor.features import Feature
-from adaptor.preflight.checkpoint_dirs import check_load_dir
+from adaptor.preflight.checkpoint_dirs import check_load_inputs
 
 OWNER = __name__
 WRAPPED = ("load_checkpoint", "load_args_from_checkpoint", "read_metadata")
@@ -47,9 +47,4 @@ class CheckpointInputs(Feature):
             pm.register_wrapper(f"megatron.training.checkpointing.{function}", _exit_status_kept, OWNER)
 
     def validate(self, args, ctx) -> None:
-        exit_on_missing = "--exit-on-missing-checkpoint is set" if getattr(args, "exit_on_missing_checkpoint", False) \
-            else None
-        if getattr(args, "load", None):
-            check_load_dir(args.load, "--load", exit_on_missing)
-        if getattr(args, "pretrained_checkpoint", None):
-            check_load_dir(args.pretrained_checkpoint, "--pretrained-checkpoint", "the run starts from it")
+        check_load_inputs(args)

@@ -20,13 +20,10 @@ from __future__ import annotations
 from adaptor.errors import fail
 from adaptor.features import ArgumentError, Feature
 from adaptor.preflight.checkpoint_size import checkpoint_bytes
-from adaptor.preflight.output_dirs import check_free_space, check_writable_dir
+from adaptor.preflight.output_dirs import check_free_space, check_output_dirs
 from adaptor.wrapping import argument
 
 OWNER = __name__
-DIRECTORIES = (("save", "--save"), ("data_cache_path", "--data-cache-path"), ("tensorboard_dir", "--tensorboard-dir"),
-               ("wandb_save_dir", "--wandb-save-dir"), ("hf_save_dir", "--hf-save-dir"))
-
 
 def check_save_space(args) -> None:
     if not getattr(args, "save", None) or getattr(args, "skip_save_space_check", False):
@@ -57,7 +54,4 @@ class OutputDirs(Feature):
         pm.register_wrapper("megatron.training.global_vars.set_global_variables", _set_global_variables, OWNER)
 
     def validate(self, args, ctx) -> None:
-        for dest, flag in DIRECTORIES:
-            path = getattr(args, dest, None)
-            if path:
-                check_writable_dir(path, flag)
+        check_output_dirs(args)
