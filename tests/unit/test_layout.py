@@ -15,6 +15,7 @@ import pytest
 
 import adaptor
 from adaptor import env, layer_specs
+from helpers.megatron_runs import side_by_side
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -110,32 +111,46 @@ def _python(code: str, **extra_env) -> subprocess.CompletedProcess:
                           capture_output=True, text=True, timeout=300)
 
 
-def test_a_feature_module_imported_first_sets_the_run_up_completely():
-    proc = _python("import patches.fusions.rmsnorm as m, adaptor\n"
-                   "assert m.RmsNormFusion.name == 'rmsnorm'\n"
-                   "print(len(adaptor.patch_manager))")
+_LIBRARY_CHECK = ("import adaptor, torch, megatron.training.arguments as a\n"
+                  "assert adaptor.context is None and len(adaptor.patch_manager) == 0\n"
+                  "assert not hasattr(a.validate_args, '__wrapped__')\n"
+                  "assert adaptor.backend.name == 'cpu'\n"
+                  "print('unpatched')")
+# The tool sets library mode itself: run it as a script on a missing directory (one-line error).
+_CONVERSION_TOOL = ("import runpy, sys\n"
+                    "sys.argv = ['convert_ckpt.py', '--load-model-type', 'hf', '--save-model-type', 'mg',\n"
+                    "            '--load-dir', '/nonexistent/hf', '--save-dir', '/nonexistent/out', "
+                    "'--model-type-hf', 'qwen3']\n"
+                    "try:\n    runpy.run_path('tools/convert_ckpt.py', run_name='__main__')\n"
+                    "except SystemExit as exit:\n    assert exit.code not in (0, None)\n")
+
+
+@pytest.fixture(scope="module")
+def fresh_interpreters():
+    """Each import order in a fresh interpreter (that is the point), two at a time."""
+    jobs = {
+        "feature module first": lambda: _python("import patches.fusions.rmsnorm as m, adaptor\n"
+                                                "assert m.RmsNormFusion.name == 'rmsnorm'\n"
+                                                "print(len(adaptor.patch_manager))"),
+        "library mode": lambda: _python("from adaptor.convert import Layout\n" + _LIBRARY_CHECK, ADAPTOR_PATCH="0"),
+        "conversion tool": lambda: _python(_CONVERSION_TOOL + _LIBRARY_CHECK),
+        "training process": lambda: _python("import adaptor\nassert len(adaptor.patch_manager) > 10"),
+    }
+    return dict(zip(jobs, side_by_side(*jobs.values())))
+
+
+def test_a_feature_module_imported_first_sets_the_run_up_completely(fresh_interpreters):
+    proc = fresh_interpreters["feature module first"]
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert int(proc.stdout.split()[-1]) > 10
 
 
-def test_library_mode_and_the_conversion_tool_patch_nothing():
-    check = ("import adaptor, torch, megatron.training.arguments as a\n"
-             "assert adaptor.context is None and len(adaptor.patch_manager) == 0\n"
-             "assert not hasattr(a.validate_args, '__wrapped__')\n"
-             "assert adaptor.backend.name == 'cpu'\n"
-             "print('unpatched')")
-    proc = _python("from adaptor.convert import Layout\n" + check, ADAPTOR_PATCH="0")
-    assert proc.returncode == 0 and "unpatched" in proc.stdout, proc.stderr[-2000:]
-    # The tool sets library mode itself: run it as a script on a missing directory (one-line error).
-    tool = ("import runpy, sys\n"
-            "sys.argv = ['convert_ckpt.py', '--load-model-type', 'hf', '--save-model-type', 'mg',\n"
-            "            '--load-dir', '/nonexistent/hf', '--save-dir', '/nonexistent/out', '--model-type-hf', 'qwen3']\n"
-            "try:\n    runpy.run_path('tools/convert_ckpt.py', run_name='__main__')\n"
-            "except SystemExit as exit:\n    assert exit.code not in (0, None)\n")
-    proc = _python(tool + check)
-    assert proc.returncode == 0 and "unpatched" in proc.stdout, proc.stderr[-2000:]
+def test_library_mode_and_the_conversion_tool_patch_nothing(fresh_interpreters):
+    for name in ("library mode", "conversion tool"):
+        proc = fresh_interpreters[name]
+        assert proc.returncode == 0 and "unpatched" in proc.stdout, (name, proc.stderr[-2000:])
     # Control: a training process is patched.
-    assert _python("import adaptor\nassert len(adaptor.patch_manager) > 10").returncode == 0
+    assert fresh_interpreters["training process"].returncode == 0, fresh_interpreters["training process"].stderr[-2000:]
 
 
 def test_layer_spec_swaps_are_declared_by_the_features_that_cause_them():
