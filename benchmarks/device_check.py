@@ -29,7 +29,9 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
 from datetime import date
 from pathlib import Path
 
@@ -55,22 +57,37 @@ def torchrun(args: list[str], env: dict, nproc: int, cwd: Path) -> tuple[int, st
 
 
 class Check:
-    def __init__(self, device: str, iters: int, workdir: Path, verbose: bool, launch=torchrun):
+    def __init__(self, device: str, iters: int, workdir: Path, verbose: bool, launch=torchrun, jobs: int = 1):
         self.device, self.iters, self.workdir, self.verbose, self.launch = device, iters, workdir, verbose, launch
-        self.rows: list[tuple[str, str, str]] = []
+        self.rows: list = []  # (name, verdict, detail), or a future of one while parts run side by side
+        self._pool = ThreadPoolExecutor(jobs) if jobs > 1 else None
+        self._lock = threading.Lock()
         self._runs: dict = {}  # one run per command line: with --device cpu, "device" and CPU runs coincide
 
     def torchrun(self, args: list[str], backend: str, nproc: int = 1) -> str:
         key = (tuple(args), backend, nproc)
-        if key not in self._runs or "--save" in args:
-            env = {"ADAPTOR_BACKEND": backend, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
-            returncode, output = self.launch(args, env, nproc, self.workdir)
-            if self.verbose:
-                print(output[-3000:], file=sys.stderr)
-            if returncode != 0:
-                raise RuntimeError("\n".join(output.splitlines()[-25:]))
-            self._runs[key] = output
-        return self._runs[key]
+        with self._lock:  # a run two parts need is made once, the second part waits for it
+            run = None if "--save" in args else self._runs.get(key)
+            if run is None:
+                run = self._runs[key] = Future()
+                mine = True
+            else:
+                mine = False
+        if mine:
+            try:
+                run.set_result(self._launch(args, backend, nproc))
+            except Exception as exc:  # noqa: BLE001  (the waiting part fails with it too)
+                run.set_exception(exc)
+        return run.result()
+
+    def _launch(self, args: list[str], backend: str, nproc: int) -> str:
+        env = {"ADAPTOR_BACKEND": backend, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+        returncode, output = self.launch(args, env, nproc, self.workdir)
+        if self.verbose:
+            print(output[-3000:], file=sys.stderr)
+        if returncode != 0:
+            raise RuntimeError("\n".join(output.splitlines()[-25:]))
+        return output
 
     def curve(self, model: list[str], start: Path, backend: str, nproc: int = 1, extra=()) -> list[float]:
         args = model + ["--train-iters", str(self.iters), "--load", str(start), "--finetune", "--no-load-optim",
@@ -87,8 +104,24 @@ class Check:
                                "--save-interval", "1"], "cpu")
         return directory
 
-    def row(self, name: str, run, tolerance: float | None = None) -> None:
-        """Run one part; a part that fails is a row too, and the others still run."""
+    def row(self, name: str, run, tolerance: float | None = None, alone: bool = False) -> None:
+        """Run one part (beside others with ``--jobs``, unless ``alone``); a part that fails is a row too."""
+        if self._pool is not None and not alone:
+            self.rows.append(self._pool.submit(self._row, name, run, tolerance))
+        else:
+            self.finish()
+            self.rows.append(self._row(name, run, tolerance))
+
+    def map(self, fn, items) -> list:
+        """``fn`` over ``items``, side by side with ``--jobs``."""
+        return list(self._pool.map(fn, items) if self._pool is not None else map(fn, items))
+
+    def finish(self) -> list[tuple[str, str, str]]:
+        """Every row, in the order the parts were given, once each has run."""
+        self.rows = [row.result() if isinstance(row, Future) else row for row in self.rows]
+        return self.rows
+
+    def _row(self, name: str, run, tolerance: float | None) -> tuple[str, str, str]:
         started = time.monotonic()
         try:
             result = run()
@@ -99,8 +132,8 @@ class Check:
                 shown = f"max relative gap {result:.2e} (tolerance {tolerance:.0e})"
         except Exception as exc:  # noqa: BLE001  (reported in the table)
             verdict, shown = "FAIL", " ".join(str(exc).split())[-400:]
-        self.rows.append((name, verdict, f"{shown}; {time.monotonic() - started:.0f} s"))
         print(f"[device_check] {name}: {verdict}", file=sys.stderr, flush=True)
+        return name, verdict, f"{shown}; {time.monotonic() - started:.0f} s"
 
 
 def gap(curve, reference) -> float:
@@ -125,15 +158,18 @@ def main(argv=None, launch=torchrun) -> int:
     ap.add_argument("--device", choices=("cuda", "npu", "cpu"), default="cuda")
     ap.add_argument("--iters", type=int, default=10, help="iterations of each loss curve")
     ap.add_argument("--bench-iters", type=int, default=30, help="iterations of the step-time run")
+    ap.add_argument("--jobs", type=int, default=1,
+                    help="parts run side by side (the step-time part always runs alone); for CPU checks "
+                         "on several cores, where a one-process run leaves the other cores idle")
     ap.add_argument("--verbose", action="store_true")
     opts = ap.parse_args(argv)
     device = opts.device
     tolerance = SAME_DEVICE if device == "cpu" else ACROSS_DEVICES
     count = device_count(device)
     with tempfile.TemporaryDirectory(prefix="device_check_") as tmp:
-        check = Check(device, opts.iters, Path(tmp), opts.verbose, launch)
-        qwen_start = check.start_checkpoint(TINY_QWEN3, "qwen3_start")
-        dsv3_start = check.start_checkpoint(TINY_DEEPSEEK_V3, "dsv3_start")
+        check = Check(device, opts.iters, Path(tmp), opts.verbose, launch, opts.jobs)
+        qwen_start, dsv3_start = check.map(lambda start: check.start_checkpoint(*start),
+                                           [(TINY_QWEN3, "qwen3_start"), (TINY_DEEPSEEK_V3, "dsv3_start")])
         cpu = {}
 
         def against_cpu(model, start, key):
@@ -179,7 +215,8 @@ def main(argv=None, launch=torchrun) -> int:
             shown = f"{statistics.median(times):.1f} ms/iteration (median after 5)"
             return shown + (f", MFU {statistics.median(mfu):.3f} %" if mfu else ", MFU not printed (no known peak)")
 
-        check.row(f"step time and MFU, tiny Qwen3 on 1 {device}", bench)
+        check.row(f"step time and MFU, tiny Qwen3 on 1 {device}", bench, alone=True)
+        check.finish()
 
     import torch
 

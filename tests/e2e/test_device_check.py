@@ -5,7 +5,7 @@ With ``--device cpu`` the "device" runs are the CPU runs (one run per command li
 gap is 0; what this proves is that every part (start checkpoints, both models, TP=2, FSDP2 against
 DDP, fused against unfused, the safetensors round trip, step time and MFU) runs and reads its logs,
 and that the table has a row for each. Runs start warm (helpers/warm_launcher.py), with the command
-lines and environment the script gives them.
+lines and environment the script gives them, two parts at a time (``--jobs 2``) on the two cores.
 """
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ def test_every_part_runs_on_cpu(capsys):
         run = launch("pretrain_gpt.py", args, nproc, env, timeout=600, cwd=cwd)
         return run.returncode, run.output
 
-    status = device_check.main(["--device", "cpu", "--iters", "3", "--bench-iters", "7"], launch=warm)
+    status = device_check.main(["--device", "cpu", "--iters", "3", "--bench-iters", "7", "--jobs", "2"], launch=warm)
     table = capsys.readouterr().out
     rows = re.findall(r"^\| (.+?) \| (ok|FAIL|skipped) \| (.*) \|$", table, re.MULTILINE)
     assert status == 0, table
