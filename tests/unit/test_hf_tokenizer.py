@@ -8,10 +8,12 @@ ids, vocabulary size and padded vocabulary size.
 """
 from __future__ import annotations
 
+import importlib.util
 import json
 
 import pytest
 
+from helpers.megatron_runs import side_by_side
 from helpers.paths import SAMPLE_TOKENIZER
 from helpers.processes import child_env, run_child
 
@@ -49,16 +51,35 @@ print("RESULT " + json.dumps({
 
 
 def build(mode: str, path, texts=TEXTS) -> dict:
-    # Cold: "transformers cannot be imported" holds only in an interpreter that never imported it.
-    proc = run_child(BUILD, mode, path, json.dumps(texts), env=child_env(ADAPTOR_QUIET="1"), timeout=300, warm=False)
+    # Ours cold: "transformers cannot be imported" holds only in an interpreter that never imported it.
+    proc = run_child(BUILD, mode, path, json.dumps(texts), env=child_env(ADAPTOR_QUIET="1"), timeout=300,
+                     warm=mode != "adaptor")
     lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
     assert proc.returncode == 0 and lines, proc.stdout[-3000:] + proc.stderr[-3000:]
     return json.loads(lines[-1][len("RESULT "):])
 
 
-def test_matches_megatron_transformers_wrapper():
+@pytest.fixture(scope="module")
+def bare_tokenizer_json(tmp_path_factory):
+    """A bare tokenizer.json (no tokenizer_config.json)."""
+    bare = tmp_path_factory.mktemp("only") / "tokenizer.json"
+    bare.write_bytes((TOKENIZER_DIR / "tokenizer.json").read_bytes())
+    return bare
+
+
+@pytest.fixture(scope="module")
+def builds(bare_tokenizer_json):
+    """Every build this file compares, two processes at a time."""
+    jobs = {"ours": lambda: build("adaptor", TOKENIZER_DIR),
+            "bare": lambda: build("adaptor", bare_tokenizer_json, texts=["hello world"])}
+    if importlib.util.find_spec("transformers") is not None:
+        jobs["upstream"] = lambda: build("upstream", TOKENIZER_DIR)
+    return dict(zip(jobs, side_by_side(*jobs.values())))
+
+
+def test_matches_megatron_transformers_wrapper(builds):
     pytest.importorskip("transformers")
-    ours, upstream = build("adaptor", TOKENIZER_DIR), build("upstream", TOKENIZER_DIR)
+    ours, upstream = dict(builds["ours"]), dict(builds["upstream"])
     assert ours["library"] == "TokenizerJson" and upstream["library"] == "HuggingFaceTokenizer"
     assert ours.pop("library") and upstream.pop("library")
     assert ours == upstream
@@ -67,12 +88,10 @@ def test_matches_megatron_transformers_wrapper():
     assert ours["padded_vocab_size"] % 256 == 0 and ours["padded_vocab_size"] >= ours["vocab_size"]
 
 
-def test_tokenizer_json_file_without_config(tmp_path):
+def test_tokenizer_json_file_without_config(builds, bare_tokenizer_json):
     """A bare tokenizer.json (no tokenizer_config.json): eod is the special <|endoftext|>."""
-    bare = tmp_path / "only" / "tokenizer.json"
-    bare.parent.mkdir()
-    bare.write_bytes((TOKENIZER_DIR / "tokenizer.json").read_bytes())
-    result = build("adaptor", bare, texts=["hello world"])
+    bare = bare_tokenizer_json
+    result = builds["bare"]
     from tokenizers import Tokenizer
 
     reference = Tokenizer.from_file(str(bare))

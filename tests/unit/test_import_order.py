@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from helpers import processes
+from helpers.megatron_runs import side_by_side
 TARGET = "megatron.core.optimizer.clip_grads.clip_grad_by_total_norm_fp32"
 
 # Shared tail of both child scripts: collect facts, tear down, collect again.
@@ -87,10 +88,16 @@ def facts_of(proc: subprocess.CompletedProcess) -> dict:
     return json.loads(lines[0][len("FACTS "):])
 
 
-@pytest.fixture(scope="module", params=["adaptor_first", "megatron_first"])
-def child(request):
-    code = {"adaptor_first": ADAPTOR_FIRST, "megatron_first": MEGATRON_FIRST}[request.param]
-    proc = run_child(code)
+@pytest.fixture(scope="module")
+def children():
+    """Both import orders, each in a fresh interpreter, side by side."""
+    orders = {"adaptor_first": ADAPTOR_FIRST, "megatron_first": MEGATRON_FIRST}
+    return dict(zip(orders, side_by_side(*[(lambda code=code: run_child(code)) for code in orders.values()])))
+
+
+@pytest.fixture(params=["adaptor_first", "megatron_first"])
+def child(request, children):
+    proc = children[request.param]
     return proc, facts_of(proc)
 
 
