@@ -47,6 +47,13 @@ def pytest_collection_finish(session):
     start_for(session)
 
 
+def pytest_terminal_summary(terminalreporter):
+    from helpers.warm_launcher import STATS
+
+    if any(STATS.values()):
+        terminalreporter.write_line("warm launcher: " + ", ".join(f"{v} {k}" for k, v in STATS.items()))
+
+
 def pytest_sessionfinish(session):
     from helpers.prefetch import PREFETCH
     from helpers.warm_launcher import ZYGOTES

@@ -61,6 +61,7 @@ class _Zygote:
         with self._lock:
             if self._proc is not None or self.failed:
                 return
+            STATS["zygotes started"] += 1
             folder = tempfile.mkdtemp(prefix="adaptor-zygote-")
             self._path = os.path.join(folder, "socket")
             self._log = os.path.join(folder, "zygote.log")  # the imports' warnings; ranks write to their own pipes
@@ -165,6 +166,8 @@ class _Zygotes:
 
 
 ZYGOTES = _Zygotes()
+#: What the session's launches cost, printed at its end (conftest.py): a new zygote is ~10 s of imports.
+STATS = {"zygotes started": 0, "warm launches": 0, "cold launches": 0}
 
 
 class Launched:
@@ -310,6 +313,7 @@ def start(script, args=(), *, nproc: int = 1, env: dict | None = None, launcher:
         conn = ZYGOTES.for_env(env).connect()
     if conn is None:
         return _start_cold(cmd, env, cwd, merge_stderr)
+    STATS["warm launches"] += 1
     launched = Launched(cmd, warm=True)
     out_r, out_w = os.pipe()
     if merge_stderr:
@@ -341,6 +345,7 @@ def start(script, args=(), *, nproc: int = 1, env: dict | None = None, launcher:
 
 
 def _start_cold(cmd, env, cwd, merge_stderr) -> Launched:
+    STATS["cold launches"] += 1
     launched = Launched(cmd, warm=False)
     launched._popen = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=subprocess.PIPE,
                                        stderr=subprocess.STDOUT if merge_stderr else subprocess.PIPE,
