@@ -9,7 +9,9 @@ shows, comparing the same command launched warm and cold (``torchrun``) side by 
 * each rank draws its own seeds, as fresh interpreters do (Python's, numpy's and torch's generators
   differ between ranks and between runs);
 * exit statuses: a rank that fails first is reported as torchrun reports it (rank, exit code), the
-  others are stopped, and the launch fails;
+  others are stopped, and the launch fails; a rank ends as Python's shutdown ends a process (threads
+  joined, atexit callbacks run, streams flushed, the exit status and last stderr line of each way a
+  script can end);
 * a training run gives the cold run's loss curve bit for bit (TP=2);
 * a run whose environment changes what the zygote imported (here ``PYTHONPATH``) is served by a
   zygote started with that environment.
@@ -86,6 +88,37 @@ def test_the_first_failure_is_reported_and_ends_the_run(probe):
         assert run.wall_s < 50  # rank 0 was stopped, not left to sleep its 60 s
     python = launch(probe, [], env={"EXIT_RANK_0": "4"}, cwd=probe.parent, launcher="python")
     assert python.warm and python.returncode == 4 and python.exitcodes == [4]
+
+
+ENDINGS = {  # how a script ends -> what Python's shutdown must do with it
+    "returns": "pass",
+    "sys.exit(7)": "sys.exit(7)",
+    "sys.exit('message')": "sys.exit('a message for stderr')",
+    "an uncaught exception": "raise RuntimeError('uncaught')",
+}
+ENDING = """
+import atexit, sys, threading, time
+atexit.register(lambda: print("atexit ran", flush=True))
+def late():
+    time.sleep(0.5)
+    print("non-daemon thread finished", flush=True)
+threading.Thread(target=late).start()
+sys.stdout.write("buffered, never flushed by the script")
+"""
+
+
+@pytest.mark.parametrize("ending", list(ENDINGS))
+def test_a_rank_ends_as_pythons_shutdown_ends_it(ending):
+    """The warm rank skips the module teardown only: threads are joined, atexit callbacks run, streams
+    are flushed, the exit status and what reaches stderr are the cold process's."""
+    code = ENDING + ENDINGS[ending] + "\n"
+    warm, cold = (launch("-c", [], launcher="python", code=code, warm=w) for w in (True, False))
+    assert warm.warm and not cold.warm
+    assert warm.returncode == cold.returncode, (warm.returncode, cold.returncode)
+    assert sorted(warm.stdout.splitlines()) == sorted(cold.stdout.splitlines()), (warm.stdout, cold.stdout)
+    assert "atexit ran" in warm.stdout and "non-daemon thread finished" in warm.stdout
+    last = lambda run: (run.stderr.strip().splitlines() or [""])[-1]  # noqa: E731
+    assert last(warm) == last(cold), (warm.stderr[-1000:], cold.stderr[-1000:])
 
 
 def test_a_warm_training_run_equals_the_cold_one():
