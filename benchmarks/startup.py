@@ -11,7 +11,7 @@ median of ``--repeats`` fresh processes, measured in the same run, so rows compa
 * inside ``pretrain()``: arguments parsed and validated, process groups, the rest of Megatron's
   initialisation (seeds, JIT warm-up), model and optimizer, data iterators, the first step;
 * the same phases read from ``import adaptor`` against a bare ``import megatron.training`` and GPT model;
-* the time until the one-line error of a misspelt flag and of a missing dataset;
+* the time until the one-line error of a misspelt flag, a missing dataset and an unwritable ``--save``;
 * ``tools/preprocess_data.py`` start-up: a one-document input with a ``tokenizer.json``.
 
 The probe (``--probe``) times the phases in-process by wrapping Megatron's functions for the length
@@ -162,6 +162,9 @@ def main() -> None:
         [py, script, *TINY_QWEN3, "--mock-data", "--lr-decay-stile", "cosine"], want="error")[0])
     rows["first error line: missing --data-path"] = median_of(args.repeats, lambda: wall(
         [py, script, *TINY_QWEN3, "--data-path", "/nonexistent/corpus"], want="error:")[0])
+    with tempfile.NamedTemporaryFile() as regular_file:
+        rows["first error line: --save is a regular file"] = median_of(args.repeats, lambda: wall(
+            [py, script, *TINY_QWEN3, "--mock-data", "--save", regular_file.name], want="error:")[0])
 
     with tempfile.TemporaryDirectory() as tmp:
         doc = Path(tmp) / "one.jsonl"
