@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from typing import Iterable, Sequence
 
 from adaptor.backend import Backend
+from adaptor.command_line.flag_policy import explicit_dests  # noqa: F401  (defined torch-free)
 from adaptor.errors import ArgumentError  # noqa: F401  (features raise it; defined torch-free)
 
 
@@ -119,12 +120,3 @@ class FeatureRegistry:
     def enabled(self, ctx: FeatureContext) -> list[Feature]:
         return [f for f in self._features if f.enabled(ctx)]
 
-
-def explicit_dests(parser: argparse.ArgumentParser, argv: Sequence[str]) -> set[str]:
-    """Dests of the options that appear on ``argv`` (``--x`` or ``--x=v``)."""
-    given = {a.split("=", 1)[0] for a in argv if a.startswith("-")}
-    return {
-        action.dest
-        for action in parser._actions
-        if any(opt in given for opt in action.option_strings)
-    }

@@ -65,7 +65,7 @@ def is_entry_file(program: str) -> bool:
 
 
 def _refusal(args, parser, exact: set[str], argv: list[str]) -> str | None:
-    from adaptor.command_line.flag_policy import Refused, judge
+    from adaptor.command_line.flag_policy import Refused, explicit_dests, judge
     from adaptor.command_line.flag_table import MEGATRON_FLAGS
 
     def missing_everywhere(requirement: str) -> bool:  # "cuda" depends on the backend: decided later
@@ -73,13 +73,8 @@ def _refusal(args, parser, exact: set[str], argv: list[str]) -> str | None:
 
     table = {dest: p for dest, p in MEGATRON_FLAGS.items() if isinstance(p, Refused) and dest in exact
              and (not p.requires or any(missing_everywhere(r) for r in p.requires))}
-    verdict = judge(args, parser, table, _explicit(parser, argv), backend="cpu")
+    verdict = judge(args, parser, table, explicit_dests(parser, argv), backend="cpu")
     return verdict.refused[0] if verdict.refused else None
-
-
-def _explicit(parser: argparse.ArgumentParser, argv) -> set[str]:
-    given = {a.split("=", 1)[0] for a in argv if a.startswith("-")}
-    return {a.dest for a in parser._actions if any(o in given for o in a.option_strings)}
 
 
 def check(argv: list[str]) -> None:

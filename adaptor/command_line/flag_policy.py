@@ -19,7 +19,7 @@ from __future__ import annotations
 import argparse
 import importlib.util
 from dataclasses import dataclass, field
-from typing import Callable, Iterable, Mapping
+from typing import Callable, Iterable, Mapping, Sequence
 
 #: Requirements a Refused entry may name: the refusal holds only where they are missing.
 REQUIREMENTS = ("transformer_engine", "apex", "cuda")
@@ -91,6 +91,16 @@ def parser_defaults(parser: argparse.ArgumentParser) -> dict:
         if action.option_strings:
             defaults.setdefault(action.dest, action.default)
     return defaults
+
+
+def explicit_dests(parser: argparse.ArgumentParser, argv: Sequence[str]) -> set[str]:
+    """Dests of the options that appear on ``argv`` (``--x`` or ``--x=v``)."""
+    given = {a.split("=", 1)[0] for a in argv if a.startswith("-")}
+    return {
+        action.dest
+        for action in parser._actions
+        if any(opt in given for opt in action.option_strings)
+    }
 
 
 @dataclass
