@@ -98,6 +98,8 @@ def _pid_alive(pid: int) -> bool:
 
 
 def _fsync_dir(directory: str) -> None:
+    """adaptor.checkpoint.files.fsync_dir's twin: importing any ``adaptor`` module sets the package up
+    (torch included), and this writer serves tools/preprocess_data.py's torch-free start."""
     try:
         fd = os.open(directory or ".", os.O_RDONLY)
     except OSError:

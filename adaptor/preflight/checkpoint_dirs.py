@@ -139,7 +139,7 @@ def check_load_dir(path: str, flag: str, required: str | None = None) -> None:
 
 
 def check_load_inputs(args) -> None:
-    """Raise CheckpointError/ArgumentError for a ``--load`` or ``--pretrained-checkpoint`` that cannot be read."""
+    """Raise ArgumentError for a ``--load`` or ``--pretrained-checkpoint`` that cannot be read."""
     exit_on_missing = "--exit-on-missing-checkpoint is set" if getattr(args, "exit_on_missing_checkpoint", False) \
         else None
     if getattr(args, "load", None):
