@@ -22,13 +22,13 @@ from megatron.training import get_args, get_timers, get_tokenizer, pretrain, pri
 from megatron.training.argument_utils import pretrain_cfg_container_from_args
 from megatron.training.arguments import core_transformer_config_from_args, parse_and_validate_args
 
+from adaptor import run_state
 from adaptor.errors import fail
-from adaptor.mm.config import cached_data_config, cached_model_config
+from adaptor.mm.config import cached_data_config, cached_model_config, image_seq_len
 from adaptor.mm.data import ImageTextDataset, MMDataError, describe_skipped, read_records
 from adaptor.mm.model import build_llava_model
 from adaptor.mm.weights import load_initial_weights
 from adaptor.training import masked_lm_loss
-from patches.multimodal.mm_arguments import image_seq_len
 
 
 def model_provider(pre_process=True, post_process=True, vp_stage=None, config=None, pg_collection=None):
@@ -89,7 +89,7 @@ train_valid_test_datasets_provider.is_distributed = True
 
 
 def main():
-    if not adaptor.context.flags.mm_model:  # before Megatron asks for the --num-layers model.json gives
+    if not run_state.context().flags.mm_model:  # before Megatron asks for the --num-layers model.json gives
         fail("pretrain_mm.py needs --mm-model model.json and --mm-data data.json")
     args = parse_and_validate_args(args_defaults={"tokenizer_type": "HuggingFaceTokenizer"})
     with warnings.catch_warnings():

@@ -23,9 +23,6 @@ VARIABLES = {
         Variable("ADAPTOR_BACKEND", "",
                  "`npu`, `cuda` or `cpu`: train on this backend instead of the detected one "
                  "(detection order: NPU, CUDA, CPU)."),
-        Variable("ADAPTOR_PATCH", "1",
-                 "`0`: `import adaptor` loads the libraries (conversion, checkpoints, ops) without "
-                 "patching torch or Megatron. The tools that do not train set it themselves."),
         Variable("ADAPTOR_EARLY_CHECK", "1",
                  "`0`: an entry file's command line is checked only when Megatron parses it, after "
                  "the imports, instead of first from the parser's snapshot (the errors are the same "

@@ -24,11 +24,13 @@ from __future__ import annotations
 
 import argparse
 from dataclasses import dataclass, field
-from typing import Iterable, Sequence
+from typing import TYPE_CHECKING, Iterable, Sequence
 
-from adaptor.backend import Backend
 from adaptor.command_line.flag_policy import explicit_dests  # noqa: F401  (defined torch-free)
 from adaptor.errors import ArgumentError  # noqa: F401  (features raise it; defined torch-free)
+
+if TYPE_CHECKING:
+    from adaptor.backend import Backend
 
 
 @dataclass

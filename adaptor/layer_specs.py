@@ -46,9 +46,9 @@ def swap_rows(features=None) -> list[tuple[str, str, str]]:
     command line chose the features).
     """
     if features is None:
-        import adaptor
+        from adaptor import run_state
 
-        features = adaptor.feature_registry()
+        features = run_state.registry() or ()  # a library user without a run: the upstream modules
     return [row for feature in features for row in feature.module_swaps]
 
 

@@ -1,11 +1,12 @@
-"""What the adaptor tells the user during a run, on rank 0.
+"""What the adaptor tells the user during a run: every line of ours goes through here.
 
-Two kinds of line:
+Three kinds of line, all prefixed ``[megatron-adaptor]``:
 
 * :func:`notice` — something about this run's settings the user must see: a flag mapped, not
-  applied, or a slower path taken. Always printed.
+  applied, or a slower path taken. Always printed, on rank 0.
 * :func:`say` — progress a log reader may want (the kernels in use, the launch). Silenced by
   ``ADAPTOR_QUIET``, like the start-up summary.
+* :func:`every_rank` — a fact that differs per rank (its memory), printed by each rank.
 
 The ``*_once`` forms print a line the first time its key is seen in this process (Megatron may
 parse arguments twice; an operator runs every step).
@@ -23,6 +24,11 @@ def notice(text: str) -> None:
     """Print one line on rank 0."""
     if is_rank0():
         print(f"{PREFIX} {text}", flush=True)
+
+
+def every_rank(text: str) -> None:
+    """Print one line on this rank (the text names the rank)."""
+    print(f"{PREFIX} {text}", flush=True)
 
 
 def say(text: str) -> None:
@@ -53,6 +59,6 @@ def announce_kernel(what: str, kernels: dict[str, str]) -> None:
 
     ``kernels`` maps backend name (npu, cuda, cpu) to the kernel's name.
     """
-    import adaptor
+    from adaptor import run_state
 
-    say_once(f"{what}: {kernels[adaptor.backend.name]} in use", key=what)
+    say_once(f"{what}: {kernels[run_state.backend().name]} in use", key=what)

@@ -133,8 +133,3 @@ def all_features():
         MegatronFlagPolicy(),
     ]
 
-
-# Last, after all_features() exists: ``import adaptor`` sets the run up and imports every feature
-# module through all_features(), so a feature module imported before adaptor (``import
-# patches.fusions.rmsnorm`` in a fresh process) is complete before its own import continues.
-import adaptor  # noqa: F401,E402

@@ -95,6 +95,16 @@ class HfModels:
 
 
 @pytest.fixture(scope="session")
+def cpu_training_process():
+    """This pytest process set up as a training run sets itself up (``import adaptor`` in an entry
+    file): for tests that build Megatron modules in-process, which need the device patches.
+    Importing our modules alone sets nothing up, so a test asks for this explicitly."""
+    from adaptor.bootstrap import setup
+
+    return setup(argv=[], quiet=True)
+
+
+@pytest.fixture(scope="session")
 def tiny_hf(tmp_path_factory) -> HfModels:
     return HfModels(tmp_path_factory.mktemp("tiny_hf"))
 

@@ -230,7 +230,9 @@ def worker(spec_file: str) -> int:
     spec = json.loads(Path(spec_file).read_text())
     sys.argv = [sys.argv[0]] + spec["flags"]
     sys.path.insert(0, str(ROOT))
-    import adaptor  # noqa: F401  (patches megatron for this backend, from these flags)
+    from adaptor.bootstrap import setup
+
+    setup()  # patches megatron for this backend, from these flags
 
     import torch
     from megatron.core import mpu, tensor_parallel

@@ -148,7 +148,9 @@ def worker(spec_file: str) -> int:
     spec = json.loads(Path(spec_file).read_text())
     sys.argv = sys.argv[:1]
     sys.path.insert(0, str(ROOT))
-    import adaptor  # noqa: F401  (patches megatron for this backend)
+    from adaptor.bootstrap import setup
+
+    setup()  # patches megatron for this backend
 
     import torch
     from megatron.core import parallel_state
@@ -160,7 +162,9 @@ def worker(spec_file: str) -> int:
     from adaptor.mm.model import build_vision_tower
     from adaptor.mm.weights import copy_into, vision_tower_tensors
 
-    backend = adaptor.backend
+    from adaptor import run_state
+
+    backend = run_state.backend()
     torch.distributed.init_process_group(backend=backend.dist_backend)
     if backend.name != "cpu":
         getattr(torch, backend.name).set_device(int(os.environ.get("LOCAL_RANK", 0)))

@@ -25,7 +25,6 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 if __name__ == "__main__":  # quiet import summary for the tool only; importing this module changes no environment
-    os.environ["ADAPTOR_PATCH"] = "0"  # converting reads and writes files: torch and Megatron stay as they are
     warnings.filterwarnings("ignore")  # import-time notices of megatron/torch; errors are one line below
 logging.getLogger("torch.utils.cpp_extension").setLevel(logging.ERROR)
 

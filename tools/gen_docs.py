@@ -191,9 +191,9 @@ def _patches_by_backend(feature, registry) -> dict[str, list[tuple[str, str]]]:
 
 
 def reference_page() -> str:
-    import adaptor
+    from adaptor.bootstrap import all_features
 
-    registry = adaptor.feature_registry()
+    registry = all_features()
     lines = [
         "# Features and patches",
         "",
@@ -260,12 +260,12 @@ def environment_page() -> str:
 
 def parser_snapshot() -> str:
     """Megatron's parser with our features' flags, as the early command-line check rebuilds it."""
-    import adaptor
+    from adaptor.bootstrap import all_features
     from adaptor.command_line import parser_snapshot as snap
     from megatron.training.arguments import add_megatron_arguments
 
     parser = add_megatron_arguments(argparse.ArgumentParser(allow_abbrev=False))
-    return snap.dumps(snap.snapshot(adaptor.feature_registry().add_arguments(parser)))
+    return snap.dumps(snap.snapshot(all_features().add_arguments(parser)))
 
 
 PAGES = {
@@ -299,6 +299,5 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":  # the tool's own quiet: a test calling main() keeps its environment as it is
-    os.environ["ADAPTOR_PATCH"] = "0"  # reads tables and the registry; patches nothing
     warnings.filterwarnings("ignore")
     sys.exit(main())

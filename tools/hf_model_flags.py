@@ -49,7 +49,6 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    os.environ["ADAPTOR_PATCH"] = "0"  # reads a config file; patches nothing
     os.environ.setdefault("ADAPTOR_BACKEND", "cpu")
     import warnings
 

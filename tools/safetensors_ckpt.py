@@ -31,7 +31,6 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 if __name__ == "__main__":
-    os.environ["ADAPTOR_PATCH"] = "0"  # files only; a re-layout runs pretrain_gpt.py, which patches itself
     warnings.filterwarnings("ignore")
 logging.getLogger("torch.utils.cpp_extension").setLevel(logging.ERROR)
 
@@ -87,10 +86,11 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 def replay_argv(recorded: list[str], layout: dict[str, int], load: Path, out: Path) -> list[str]:
     """The recorded pretrain command line, re-aimed: the new layout, loading ``load``, converting into ``out``."""
-    import adaptor
     from megatron.training.arguments import add_megatron_arguments
 
-    parser = adaptor.feature_registry().add_arguments(add_megatron_arguments(argparse.ArgumentParser(allow_abbrev=False)))
+    from adaptor.bootstrap import all_features
+
+    parser = all_features().add_arguments(add_megatron_arguments(argparse.ArgumentParser(allow_abbrev=False)))
     takes = {opt: action.nargs for action in parser._actions for opt in action.option_strings}
     kept, tokens, i = [], list(recorded), 0
     while i < len(tokens):

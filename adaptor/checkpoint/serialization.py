@@ -21,6 +21,7 @@ from adaptor.checkpoint.optimizer_forms import reconcile
 from adaptor.checkpoint.reader import CheckpointIndex
 from adaptor.checkpoint.validation import validate_sharding
 from adaptor.checkpoint.writer import common_payload, rank_payload, write_payload
+from adaptor import log
 
 
 def _layout(world: int, common_state: dict) -> dict:
@@ -114,8 +115,7 @@ def _finalize(checkpoint_dir: str) -> None:
         files.commit(checkpoint_dir)
         size = sum(p.stat().st_size for p in Path(checkpoint_dir).iterdir())
         # Megatron's own line says "torch_dist": its sharded path runs, and the storage is ours.
-        print(f"[megatron-adaptor] {checkpoint_dir}: stored as safetensors, {world} rank files, "
-              f"{size / 1e9:.3f} GB", flush=True)
+        log.every_rank(f"{checkpoint_dir}: stored as safetensors, {world} rank files, {size / 1e9:.3f} GB")
     dist.barrier()
 
 

@@ -10,7 +10,8 @@
 from adaptor.convert.errors import ConversionError
 from adaptor.convert.hf_directory import HfCheckpoint, write_safetensors_checkpoint
 from adaptor.convert.layout import Layout, padded_vocab_size
-from adaptor.convert.mapping import ModelMapping, model_mapping
+from adaptor.convert.mapping import ModelMapping
+from adaptor.convert.models import MODELS, model_mapping
 from adaptor.convert.megatron_args import megatron_args_from_hf_config
 from adaptor.convert.offline import (
     MegatronCheckpoint,
@@ -22,6 +23,6 @@ from adaptor.convert.offline import (
 
 __all__ = [
     "ConversionError", "HfCheckpoint", "write_safetensors_checkpoint", "Layout", "padded_vocab_size",
-    "ModelMapping", "model_mapping", "megatron_args_from_hf_config", "MegatronCheckpoint",
+    "ModelMapping", "MODELS", "model_mapping", "megatron_args_from_hf_config", "MegatronCheckpoint",
     "megatron_rank_tensors", "hf_tensors_from_megatron", "convert_hf_to_megatron", "convert_megatron_to_hf",
 ]

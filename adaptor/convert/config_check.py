@@ -58,7 +58,7 @@ def read_hf_config(directory: str, flag: str) -> dict:
 
 def model_flags(model_type: str, config: dict) -> list[str]:
     """The pretrain_gpt.py model flags that build what config.json describes."""
-    from adaptor.convert import megatron_args_from_hf_config
+    from adaptor.convert.megatron_args import megatron_args_from_hf_config
 
     return list(megatron_args_from_hf_config(model_type, config))
 

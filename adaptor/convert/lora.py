@@ -225,7 +225,7 @@ def write_peft_adapter(get, has, save_dir, model_type: str, hf_config: dict, lay
     holds it; linears of the target types the model does not adapt (MLA's, say) are left out. Returns
     the PEFT tensor names.
     """
-    from adaptor.convert.mapping import model_mapping
+    from adaptor.convert.models import model_mapping
     from adaptor.convert.offline import hf_tensors_from_megatron
     from adaptor.safetensors_file import write_file
 
@@ -384,7 +384,7 @@ def peft_rank_tensors(adapter: PeftAdapter, model_type: str, hf_config: dict, la
     `wanted`: the rank's own adapter state names; the adapter must give each exactly, and every
     adapter tensor must have a place on some rank (checked against all params of the model).
     """
-    from adaptor.convert.mapping import model_mapping
+    from adaptor.convert.models import model_mapping
     from adaptor.convert.offline import megatron_rank_tensors
 
     adapter.check_settings(settings)

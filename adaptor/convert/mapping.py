@@ -134,13 +134,3 @@ def extra_state_names(names: list[str], pp_rank: int, layout: Layout, tied: bool
         extra.append("output_layer._extra_state")  # the tied output layer keeps its extra state
     return extra
 
-
-def model_mapping(model_type: str, hf_config: dict) -> ModelMapping:
-    """The mapping for model_type "qwen3" or "deepseek3" built from a HF config dict."""
-    if model_type == "qwen3":
-        from adaptor.convert.qwen3 import Qwen3Mapping
-        return Qwen3Mapping(hf_config)
-    if model_type == "deepseek3":
-        from adaptor.convert.deepseek3 import DeepSeek3Mapping
-        return DeepSeek3Mapping(hf_config)
-    raise ConversionError(f"--model-type-hf {model_type!r} is not supported (choose qwen3 or deepseek3)")

@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 
 from adaptor.convert.errors import ConversionError
-from adaptor.convert.mapping import model_mapping
+from adaptor.convert.models import model_mapping
 
 
 def _rope_parameters(config: dict) -> dict:

@@ -17,7 +17,8 @@ import torch
 
 from adaptor.convert.errors import ConversionError
 from adaptor.convert.layout import Layout, padded_vocab_size as default_padded_vocab
-from adaptor.convert.mapping import EMBEDDING, ModelMapping, Param, extra_state_names, model_mapping
+from adaptor.convert.mapping import EMBEDDING, ModelMapping, Param, extra_state_names
+from adaptor.convert.models import model_mapping
 from adaptor.convert.hf_directory import HfCheckpoint, write_safetensors_checkpoint
 from adaptor.checkpoint.files import is_safetensors_checkpoint
 from adaptor.convert.torch_legacy import (

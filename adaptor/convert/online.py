@@ -17,6 +17,7 @@ from pathlib import Path
 
 from adaptor.convert.config_check import normalized_value
 from adaptor.lora import is_lora_name
+from adaptor.log import notice
 
 def _unwrapped(model):
     from megatron.core.utils import unwrap_model
@@ -25,7 +26,7 @@ def _unwrapped(model):
 
 
 def _layout(args):
-    from adaptor.convert import Layout
+    from adaptor.convert.layout import Layout
 
     tp, etp = args.tensor_model_parallel_size, getattr(args, "expert_tensor_parallel_size", None)
     return Layout(tp=tp, pp=args.pipeline_model_parallel_size, ep=args.expert_model_parallel_size,
@@ -36,7 +37,7 @@ def copy_into(module, tensors, what: str, select=None) -> int:
     """Copy (name, tensor) pairs into ``module``'s parameters; every parameter (``select(name)`` true) must be given."""
     import torch
 
-    from adaptor.convert import ConversionError
+    from adaptor.convert.errors import ConversionError
 
     target = {n: t for n, t in module.state_dict(keep_vars=True).items()
               if not n.endswith("_extra_state") and (select is None or select(n))}
@@ -63,7 +64,11 @@ def load_hf_weights(model, args) -> int:
     """Copy this rank's tensors of the HF directory into ``model``; returns how many were copied."""
     from megatron.core import mpu
 
-    from adaptor.convert import ConversionError, HfCheckpoint, megatron_rank_tensors
+    from adaptor.convert.errors import ConversionError
+
+    from adaptor.convert.hf_directory import HfCheckpoint
+
+    from adaptor.convert.offline import megatron_rank_tensors
 
     chunks = _unwrapped(model)
     if len(chunks) != 1:
@@ -85,7 +90,7 @@ def load_peft_adapter(model, args, adapter_dir) -> int:
     """
     from megatron.core import mpu
 
-    from adaptor.convert import ConversionError
+    from adaptor.convert.errors import ConversionError
     from adaptor.convert.lora import PeftAdapter, peft_rank_tensors, settings_from_args
 
     chunks = _unwrapped(model)
@@ -118,9 +123,8 @@ def lora_scalings(module) -> dict[str, float | None]:
 def load_peft_lora(model, optimizer, args) -> None:
     """``--lora-load DIR`` where DIR is a PEFT adapter directory: fill the adapters (fresh optimizer state,
     iteration unchanged); a problem is one line."""
-    from megatron.training import print_rank_0
 
-    from adaptor.convert import ConversionError
+    from adaptor.convert.errors import ConversionError
     from adaptor.errors import fail
 
     try:
@@ -129,7 +133,7 @@ def load_peft_lora(model, optimizer, args) -> None:
         fail(f"--lora-load {args.lora_load}: {exc}")
     if optimizer is not None:
         optimizer.reload_model_params()
-    print_rank_0(f"> rank 0 loaded its {count} LoRA tensors from PEFT adapter {args.lora_load}")
+    notice(f"rank 0 loaded its {count} LoRA tensors from PEFT adapter {args.lora_load}")
 
 
 def write_rank_state(model, args, legacy_dir: Path, iteration: int, lora: str | None = None) -> None:
@@ -228,7 +232,7 @@ def save_hf_dir(model, args, iteration: int) -> None:
     import torch
     from megatron.core import mpu
 
-    from adaptor.convert import convert_megatron_to_hf
+    from adaptor.convert.offline import convert_megatron_to_hf
     from adaptor.convert.lora import settings_from_args
 
     lora = settings_from_args(args)

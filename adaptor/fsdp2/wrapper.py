@@ -45,11 +45,9 @@ from adaptor.fsdp2.recompute import checkpoint_forward
 
 
 def device_type() -> str:
-    import adaptor
+    from adaptor import run_state
 
-    if adaptor.backend is not None:
-        return adaptor.backend.device_type
-    return "cuda" if torch.cuda.is_available() else "cpu"
+    return run_state.backend().device_type
 
 
 def local(tensor: torch.Tensor) -> torch.Tensor:

@@ -291,3 +291,9 @@ def cached_model_config(path: str) -> MMModelConfig:
 @functools.lru_cache(maxsize=None)
 def cached_data_config(path: str) -> MMDataConfig:
     return load_data_config(path)
+
+
+def image_seq_len(vision: dict) -> int:
+    """Embeddings one image gives the language model (patches, plus CLIP's class token if kept)."""
+    patches = (vision["image_size"] // vision["patch_size"]) ** 2
+    return patches + (1 if vision["model_id"] == "clip" and not vision["drop_class_token"] else 0)

@@ -21,6 +21,7 @@ from pathlib import Path
 
 from adaptor.convert import ConversionError, HfCheckpoint, Layout, megatron_rank_tensors
 from adaptor.convert.online import copy_into
+from adaptor.log import notice
 
 
 def _check_decoder_config(args, hf_config: dict) -> None:
@@ -87,7 +88,6 @@ def vision_tower_tensors(path: str, vision: dict, tp: int, tp_rank: int):
 def load_initial_weights(model, model_cfg, args) -> None:
     """Fill the parts model.json gives a ``ckpt_path`` for; one error line names the file and key."""
     from megatron.core import mpu
-    from megatron.training import print_rank_0
 
     from adaptor.errors import fail
 
@@ -104,4 +104,4 @@ def load_initial_weights(model, model_cfg, args) -> None:
             count = copy_into(module, tensors(path), what)
         except (ConversionError, OSError, KeyError) as exc:
             fail(f"{model_cfg.where(section, 'ckpt_path')} {path}: {exc}")
-        print_rank_0(f"> {what}: {count} tensors on rank 0 loaded from {path}")
+        notice(f"{what}: {count} tensors on rank 0 loaded from {path}")

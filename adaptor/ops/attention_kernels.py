@@ -31,7 +31,8 @@ from typing import Optional, Sequence
 import torch
 from torch import Tensor
 
-from adaptor.ops.flash_attention import NPU_SPARSE_CAUSAL, NPU_SPARSE_VARLEN_CAUSAL, _backend_name, npu_causal_mask
+from adaptor import run_state
+from adaptor.ops.npu_attention_mask import NPU_SPARSE_CAUSAL, NPU_SPARSE_VARLEN_CAUSAL, npu_causal_mask
 
 CuSeqlens = Optional[Sequence[int]]
 
@@ -192,14 +193,14 @@ def _npu_backward(dout, q, k, v, out, lse, causal, scale, cu_q, cu_k):
 # ------------------------------------------------------------------------- dispatch
 def forward(q: Tensor, k: Tensor, v: Tensor, causal: bool, scale: float, cu_q: CuSeqlens = None,
             cu_k: CuSeqlens = None) -> tuple[Tensor, Tensor]:
-    if _backend_name() == "npu":
+    if run_state.backend().name == "npu":
         return _npu_forward(q, k, v, causal, scale, cu_q, cu_k)
     return _torch_forward(q, k, v, causal, scale, cu_q, cu_k)
 
 
 def backward(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, causal: bool, scale: float,
              cu_q: CuSeqlens = None, cu_k: CuSeqlens = None) -> tuple[Tensor, Tensor, Tensor]:
-    if _backend_name() == "npu":
+    if run_state.backend().name == "npu":
         return _npu_backward(dout, q, k, v, out, lse, causal, scale, cu_q, cu_k)
     return _torch_backward(dout, q, k, v, out, lse, causal, scale, cu_q, cu_k)
 

@@ -41,30 +41,15 @@ from megatron.core.transformer.module import MegatronModule
 from megatron.core.transformer.transformer_config import TransformerConfig
 from megatron.core.utils import divide
 
-NPU_CAUSAL_MASK_SIZE = 2048  # npu_fusion_attention's compressed causal mask for sparse_mode 2/3/4
-NPU_SPARSE_DEFAULT, NPU_SPARSE_CAUSAL = 0, 2
-NPU_SPARSE_VARLEN_CAUSAL = 3  # TND: causal within each packed sequence
-NPU_INVALID_ROW_CORRECTION = 2  # inner_precise: fully masked query rows give 0
-_MAX_TOKENS = 2147483647
-
-
-def _backend_name() -> str:
-    import adaptor
-
-    return adaptor.backend.name if adaptor.backend is not None else "cpu"
-
-
-_npu_masks: dict = {}
-
-
-def npu_causal_mask(device) -> Tensor:
-    """The 2048x2048 bool upper triangle (True = masked) that sparse_mode 2 expects, one per device."""
-    key = str(device)
-    if key not in _npu_masks:
-        n = NPU_CAUSAL_MASK_SIZE
-        _npu_masks[key] = torch.triu(torch.ones(n, n, dtype=torch.bool, device=device), diagonal=1)
-    return _npu_masks[key]
-
+from adaptor import run_state
+from adaptor.ops.npu_attention_mask import (
+    MAX_TOKENS,
+    NPU_INVALID_ROW_CORRECTION,
+    NPU_SPARSE_CAUSAL,
+    NPU_SPARSE_DEFAULT,
+    NPU_SPARSE_VARLEN_CAUSAL,
+    npu_causal_mask,
+)
 
 _mask_cache: list = [None, None, None, None]  # weakref to the last mask seen, its _version, causal?, ~mask
 
@@ -164,7 +149,7 @@ class FlashAttention(MegatronModule):
         self.num_query_groups_per_partition = divide(config.num_query_groups, world_size)
         self.softmax_scale = 1.0 / math.sqrt(k_channels) if softmax_scale is None else softmax_scale
         self.dropout_p = config.attention_dropout if attention_dropout is None else attention_dropout
-        self.backend = _backend_name()
+        self.backend = run_state.backend().name
         self.cp_groups = None
         if config.context_parallel_size > 1:
             self.cp_groups = context_parallel_groups(cp_comm_type or "p2p", pg_collection)
@@ -277,7 +262,7 @@ class FlashAttention(MegatronModule):
             kwargs.update(atten_mask=mask, sparse_mode=NPU_SPARSE_DEFAULT, inner_precise=NPU_INVALID_ROW_CORRECTION)
         elif causal:
             kwargs.update(atten_mask=npu_causal_mask(q.device), sparse_mode=NPU_SPARSE_CAUSAL,
-                          pre_tockens=_MAX_TOKENS, next_tockens=0)
+                          pre_tockens=MAX_TOKENS, next_tockens=0)
         s, b = q.size(0), q.size(1)
         if q.transpose(0, 1).is_contiguous() and not q.is_contiguous():  # batch-major storage
             out = torch_npu.npu_fusion_attention(

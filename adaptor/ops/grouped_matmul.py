@@ -29,7 +29,7 @@ import torch
 from megatron.core.transformer.mlp import MLP
 from megatron.core.transformer.moe.experts import SequentialMLP
 
-import adaptor
+from adaptor import run_state
 from adaptor.log import notice_once
 
 
@@ -112,7 +112,7 @@ def grouped_matmul(x: torch.Tensor, weights, counts) -> torch.Tensor:
     weights = list(weights)
     if len(weights) == 1:
         return x @ weights[0].t()
-    backend = adaptor.backend.name
+    backend = run_state.backend().name
     if backend == "npu" and x.dtype == torch.float32:
         notice_once("--moe-grouped-gemm on NPU: npu_grouped_matmul takes float32 only as single x/weight/y "
                   "tensors, not one weight per expert; fp32 experts run one matmul each (use --bf16 for the "

@@ -36,7 +36,7 @@ from __future__ import annotations
 import torch
 
 
-import adaptor
+from adaptor import run_state
 from adaptor.log import notice_once
 
 
@@ -56,7 +56,7 @@ def expert_major_order(routing_map: torch.Tensor, num_out_tokens: int) -> torch.
 
 def _npu_k(routed_per_token: torch.Tensor, num_tokens: int, num_out: int):
     """k when the NPU kernels can route these tokens: every token has exactly k experts."""
-    if adaptor.backend.name != "npu" or num_tokens == 0 or num_out % num_tokens:
+    if run_state.backend().name != "npu" or num_tokens == 0 or num_out % num_tokens:
         return None
     k = num_out // num_tokens
     low, high = routed_per_token.aminmax()
@@ -130,7 +130,7 @@ def permute(tokens, routing_map, probs=None, num_out_tokens=None):
     permuted_probs = None
     if probs is not None:
         permuted_probs = probs.reshape(-1).index_select(0, token * num_experts + flat // num_tokens)
-    k = _npu_k(routing_map.sum(1), num_tokens, num_out) if adaptor.backend.name == "npu" else None
+    k = _npu_k(routing_map.sum(1), num_tokens, num_out) if run_state.backend().name == "npu" else None
     if k is not None:
         import torch_npu
 
@@ -152,7 +152,7 @@ def unpermute(permuted_tokens, row_id_map, restore_shape, probs=None):
     flat = row_id_map
     input_dtype = permuted_tokens.dtype
     token = flat % num_tokens
-    if adaptor.backend.name == "npu":
+    if run_state.backend().name == "npu":
         k = _npu_k(torch.bincount(token, minlength=num_tokens), num_tokens, flat.numel())
         if k is not None:
             import torch_npu

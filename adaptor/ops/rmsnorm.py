@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-import adaptor
+from adaptor import run_state
 from adaptor.log import announce_kernel
 
 _KERNEL = {"npu": "torch_npu.npu_rms_norm", "cuda": "autograd function", "cpu": "autograd function"}
@@ -47,7 +47,7 @@ class _RMSNormFunction(torch.autograd.Function):
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """RMSNorm over the last dimension with the kernel for the backend in use."""
-    if adaptor.backend.name == "npu":
+    if run_state.backend().name == "npu":
         import torch_npu
 
         # The kernel takes gamma in x's dtype, or fp32 with fp16/bf16 x; never a low-precision

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import torch
 
-import adaptor
+from adaptor import run_state
 from adaptor.log import announce_kernel
 
 _KERNEL = {"npu": "torch_npu.npu_rotary_mul", "cuda": "autograd function", "cpu": "autograd function"}
@@ -64,7 +64,7 @@ def _apply(t: torch.Tensor, freqs: torch.Tensor) -> torch.Tensor:
     cos = torch.cos(freqs).to(t.dtype)
     sin = torch.sin(freqs).to(t.dtype)
     rot = t if rot_dim == t.shape[-1] else t[..., :rot_dim]
-    if adaptor.backend.name == "npu":
+    if run_state.backend().name == "npu":
         import torch_npu
 
         out = torch_npu.npu_rotary_mul(rot, cos, sin)

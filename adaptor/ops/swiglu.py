@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-import adaptor
+from adaptor import run_state
 from adaptor.log import announce_kernel
 
 _KERNEL = {"npu": "torch_npu.npu_swiglu", "cuda": "autograd function", "cpu": "autograd function"}
@@ -61,7 +61,7 @@ class _WeightedSwiGLUFunction(torch.autograd.Function):
 
 def swiglu(x: torch.Tensor) -> torch.Tensor:
     """silu(x[..., :n]) * x[..., n:] with the kernel for the backend in use."""
-    if adaptor.backend.name == "npu":
+    if run_state.backend().name == "npu":
         import torch_npu
 
         return torch_npu.npu_swiglu(x, dim=-1)
@@ -91,7 +91,7 @@ def weighted_bias_swiglu_impl(input, bias, weights, fp8_input_store=False):
         raise NotImplementedError("Bias is not supported for weighted swiglu fusion")
     shape = input.shape
     x = input.reshape(-1, shape[-1])
-    if adaptor.backend.name == "npu":
+    if run_state.backend().name == "npu":
         out = (swiglu(x) * weights).to(input.dtype)
     else:
         out = _WeightedSwiGLUFunction.apply(x, weights)

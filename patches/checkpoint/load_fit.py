@@ -31,9 +31,9 @@ import re
 from pathlib import Path
 
 from adaptor.checkpoint.files import TRACKER, tracked_dir_name
-from adaptor.errors import fail, is_rank0
+from adaptor.errors import fail
 from adaptor.features import ArgumentError, Feature
-from adaptor.log import notice_once
+from adaptor.log import notice, notice_once
 from adaptor.wrapping import argument
 
 OWNER = __name__
@@ -164,31 +164,18 @@ def check_global_shapes(sharded_state_dict, checkpoint_shapes: dict, tokenizer_v
     return notes
 
 
-def checkpoint_global_shapes(checkpoint_dir) -> dict:
-    """Key -> global shape of every tensor in a torch_dist or safetensors checkpoint directory."""
-    from adaptor.checkpoint import files
-
-    if files.is_safetensors_checkpoint(checkpoint_dir):
-        from adaptor.checkpoint.serialization import load_tensors_metadata
-
-        return {key: tuple(t.global_shape) for key, t in load_tensors_metadata(checkpoint_dir).items()}
-    from torch.distributed.checkpoint import FileSystemReader  # torch_dist: read as megatron-core validates it
-
-    metadata = FileSystemReader(str(checkpoint_dir)).read_metadata().state_dict_metadata
-    return {key: tuple(m.size) for key, m in metadata.items() if hasattr(m, "size")}
-
-
 def _dist_load(wrapped, instance, args_, kwargs):
     sharded_state_dict = argument(args_, kwargs, "sharded_state_dict")
     checkpoint_dir = args_[1] if len(args_) > 1 else kwargs["checkpoint_dir"]
+    from adaptor.checkpoint.shapes import checkpoint_global_shapes
+
     shapes = checkpoint_global_shapes(checkpoint_dir)
     try:
         notes = check_global_shapes(sharded_state_dict, shapes, _tokenizer_vocab())
     except ShapeMismatch as exc:
         fail(f"--load {checkpoint_dir}: {exc}")
     for note in dict.fromkeys(notes):
-        if is_rank0():
-            print(f"[megatron-adaptor] loading {note}", flush=True)
+        notice(f"loading {note}")
     return wrapped(*args_, **kwargs)
 
 

@@ -8,11 +8,10 @@ rewrite once and refuses in one line, so nothing happens silently.
 """
 from __future__ import annotations
 
-from adaptor.errors import is_rank0
 from adaptor.features import ArgumentError, Feature
 from adaptor.command_line.mindspeed_llm import Rewrite, rewrite_pretrain_argv
+from adaptor.log import notice_once
 
-_printed: set[str] = set()
 
 
 class MindSpeedLlmArguments(Feature):
@@ -26,12 +25,10 @@ class MindSpeedLlmArguments(Feature):
         return self.rewrite.argv
 
     def set_defaults(self, args, ctx) -> None:
-        if self.rewrite is None or not is_rank0():
+        if self.rewrite is None:
             return
         for note in self.rewrite.notes:
-            if note not in _printed:  # Megatron may parse the arguments twice
-                _printed.add(note)
-                print(f"[megatron-adaptor] {note}", flush=True)
+            notice_once(note)  # Megatron may parse the arguments twice
 
     def validate(self, args, ctx) -> None:
         if self.rewrite is not None and self.rewrite.refused:

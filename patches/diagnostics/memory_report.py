@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from adaptor import env
 from adaptor.features import Feature
+from adaptor.log import every_rank
 
 OWNER = __name__
 ENV = "ADAPTOR_REPORT_MEMORY"
@@ -40,21 +41,20 @@ def _train_step(wrapped, instance, args, kwargs):
         optimizer = args[3] if len(args) > 3 else kwargs["optimizer"]
         counts = model_state_bytes(model, optimizer)
         parts = ", ".join(f"{key} {value}" for key, value in counts.items())
-        print(f"[megatron-adaptor] model state rank {_rank()}: {parts}, total {sum(counts.values())} bytes",
-              flush=True)
+        every_rank(f"model state rank {_rank()}: {parts}, total {sum(counts.values())} bytes")
     return result
 
 
 def _train(wrapped, instance, args, kwargs):
     result = wrapped(*args, **kwargs)
-    import adaptor
+    from adaptor import run_state
     from adaptor.memory_stats import device_peak_mib, peak_rss_mib
 
-    line = f"[megatron-adaptor] peak memory rank {_rank()}: RSS {peak_rss_mib():.1f} MiB"
-    device = device_peak_mib(adaptor.backend.device_type)
+    line = f"peak memory rank {_rank()}: RSS {peak_rss_mib():.1f} MiB"
+    device = device_peak_mib(run_state.backend().device_type)
     if device is not None:
-        line += f", {adaptor.backend.device_type} allocated {device:.1f} MiB"
-    print(line, flush=True)
+        line += f", {run_state.backend().device_type} allocated {device:.1f} MiB"
+    every_rank(line)
     return result
 
 

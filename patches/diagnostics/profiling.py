@@ -19,6 +19,7 @@ from __future__ import annotations
 import os
 
 from adaptor.features import ArgumentError, Feature
+from adaptor.log import notice
 
 OWNER = __name__
 DEFAULT_SAVE_PATH = "./profile_dir"
@@ -125,6 +126,5 @@ class Profiling(Feature):
         _state["plan"] = plan
         args.profiled_by_adaptor = True
         args.profile = False  # Megatron's own nsys / torch.profiler paths stay off: this feature profiles
-        if getattr(args, "rank", 0) == 0:
-            note = " (--profile-level applies to torch_npu only)" if args.profile_level and backend != "npu" else ""
-            print(f"[megatron-adaptor] --profile: {plan.describe()}{note}", flush=True)
+        note = " (--profile-level applies to torch_npu only)" if args.profile_level and backend != "npu" else ""
+        notice(f"--profile: {plan.describe()}{note}")

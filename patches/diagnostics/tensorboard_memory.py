@@ -16,10 +16,10 @@ OWNER = __name__
 
 
 def _training_log(wrapped, instance, args, kwargs):
-    import adaptor
     from megatron.training import get_args
     from megatron.training.global_vars import get_tensorboard_writer
 
+    from adaptor import run_state
     from adaptor.memory_stats import memory_scalars
 
     run_args = get_args()
@@ -31,7 +31,7 @@ def _training_log(wrapped, instance, args, kwargs):
     iteration = args[3] if len(args) > 3 else kwargs["iteration"]
     writer = get_tensorboard_writer()
     if writer and iteration % run_args.tensorboard_log_interval == 0:
-        for name, value in memory_scalars(adaptor.backend.device_type).items():
+        for name, value in memory_scalars(run_state.backend().device_type).items():
             writer.add_scalar(name, value, iteration)
     return result
 

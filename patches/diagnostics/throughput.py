@@ -15,6 +15,7 @@ Upstream: ``megatron.training.training.training_log`` computes the model TFLOP/s
 from __future__ import annotations
 
 from adaptor.features import ArgumentError, Feature
+from adaptor.log import notice
 
 OWNER = __name__
 FIELD = " throughput per GPU (TFLOP/s/GPU): "
@@ -22,18 +23,16 @@ _state: dict = {"peak": None, "throughput": None, "iteration": None, "first": Fa
 
 
 def _train(wrapped, instance, args, kwargs):
-    import adaptor
     from megatron.training import get_args
-    from megatron.training.utils import print_rank_0
 
-    from adaptor import throughput
+    from adaptor import run_state, throughput
 
-    peak = throughput.find_peak(get_args(), adaptor.backend.device_type)
+    peak = throughput.find_peak(get_args(), run_state.backend().device_type)
     _state["peak"] = peak
     if peak.tflops:
-        print_rank_0(f"[megatron-adaptor] MFU peak: {peak.source}")
+        notice(f"MFU peak: {peak.source}")
     else:
-        print_rank_0(f"[megatron-adaptor] MFU is not printed: {peak.source}")
+        notice(f"MFU is not printed: {peak.source}")
     return wrapped(*args, **kwargs)
 
 

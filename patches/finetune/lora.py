@@ -66,6 +66,7 @@ import sys
 from adaptor.features import ArgumentError, Feature
 from adaptor.lora import DEFAULT_TARGETS, TARGETS
 from adaptor.wrapping import argument, overridden
+from adaptor.log import notice
 
 OWNER = __name__
 LINEAR_NAMES = tuple(TARGETS.values())
@@ -181,7 +182,7 @@ def _where(args, mode: str) -> str:
 
 
 def _load_checkpoint(wrapped, instance, args_, kwargs):
-    from megatron.training import get_args, print_rank_0
+    from megatron.training import get_args
 
     from adaptor.errors import fail
     from adaptor.lora import checkpoint
@@ -198,9 +199,9 @@ def _load_checkpoint(wrapped, instance, args_, kwargs):
     else:
         return wrapped(*args_, **kwargs)
     if mode == checkpoint.BASE:
-        print_rank_0("> LoRA: --load gives the base model, its weights only (as --finetune --no-load-optim "
-                     "--no-load-rng); the adapters " + (f"come from --lora-load {args.lora_load}" if args.lora_load
-                                                        else "start fresh"))
+        notice("LoRA: --load gives the base model, its weights only (as --finetune --no-load-optim "
+               "--no-load-rng); the adapters " + (f"come from --lora-load {args.lora_load}" if args.lora_load
+                                                  else "start fresh"))
     try:
         with checkpoint.loading(mode), overridden(args, **settings):
             return wrapped(*args_, **kwargs)
@@ -244,7 +245,7 @@ def _generate_state_dict(wrapped, instance, args_, kwargs):
 def _dist_load(wrapped, instance, args_, kwargs):
     from adaptor.errors import fail
     from adaptor.lora import checkpoint
-    from patches.checkpoint.load_fit import checkpoint_global_shapes
+    from adaptor.checkpoint.shapes import checkpoint_global_shapes
 
     mode = checkpoint.current()
     if mode is None:

@@ -48,11 +48,12 @@ from adaptor.convert.config_check import HF_MODEL_TYPES, config_mismatch, hf_mod
 from adaptor.convert.online import hf_config_from_args, load_hf_weights, save_hf_dir
 from adaptor.features import ArgumentError, Feature
 from adaptor.wrapping import argument
+from adaptor.log import notice
 
 OWNER = __name__
 # ----------------------------------------------------------------------------- loading
 def _setup_model_and_optimizer(wrapped, instance, args_, kwargs):
-    from megatron.training import get_args, print_rank_0
+    from megatron.training import get_args
     from megatron.training.checkpointing import checkpoint_exists
 
     from adaptor.convert import ConversionError
@@ -64,7 +65,7 @@ def _setup_model_and_optimizer(wrapped, instance, args_, kwargs):
     if args.hf_load_dir is None:
         return model, optimizer, scheduler
     if resume:
-        print_rank_0(f"> --load {args.load} has a checkpoint: resuming from it, not from --hf-load-dir")
+        notice(f"--load {args.load} has a checkpoint: resuming from it, not from --hf-load-dir")
         return model, optimizer, scheduler
     try:
         count = load_hf_weights(model, args)
@@ -74,8 +75,8 @@ def _setup_model_and_optimizer(wrapped, instance, args_, kwargs):
         optimizer.reload_model_params()
     args.iteration = 0
     args.num_floating_point_operations_so_far = 0
-    print_rank_0(f"> rank 0 loaded its {count} tensors from Hugging Face directory {args.hf_load_dir} "
-                 f"({args.model_type_hf}); training starts at iteration 0")
+    notice(f"rank 0 loaded its {count} tensors from Hugging Face directory {args.hf_load_dir} "
+           f"({args.model_type_hf}); training starts at iteration 0")
     return model, optimizer, scheduler
 
 

@@ -62,10 +62,10 @@ def offloader():
     """This process's offloader (one for every layer), made when the first layers are built."""
     global _offloader
     if _offloader is None:
-        import adaptor
+        from adaptor import run_state
         from adaptor.memory.activation_offload import ActivationOffloader
 
-        _offloader = ActivationOffloader(adaptor.backend.device_type, _settings["min_numel"])
+        _offloader = ActivationOffloader(run_state.backend().device_type, _settings["min_numel"])
         log.notice_once(_offloader.describe())
     return _offloader
 

@@ -34,7 +34,7 @@ TUNING = {"optimizer_offload_fraction": "--optimizer-offload-fraction",
 def _offload_inner_optimizer(wrapped, instance, args, kwargs):
     from megatron.training import get_args
 
-    from adaptor import backend
+    from adaptor import run_state
     from adaptor.log import notice_once
     from adaptor.memory.optimizer_offload import HostOffloadAdam
 
@@ -46,7 +46,7 @@ def _offload_inner_optimizer(wrapped, instance, args, kwargs):
     result.optimizer = HostOffloadAdam(
         inner.param_groups, lr=config.lr, betas=(config.adam_beta1, config.adam_beta2), eps=config.adam_eps,
         weight_decay=config.weight_decay, decoupled_weight_decay=config.decoupled_weight_decay,
-        fraction=run.host_optimizer_offload_fraction, device_type=backend.name,
+        fraction=run.host_optimizer_offload_fraction, device_type=run_state.backend().name,
         pin_grads=config.pin_cpu_grads, pin_params=config.pin_cpu_params,
         overlap=config.overlap_cpu_optimizer_d2h_h2d)
     total = sum(p.numel() for g in inner.param_groups for p in g["params"])

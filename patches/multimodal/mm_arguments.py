@@ -23,6 +23,7 @@ import math
 import os
 
 from adaptor.features import ArgumentError, Feature
+from adaptor.mm.config import image_seq_len
 
 # Flag spelled differently from its dest.
 _FLAG_OF = {"add_bias_linear": "--disable-bias-linear", "layernorm_epsilon": "--norm-epsilon"}
@@ -74,12 +75,6 @@ def apply_model_json(args, explicit: set, model_cfg) -> None:
             raise MMConfigError(f"{model_cfg.where('text', 'vocab_size')}: {vocab} is not divisible by "
                                 f"--tensor-model-parallel-size {tp}")
         args.padded_vocab_size = vocab
-
-
-def image_seq_len(vision: dict) -> int:
-    """Embeddings one image gives the language model (patches, plus CLIP's class token if kept)."""
-    patches = (vision["image_size"] // vision["patch_size"]) ** 2
-    return patches + (1 if vision["model_id"] == "clip" and not vision["drop_class_token"] else 0)
 
 
 def check_layout(args, model_cfg, data_cfg) -> None:

@@ -101,7 +101,7 @@ def test_tensor_parallel_runs_follow_the_one_process_curve(base, one_process, tm
                 "--ckpt-format", "torch_dist", nproc=2)
     worst = worst_relative_gap(tp2.curve(), reference.curve())
     assert worst <= RTOL, f"max relative difference {worst:.2e} > {RTOL}\n{tp2.curve()}\n{reference.curve()}"
-    from patches.checkpoint.load_fit import checkpoint_global_shapes
+    from adaptor.checkpoint.shapes import checkpoint_global_shapes
 
     shapes = checkpoint_global_shapes(dist_ckpt / "iter_0000010")
     model = {k: v for k, v in shapes.items() if not k.startswith("optimizer.")}

@@ -205,8 +205,8 @@ def test_pretrained_decoder_and_tower_load_and_stay_frozen(tmp_path, tiny_hf):
     run = run_mm(["--mm-model", str(tmp_path / "model.json"), "--mm-data", str(EXAMPLE / "data.json"), *TRAIN,
                   "--train-iters", "3", "--save", str(save), "--save-interval", "3", "--ckpt-format", "torch"])
     assert run.returncode == 0, tail(run.output)
-    assert "> text decoder: 34 tensors on rank 0 loaded from" in run.output, tail(run.output)
-    assert "> vision tower: 29 tensors on rank 0 loaded from" in run.output, tail(run.output)
+    assert "[megatron-adaptor] text decoder: 34 tensors on rank 0 loaded from" in run.output, tail(run.output)
+    assert "[megatron-adaptor] vision tower: 29 tensors on rank 0 loaded from" in run.output, tail(run.output)
     grads = sorted(line.split()[0] for line in run.output.splitlines() if "(param.main_grad.dtype=" in line)
     assert grads == sorted(f"vision_projection.encoder.linear_fc{i}.{p}" for i in (1, 2) for p in ("weight", "bias"))
     saved = torch.load(save / "iter_0000003" / "mp_rank_00" / "model_optim_rng.pt", weights_only=False)["model"]

@@ -18,14 +18,17 @@ from helpers.processes import child_env, free_port, run_child, tagged_json
 def test_layer_spec_picks_mla_core_attention():
     from megatron.core.transformer.dot_product_attention import DotProductAttention
 
+    from adaptor.bootstrap import all_features
     from adaptor.layer_specs import module_swaps
     from adaptor.ops.flash_attention import FlashAttention
     from adaptor.ops.mla_attention import MLADotProductAttention
 
-    assert module_swaps(SimpleNamespace(multi_latent_attention=True))[DotProductAttention] is MLADotProductAttention
+    features = list(all_features())
+    mla = SimpleNamespace(multi_latent_attention=True)
+    assert module_swaps(mla, features)[DotProductAttention] is MLADotProductAttention
     both = SimpleNamespace(multi_latent_attention=True, use_flash_attn=True)
-    assert module_swaps(both)[DotProductAttention] is FlashAttention
-    assert DotProductAttention not in module_swaps(SimpleNamespace(multi_latent_attention=False))
+    assert module_swaps(both, features)[DotProductAttention] is FlashAttention
+    assert DotProductAttention not in module_swaps(SimpleNamespace(multi_latent_attention=False), features)
 
 
 # MLADotProductAttention against attention written out in float64: softmax(q k^T * scale) v with

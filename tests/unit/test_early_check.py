@@ -12,7 +12,8 @@ import argparse
 
 import pytest
 
-import adaptor
+
+from adaptor import bootstrap
 from adaptor.command_line import early_check, parser_snapshot
 from adaptor.command_line.flag_policy import Refused, judge
 from adaptor.command_line.flag_table import MEGATRON_FLAGS
@@ -23,7 +24,7 @@ def parsers():
     from megatron.training.arguments import add_megatron_arguments
 
     live = add_megatron_arguments(argparse.ArgumentParser(allow_abbrev=False, exit_on_error=False))
-    live = adaptor.feature_registry().add_arguments(live)
+    live = bootstrap.all_features().add_arguments(live)
     rebuilt, exact = parser_snapshot.rebuild(parser_snapshot.snapshot(live), prog="pretrain_gpt.py")
     return live, rebuilt, exact
 

@@ -34,6 +34,7 @@ CHILD = r"""
 import json, math, sys
 import torch
 import adaptor
+from adaptor import bootstrap, run_state
 import torch.distributed as dist
 from megatron.core import parallel_state as ps
 from megatron.core.packed_seq_params import PackedSeqParams
@@ -48,10 +49,10 @@ ps.initialize_model_parallel(1)
 model_parallel_cuda_manual_seed(1234)
 # DotProductAttention allocates on the accelerator, which the NPU stand-in cannot do: the NPU
 # child computes ours only; the parent compares it with the CPU child's references.
-npu = adaptor.backend.name == "npu"
+npu = run_state.backend().name == "npu"
 if npu:
     import torch_npu
-facts = {"backend": adaptor.backend.name, "cases": {}}
+facts = {"backend": run_state.backend().name, "cases": {}}
 saved = {}
 S, B = 32, 2
 
@@ -213,7 +214,7 @@ def error(**kw):
     a = argparse.Namespace(use_flash_attn=True, transformer_impl="local", context_parallel_size=1, window_size=None)
     vars(a).update(kw)
     try:
-        Feature().validate(a, adaptor.context)
+        Feature().validate(a, run_state.context())
     except ArgumentError as exc:
         return str(exc)
 facts["errors"] = {"cp2": error(context_parallel_size=2), "window": error(window_size=(64, 0)),

@@ -163,14 +163,14 @@ def test_chunk_size_from_environment(monkeypatch):
 
 
 def test_feature_flag_and_te_impl():
-    import adaptor
+    from adaptor import run_state
     from adaptor.features import ArgumentError, FeatureContext, FeatureRegistry
     from patches.fusions.cross_entropy import CrossEntropyFusion
 
     feature = CrossEntropyFusion()
     registry = FeatureRegistry([feature])
     for argv, on in ((["--cross-entropy-loss-fusion"], True), ([], False)):
-        ctx = FeatureContext(backend=adaptor.backend, flags=registry.preparse(argv))
+        ctx = FeatureContext(backend=run_state.backend(), flags=registry.preparse(argv))
         assert feature.enabled(ctx) is on
     args = argparse.Namespace(cross_entropy_loss_fusion=True, cross_entropy_fusion_impl="te")
     with pytest.raises(ArgumentError, match="--cross-entropy-fusion-impl native") as err:

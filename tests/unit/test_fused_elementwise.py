@@ -24,7 +24,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-import adaptor
+
+from adaptor import run_state
 from adaptor.features import ArgumentError, FeatureContext
 from adaptor.ops import rmsnorm, rope, swiglu
 from adaptor.patch_manager import PatchManager
@@ -92,7 +93,7 @@ def test_rmsnorm_layernorm_falls_back_to_upstream():
     assert type(norm) is torch.nn.LayerNorm and norm.eps == 1e-5
 
 
-def test_layer_spec_uses_fused_rmsnorm_everywhere():
+def test_layer_spec_uses_fused_rmsnorm_everywhere(cpu_training_process):
     from adaptor.layer_specs import gpt_layer_spec
 
     args = argparse.Namespace(transformer_impl="local", num_experts=None, moe_grouped_gemm=False, qk_layernorm=True,
@@ -176,7 +177,7 @@ def test_rope_matches_unfused_thd_through_megatron_dispatch(single_rank_group, p
     t = torch.randn(20, 4, 32)
     freqs = rope_freqs(20 if packed_freqs else 16, 32)
     pm = PatchManager()
-    RopeFusion().register_patches(pm, FeatureContext(backend=adaptor.backend, flags=argparse.Namespace()))
+    RopeFusion().register_patches(pm, FeatureContext(backend=run_state.backend(), flags=argparse.Namespace()))
     pm.apply()
     try:
         fused_cfg = config(apply_rope_fusion=True)  # upstream refuses this without TE unless patched
@@ -210,7 +211,7 @@ def run_checks(feature, argv):
 
     parser = megatron_parser()
     args = parser.parse_args(list(argv))
-    ctx = FeatureContext(backend=adaptor.backend, flags=args, explicit=explicit_dests(parser, argv))
+    ctx = FeatureContext(backend=run_state.backend(), flags=args, explicit=explicit_dests(parser, argv))
     for dest in ("bias_swiglu_fusion", "apply_rope_fusion"):  # what backend_defaults sets off CUDA
         if dest not in ctx.explicit:
             setattr(args, dest, False)
@@ -244,12 +245,13 @@ import torch.nn.functional as F
 import torch_npu
 sys.argv = ["pretrain_gpt.py", "--use-fused-rmsnorm", "--use-fused-swiglu", "--use-fused-rotary-pos-emb"]
 import adaptor
+from adaptor import bootstrap, run_state
 from adaptor.ops import rmsnorm, rope, swiglu
 from megatron.core.models.common.embeddings import rope_utils
 from megatron.core.transformer import mlp
 from megatron.core.transformer.moe import experts
 
-facts = {"backend": adaptor.backend.name, "features": [f.name for f in adaptor.registry.enabled(adaptor.context)],
+facts = {"backend": run_state.backend().name, "features": [f.name for f in run_state.registry().enabled(run_state.context())],
          "patched": [mlp.bias_swiglu_impl is swiglu.bias_swiglu_impl,
                      experts.weighted_bias_swiglu_impl is swiglu.weighted_bias_swiglu_impl,
                      rope_utils.fused_apply_rotary_pos_emb is rope.fused_apply_rotary_pos_emb,

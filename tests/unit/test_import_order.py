@@ -37,9 +37,9 @@ facts = {
     "clip_module_patched": clip_grads.clip_grad_by_total_norm_fp32 is patched,
     "clip_alias_patched": optimizer.clip_grad_by_total_norm_fp32 is patched,
     "current_device": torch.cuda.current_device(),
-    "backend": adaptor.backend.name,
+    "backend": run_state.backend().name,
 }
-adaptor.teardown()
+bootstrap.teardown()
 facts.update({
     "after_clip_module_is_orig": clip_grads.clip_grad_by_total_norm_fp32 is orig_clip,
     "after_clip_alias_is_orig": optimizer.clip_grad_by_total_norm_fp32 is orig_clip,
@@ -51,13 +51,15 @@ print("FACTS " + json.dumps(facts), flush=True)
 
 ADAPTOR_FIRST = """
 import adaptor
+from adaptor import bootstrap, run_state
 import adaptor  # a second import and setup() call must not print again
-adaptor.setup()
+from adaptor import bootstrap, run_state
+bootstrap.setup()
 from megatron.core.optimizer import optimizer
 import megatron.training.training
 ORIG = {
-    "clip": adaptor.patch_manager.original("%s"),
-    "current_device": adaptor.patch_manager.original("torch.cuda.current_device"),
+    "clip": bootstrap.patch_manager.original("%s"),
+    "current_device": bootstrap.patch_manager.original("torch.cuda.current_device"),
 }
 """ % TARGET + FACTS
 
@@ -71,6 +73,7 @@ ORIG = {
     "current_device": torch.cuda.current_device,
 }
 import adaptor
+from adaptor import bootstrap, run_state
 """ + FACTS
 
 
@@ -130,7 +133,7 @@ def test_summary_printed_once_and_names_backend(child):
 
 
 def test_teardown_restores_originals(child):
-    """adaptor.teardown() puts back torch.cuda.current_device and megatron's clip function,
+    """bootstrap.teardown() puts back torch.cuda.current_device and megatron's clip function,
     in the defining module and in the optimizer.py alias."""
     _, facts = child
     assert facts["orig_current_device_module"] == "torch.cuda"

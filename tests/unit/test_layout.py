@@ -1,9 +1,8 @@
-"""The code's layout holds: one feature per module, named like it; layers that import one way;
-library mode patches nothing; features own their layer-spec swaps; one home for ADAPTOR_* variables.
+"""The code's layout holds: one feature per module, named like it (the import layers: test_import_layers.py);
+importing our modules sets nothing up; features own their layer-spec swaps; one home for ADAPTOR_* variables.
 """
 from __future__ import annotations
 
-import ast
 import os
 import re
 import subprocess
@@ -13,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-import adaptor
+
+from adaptor import bootstrap
 from adaptor import env, layer_specs
 from helpers.megatron_runs import side_by_side
 
@@ -31,37 +31,8 @@ def _modules(package: str) -> dict[str, Path]:
     return out
 
 
-def _module_level_imports(path: Path, name: str, known: set[str]) -> set[str]:
-    """Modules imported by statements that run when the module is imported (not inside a def).
-
-    ``from pkg import mod`` counts as an import of ``pkg.mod`` only when that is a module.
-    """
-    is_package = path.name == "__init__.py"
-    found = set()
-
-    def visit(nodes):
-        for node in nodes:
-            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
-                continue
-            if isinstance(node, ast.Import):
-                found.update(alias.name for alias in node.names)
-            elif isinstance(node, ast.ImportFrom):
-                base = node.module or ""
-                if node.level:
-                    anchor = name.split(".")[: len(name.split(".")) - node.level + (1 if is_package else 0)]
-                    base = ".".join(anchor + ([base] if base else []))
-                subs = {f"{base}.{alias.name}" for alias in node.names}
-                found.update(subs & known)
-                if subs - known:
-                    found.add(base)
-            visit(ast.iter_child_nodes(node))
-
-    visit(ast.parse(path.read_text()).body)
-    return found
-
-
 def test_every_feature_is_named_like_its_module_and_every_module_holds_one():
-    registry = list(adaptor.feature_registry())
+    registry = list(bootstrap.all_features())
     for feature in registry:
         module = type(feature).__module__
         assert module.startswith("patches."), module
@@ -72,51 +43,25 @@ def test_every_feature_is_named_like_its_module_and_every_module_holds_one():
 
 
 def test_every_feature_module_says_what_upstream_code_it_changes():
-    for feature in adaptor.feature_registry():
+    for feature in bootstrap.all_features():
         doc = sys.modules[type(feature).__module__].__doc__ or ""
         assert len(doc.split()) >= 20, f"{type(feature).__module__}: docstring too short to say why"
         assert re.search(r"upstream|megatron\.|torch\.", doc, re.I), f"{type(feature).__module__} names no upstream code"
 
 
-def test_the_machinery_never_imports_a_feature_and_module_imports_have_no_circle():
-    modules = {**_modules("adaptor"), **_modules("patches")}
-    graph = {}
-    for name, path in modules.items():
-        imported = _module_level_imports(path, name, set(modules))
-        if name.startswith("adaptor") and name != "adaptor":
-            assert not any(i == "patches" or i.startswith("patches.") for i in imported), \
-                f"{name} imports a feature module"
-        graph[name] = {i for i in imported if i in modules and i != name}
-    # Depth-first search for a cycle among module-level imports.
-    state: dict[str, int] = {}
-
-    def walk(node, trail):
-        state[node] = 1
-        for nxt in graph[node]:
-            if state.get(nxt) == 1:
-                pytest.fail("import circle: " + " -> ".join(trail[trail.index(nxt):] + [nxt]))
-            if nxt not in state:
-                walk(nxt, trail + [nxt])
-        state[node] = 2
-
-    for node in graph:
-        if node not in state:
-            walk(node, [node])
-
-
 def _python(code: str, **extra_env) -> subprocess.CompletedProcess:
     environ = dict(os.environ, ADAPTOR_QUIET="1", ADAPTOR_BACKEND="cpu", **extra_env)
-    environ.pop("ADAPTOR_PATCH", None) if "ADAPTOR_PATCH" not in extra_env else None
     return subprocess.run([sys.executable, "-W", "ignore", "-c", code], cwd=ROOT, env=environ,
                           capture_output=True, text=True, timeout=300)
 
 
 _LIBRARY_CHECK = ("import adaptor, torch, megatron.training.arguments as a\n"
-                  "assert adaptor.context is None and len(adaptor.patch_manager) == 0\n"
+                  "from adaptor import bootstrap, run_state\n"
+                  "assert run_state.context() is None and len(bootstrap.patch_manager) == 0\n"
                   "assert not hasattr(a.validate_args, '__wrapped__')\n"
-                  "assert adaptor.backend.name == 'cpu'\n"
+                  "assert run_state.backend().name == 'cpu'\n"
                   "print('unpatched')")
-# The tool sets library mode itself: run it as a script on a missing directory (one-line error).
+# The tool imports the libraries it uses: run it as a script on a missing directory (one-line error).
 _CONVERSION_TOOL = ("import runpy, sys\n"
                     "sys.argv = ['convert_ckpt.py', '--load-model-type', 'hf', '--save-model-type', 'mg',\n"
                     "            '--load-dir', '/nonexistent/hf', '--save-dir', '/nonexistent/out', "
@@ -129,20 +74,29 @@ _CONVERSION_TOOL = ("import runpy, sys\n"
 def fresh_interpreters():
     """Each import order in a fresh interpreter (that is the point), two at a time."""
     jobs = {
-        "feature module first": lambda: _python("import patches.fusions.rmsnorm as m, adaptor\n"
+        "feature module alone": lambda: _python("import sys\nimport patches.fusions.rmsnorm as m\n"
+                                                "from adaptor import bootstrap, run_state\n"
                                                 "assert m.RmsNormFusion.name == 'rmsnorm'\n"
-                                                "print(len(adaptor.patch_manager))"),
-        "library mode": lambda: _python("from adaptor.convert import Layout\n" + _LIBRARY_CHECK, ADAPTOR_PATCH="0"),
+                                                "print(run_state.is_set_up(), len(bootstrap.patch_manager))"),
+        "library without torch": lambda: _python("import sys\nimport adaptor.checkpoint.files, adaptor.run_state\n"
+                                                 "import adaptor.command_line.early_check\n"
+                                                 "print(sorted(m for m in ('torch', 'megatron') if m in sys.modules))"),
+        "library mode": lambda: _python("from adaptor.convert import Layout\n" + _LIBRARY_CHECK),
         "conversion tool": lambda: _python(_CONVERSION_TOOL + _LIBRARY_CHECK),
-        "training process": lambda: _python("import adaptor\nassert len(adaptor.patch_manager) > 10"),
+        "training process": lambda: _python("import adaptor\nfrom adaptor import bootstrap\nassert len(bootstrap.patch_manager) > 10"),
     }
     return dict(zip(jobs, side_by_side(*jobs.values())))
 
 
-def test_a_feature_module_imported_first_sets_the_run_up_completely(fresh_interpreters):
-    proc = fresh_interpreters["feature module first"]
+def test_importing_a_module_of_ours_sets_nothing_up_and_library_modules_need_no_torch(fresh_interpreters):
+    """Only the statement ``import adaptor`` sets a run up: a feature module or a library module
+    imported on its own changes nothing, and the torch-free libraries stay torch-free."""
+    proc = fresh_interpreters["feature module alone"]
     assert proc.returncode == 0, proc.stderr[-2000:]
-    assert int(proc.stdout.split()[-1]) > 10
+    assert proc.stdout.split()[-2:] == ["False", "0"], proc.stdout
+    proc = fresh_interpreters["library without torch"]
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.strip().splitlines()[-1] == "[]", proc.stdout
 
 
 def test_library_mode_and_the_conversion_tool_patch_nothing(fresh_interpreters):
@@ -154,7 +108,7 @@ def test_library_mode_and_the_conversion_tool_patch_nothing(fresh_interpreters):
 
 
 def test_layer_spec_swaps_are_declared_by_the_features_that_cause_them():
-    features = list(adaptor.feature_registry())
+    features = list(bootstrap.all_features())
     owners = {row[0]: f.name for f in features for row in f.module_swaps}
     assert owners == {"multi_latent_attention": "mla", "use_fused_rmsnorm": "rmsnorm",
                       "use_flash_attn": "flash_attention", "moe_grouped_gemm": "grouped_matmul",
@@ -196,8 +150,8 @@ def test_every_adaptor_variable_is_declared_once_and_read_only_through_adaptor_e
                     assert not re.search(r"environ(\.get)?[\[(]\s*[\"']ADAPTOR_", text), \
                         f"{path.relative_to(ROOT)} reads an ADAPTOR_ variable itself; use adaptor.env"
     assert used <= set(env.VARIABLES), f"undeclared: {sorted(used - set(env.VARIABLES))}"
-    assert env.is_on("ADAPTOR_PATCH", {}) and not env.is_on("ADAPTOR_QUIET", {})
-    assert env.is_on("ADAPTOR_QUIET", {"ADAPTOR_QUIET": "1"}) and not env.is_on("ADAPTOR_PATCH", {"ADAPTOR_PATCH": "0"})
+    assert env.is_on("ADAPTOR_EARLY_CHECK", {}) and not env.is_on("ADAPTOR_QUIET", {})
+    assert env.is_on("ADAPTOR_QUIET", {"ADAPTOR_QUIET": "1"}) and not env.is_on("ADAPTOR_EARLY_CHECK", {"ADAPTOR_EARLY_CHECK": "0"})
 
 
 def test_code_and_docs_speak_of_the_product_only():

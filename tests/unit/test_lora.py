@@ -31,6 +31,8 @@ from helpers.processes import free_port
 os.environ.setdefault("ADAPTOR_BACKEND", "cpu")
 
 import adaptor  # noqa: E402,F401
+
+from adaptor import run_state
 from adaptor.features import ArgumentError, FeatureContext, explicit_dests  # noqa: E402
 from adaptor.lora import is_lora_name  # noqa: E402
 from patches.finetune.lora import Lora  # noqa: E402
@@ -40,7 +42,7 @@ ALL = ("linear_qkv", "linear_proj", "linear_fc1", "linear_fc2")
 
 
 @pytest.fixture(scope="module")
-def model_parallel():
+def model_parallel(cpu_training_process):
     from megatron.core import parallel_state as ps
 
     if not torch.distributed.is_initialized():
@@ -289,7 +291,7 @@ def checked(*argv):
     """Megatron's parser, the cpu backend's transformer_impl, then the feature's defaults and checks."""
     parser = megatron_parser()
     args = parser.parse_args(list(argv))
-    ctx = FeatureContext(backend=adaptor.backend, flags=args, explicit=explicit_dests(parser, argv), argv=list(argv))
+    ctx = FeatureContext(backend=run_state.backend(), flags=args, explicit=explicit_dests(parser, argv), argv=list(argv))
     feature = Lora()
     feature.set_defaults(args, ctx)
     feature.validate(args, ctx)

@@ -20,7 +20,7 @@ from adaptor.convert.lora import (
     CONFIG_FILE, LINEARS, WEIGHTS_FILE, LoraSettings, PeftAdapter, adapter_config, lora_mapping, merge_lora_state,
     peft_name, peft_rank_tensors, target_modules, write_peft_adapter,
 )
-from adaptor.convert.mapping import model_mapping
+from adaptor.convert.models import model_mapping
 from adaptor.safetensors_file import write_file
 
 HIDDEN, HEADS, GROUPS, HEAD_DIM, FFN, LAYERS, R = 64, 4, 2, 32, 192, 2, 4

@@ -24,6 +24,7 @@ from helpers.processes import free_port as _free_port
 os.environ.setdefault("ADAPTOR_BACKEND", "cpu")
 
 import adaptor  # noqa: E402,F401
+
 from megatron.core.transformer.moe import moe_utils  # noqa: E402
 
 from adaptor.ops import moe_permute  # noqa: E402
@@ -108,13 +109,15 @@ def test_grouped_gemm_swap_row():
     from megatron.core.models.gpt.moe_module_specs import get_moe_module_spec
     from megatron.core.transformer.moe.experts import SequentialMLP
 
+    from adaptor.bootstrap import all_features
     from adaptor.layer_specs import module_swaps, swap_modules
     from adaptor.ops.grouped_matmul import GroupedExperts
 
-    assert module_swaps(SimpleNamespace(moe_grouped_gemm=True)).get(SequentialMLP) is GroupedExperts
-    assert SequentialMLP not in module_swaps(SimpleNamespace(moe_grouped_gemm=False))
+    features = list(all_features())
+    assert module_swaps(SimpleNamespace(moe_grouped_gemm=True), features).get(SequentialMLP) is GroupedExperts
+    assert SequentialMLP not in module_swaps(SimpleNamespace(moe_grouped_gemm=False), features)
     spec = swap_modules(get_moe_module_spec(use_te=False, num_experts=4, moe_grouped_gemm=True),
-                        module_swaps(SimpleNamespace(moe_grouped_gemm=True)))
+                        module_swaps(SimpleNamespace(moe_grouped_gemm=True), features))
     assert spec.keywords["submodules"].experts.func is GroupedExperts
 
 
@@ -197,9 +200,10 @@ def test_permute_bf16_tokens_fp32_probs_promote_like_upstream():
 NPU_CHILD = r"""
 import json, torch_npu
 import adaptor
+from adaptor import bootstrap, run_state
 """ + EXPERTS_SETUP + r"""
 from adaptor.ops import moe_permute
-assert adaptor.backend.name == "npu", adaptor.backend
+assert run_state.backend().name == "npu", run_state.backend()
 facts = {}
 torch_npu.calls.clear()
 # fusion=False: megatron's jit-fused swiglu goes through torch.compile, which runs eagerly on NPU.

@@ -18,7 +18,8 @@ CHILD = r"""
 import json, torch, torch_npu
 from torch_npu import ContractViolation, StandinError, _contract
 import adaptor
-assert adaptor.backend.name == "npu"
+from adaptor import bootstrap, run_state
+assert run_state.backend().name == "npu"
 facts = {"loaded": {k: v for k, v in _contract.load().items() if k in ("defined", "skipped")}}
 
 def outcome(fn):

@@ -20,11 +20,12 @@ import torch_npu
 assert torch_npu.__version__.endswith("+standin")
 sys.argv = ["pretrain_gpt.py", "--num-layers", "2"]
 import adaptor
+from adaptor import bootstrap, run_state
 from megatron.core.tensor_parallel import random as mp_random
 from megatron.training import arguments as margs
 from adaptor.device_redirect import cuda_index
 
-facts = {"backend": adaptor.backend.name, "dist": adaptor.backend.dist_backend}
+facts = {"backend": run_state.backend().name, "dist": run_state.backend().dist_backend}
 torch_npu.calls.clear()
 torch.cuda.set_device(1)
 facts["current_device"] = torch.cuda.current_device()
@@ -44,10 +45,10 @@ facts["mapped"] = [str(mapper(d)) for d in ("cuda", "cuda:1", 0, torch.device("c
 
 parser = margs.add_megatron_arguments(__import__("argparse").ArgumentParser())
 args = parser.parse_args([])
-for f in adaptor.registry.enabled(adaptor.context):
-    f.set_defaults(args, adaptor.context)
+for f in run_state.registry().enabled(run_state.context()):
+    f.set_defaults(args, run_state.context())
 facts["defaults"] = {k: getattr(args, k) for k in ("distributed_backend", "transformer_impl", "gradient_accumulation_fusion")}
-facts["features"] = [f.name for f in adaptor.registry.enabled(adaptor.context)]
+facts["features"] = [f.name for f in run_state.registry().enabled(run_state.context())]
 print("FACTS" + json.dumps(facts))
 """
 

@@ -33,7 +33,7 @@ FLOAT = 4
 
 
 @pytest.fixture(scope="module")
-def model_parallel():
+def model_parallel(cpu_training_process):
     from megatron.core import parallel_state as ps
 
     if not torch.distributed.is_initialized():
