@@ -31,7 +31,7 @@ from adaptor.finetune.batches import finetune_batch, uses_boundaries
 from adaptor.finetune.instruction_dataset import InstructionDataset
 from adaptor.layer_specs import gpt_layer_spec, gpt_mtp_block_spec
 from adaptor.packed_sequences import lengths_from_cu_seqlens, lengths_from_eod, pack, packs_documents
-from adaptor.training import masked_lm_loss
+from adaptor.lm_loss import masked_lm_loss
 
 BATCH_KEYS = ("tokens", "labels", "loss_mask", "attention_mask", "position_ids")
 

@@ -28,7 +28,7 @@ from adaptor.mm.config import cached_data_config, cached_model_config, image_seq
 from adaptor.mm.data import ImageTextDataset, MMDataError, describe_skipped, read_records
 from adaptor.mm.model import build_llava_model
 from adaptor.mm.weights import load_initial_weights
-from adaptor.training import masked_lm_loss
+from adaptor.lm_loss import masked_lm_loss
 
 
 def model_provider(pre_process=True, post_process=True, vp_stage=None, config=None, pg_collection=None):

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 
 def all_features():
-    from patches.checkpoint.load_fit import LoadFit
+    from patches.checkpoint.load_shape_check import LoadShapeCheck
     from patches.checkpoint.safe_torch_load import SafeTorchLoad
     from patches.checkpoint.safetensors_format import SafetensorsFormat
     from patches.checkpoint.save_failures import SaveFailures
@@ -50,7 +50,7 @@ def all_features():
     from patches.memory.optimizer_offload import OptimizerOffload
     from patches.memory.recompute import Recompute
     from patches.hf.tokenizer_json import TokenizerJsonSupport
-    from patches.models.mla import MultiLatentAttention
+    from patches.models.mla import MlaWithoutTransformerEngine
     from patches.multimodal.mm_arguments import MultimodalArguments
     from patches.multimodal.vision_tower_norms import VisionTowerNorms
     from patches.preflight.checkpoint_inputs import CheckpointInputs
@@ -94,7 +94,7 @@ def all_features():
         ResumeRngState(),
         MtpLossContextParallel(),
         # Models, then the fused operators (their swaps win over the model's).
-        MultiLatentAttention(),
+        MlaWithoutTransformerEngine(),
         RmsNormFusion(),
         SwigluFusion(),
         RopeFusion(),
@@ -110,7 +110,7 @@ def all_features():
         OnlineConversion(),
         SafetensorsFormat(),
         SaveFailures(),
-        LoadFit(),
+        LoadShapeCheck(),
         SafeTorchLoad(),
         # LoRA after them: its load and save wrappers go around theirs.
         Lora(),

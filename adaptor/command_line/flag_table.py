@@ -137,10 +137,30 @@ _INPROCESS_MAX_ITERATIONS = Refused(
     "drop it",
 )
 
+
+def honoured(names: str) -> dict:
+    """The flags (dests, space-separated) that reach code on our path and do what Megatron's help says."""
+    return dict.fromkeys(names.split(), HONOURED)
+
+
 MEGATRON_FLAGS = {
 
     # --- transformer configuration ---
-    "tensor_model_parallel_size": HONOURED,
+    **honoured(
+        "tensor_model_parallel_size pipeline_model_parallel_size expert_model_parallel_size "
+        "expert_tensor_parallel_size use_cpu_initialization fp16 bf16 num_layers mtp_num_layers "
+        "mtp_loss_scaling_factor mtp_detach_heads hidden_size num_attention_heads num_query_groups "
+        "ffn_hidden_size kv_channels hidden_dropout attention_dropout layernorm_epsilon add_bias_linear "
+        "add_qkv_bias normalization qk_layernorm attention_output_gate calculate_per_token_loss "
+        "init_method_std apply_query_key_layer_scaling recompute_granularity recompute_method "
+        "recompute_num_layers moe_shared_expert_intermediate_size moe_shared_expert_gate moe_ffn_hidden_size "
+        "moe_router_topk moe_router_num_groups moe_router_group_topk moe_router_pre_softmax "
+        "moe_router_topk_scaling_factor moe_router_score_function moe_router_dtype "
+        "moe_router_enable_expert_bias moe_router_force_load_balancing moe_router_force_biased "
+        "moe_z_loss_coeff moe_input_jitter_eps moe_per_layer_logging moe_pad_expert_input_to_capacity "
+        "moe_token_drop_policy moe_layer_recompute moe_apply_probs_on_input clone_scatter_output_in_embedding "
+        "config_logger_dir"
+    ),
     "tensor_parallel_num_weight_shards": Refused(
         "generalized tensor parallelism (sharded weights re-gathered on side streams) is built on CUDA streams "
         "and events and does not run on this backend; drop it and shard model state with "
@@ -150,7 +170,6 @@ MEGATRON_FLAGS = {
         "pipeline communication here uses the backend's own collective library (gloo on CPU, hccl on NPU), "
         "so nccl or ucc groups cannot be created; drop it",
         requires=("cuda",)),
-    "pipeline_model_parallel_size": HONOURED,
     "sequence_parallel": Honoured("torch norms accept it (patches/upstream_fixes/sequence_parallel_torch_norm)"),
     "context_parallel_size": Honoured("patches.long_context.context_parallel (ring, Ulysses or both; no Transformer Engine needed)"),
     "hierarchical_context_parallel_sizes": Honoured("patches.long_context.context_parallel (--cp-comm-type a2a+p2p: Ulysses degree, ring size)"),
@@ -159,17 +178,12 @@ MEGATRON_FLAGS = {
     "hybrid_context_parallel": Refused(
         "pretrain_gpt.py's get_batch does not balance packed sequences across context-parallel ranks "
         "(is_hybrid_cp stays off); drop it"),
-    "expert_model_parallel_size": HONOURED,
-    "expert_tensor_parallel_size": HONOURED,
     "expert_tensor_parallel_num_weight_shards": Refused(
         "generalized tensor parallelism of the experts (sharded weights re-gathered on side streams) is built on "
         "CUDA streams and events and does not run on this backend; drop it and shard model state with "
         "--use-distributed-optimizer",
         requires=("cuda",)),
     "perform_initialization": HONOURED,  # weights left uninitialised, for a --load that fills them
-    "use_cpu_initialization": HONOURED,
-    "fp16": HONOURED,
-    "bf16": HONOURED,
     "deterministic_mode": Honoured("torch.use_deterministic_algorithms and the deterministic embedding backward"),
     "tp_comm_overlap": NotApplied(
         "overlaps tensor-parallel communication with GEMMs through Transformer Engine's userbuffers, "
@@ -228,17 +242,11 @@ MEGATRON_FLAGS = {
         "keeps the pinned buffers of Transformer Engine's activation offloading (--cpu-offloading-num-layers), "
         "available on CUDA with Transformer Engine only",
         requires=("transformer_engine",)),
-    "num_layers": HONOURED,
-    "mtp_num_layers": HONOURED,
-    "mtp_loss_scaling_factor": HONOURED,
     "mtp_use_repeated_layer": Honoured("MultiTokenPredictionBlock builds one layer and applies it per depth"),
-    "mtp_detach_heads": HONOURED,
     "mtp_hybrid_override_pattern": Refused(
         "only read by hybrid (Mamba) models, which pretrain_gpt.py does not build; drop it"),
     "account_for_embedding_in_pipeline_split": _ACCOUNT_FOR_EMBEDDING_IN_PIPELINE_SPLIT,
     "account_for_loss_in_pipeline_split": _ACCOUNT_FOR_EMBEDDING_IN_PIPELINE_SPLIT,
-    "hidden_size": HONOURED,
-    "num_attention_heads": HONOURED,
     "attention_backend": Refused(
         "it picks among Transformer Engine's attention kernels, which the local layer spec does not use "
         "('local' also needs Megatron-LM's --spec local); drop it, or use --use-flash-attn for fused attention "
@@ -249,27 +257,17 @@ MEGATRON_FLAGS = {
         "does not use; drop it (--use-flash-attn picks the adaptor's fused attention)",
         requires=("transformer_engine",)),
     "softmax_type": Honoured("local DotProductAttention; --use-flash-attn accepts vanilla only"),
-    "num_query_groups": HONOURED,
-    "ffn_hidden_size": HONOURED,
-    "kv_channels": HONOURED,
-    "hidden_dropout": HONOURED,
-    "attention_dropout": HONOURED,
     "fp32_residual_connection": Honoured("TransformerLayer and the embedding; Megatron requires --bf16 or --fp16"),
     "apply_residual_connection_post_layernorm": Refused(
         "megatron-core's TransformerLayer never reads it (the residual is always taken before the layer norm); "
         "drop it"),
-    "layernorm_epsilon": HONOURED,
     "layernorm_zero_centered_gamma": Refused(
         "torch's LayerNorm and RMSNorm on the local layer spec have no zero-centred gamma and model building "
         "stops on an assertion; drop it, or run on CUDA with Transformer Engine",
         requires=("transformer_engine",)),
-    "add_bias_linear": HONOURED,
-    "add_qkv_bias": HONOURED,
     "glu_linear_offset": Honoured("unfused gated activation in MLP and experts; the fused SwiGLU rejects a non-zero offset"),
     "activation_func_clamp_value": Honoured("unfused gated activation in MLP and experts; the fused SwiGLU does not clamp"),
     "rotary_interleaved": Honoured("unfused RoPE; --use-fused-rotary-pos-emb refuses it with one line"),
-    "normalization": HONOURED,
-    "qk_layernorm": HONOURED,
     "qk_l2_norm": Refused(
         "the layer spec pretrain_gpt.py builds does not pass it on, so queries and keys would not be "
         "L2-normalised; drop it (--qk-layernorm normalises them with --normalization instead)"),
@@ -279,8 +277,6 @@ MEGATRON_FLAGS = {
         requires=("transformer_engine",)),
     "qk_clip_alpha": _QK_CLIP_SETTING,
     "qk_clip_threshold": _QK_CLIP_SETTING,
-    "attention_output_gate": HONOURED,
-    "calculate_per_token_loss": HONOURED,
     "multi_latent_attention": Honoured("local spec with the adaptor's MLADotProductAttention"),
     "experimental_attention_variant": Refused(
         "the layer spec pretrain_gpt.py builds has standard or multi-latent attention only, so no gated-delta-net "
@@ -303,7 +299,6 @@ MEGATRON_FLAGS = {
     "linear_value_head_dim": _GATED_DELTA_NET_ONLY,
     "linear_num_key_heads": _GATED_DELTA_NET_ONLY,
     "linear_num_value_heads": _GATED_DELTA_NET_ONLY,
-    "init_method_std": HONOURED,
     "embedding_init_method_std": Honoured("embedding init; the optimizer then skips weight decay on embeddings"),
     "init_model_with_meta_device": Refused(
         "the model is built on the meta device and only Megatron FSDP initialises it afterwards, so under DDP "
@@ -317,7 +312,6 @@ MEGATRON_FLAGS = {
     "mup_output_mult": _MUP_BASE_HIDDEN_SIZE,
     "mup_base_head_dim": _MUP_BASE_HEAD_DIM,
     "mup_attn_scale_power": _MUP_BASE_HEAD_DIM,
-    "apply_query_key_layer_scaling": HONOURED,
     "disable_bf16_reduced_precision_matmul": Honoured(
         "sets cuBLAS's bf16 reduction flag on CUDA; CPU and NPU matmuls already accumulate bf16 in fp32"),
     "use_fused_weighted_squared_relu": NotApplied(
@@ -331,9 +325,6 @@ MEGATRON_FLAGS = {
     "use_transformer_engine_op_fuser": NotApplied(
         "lets Transformer Engine's operation fuser merge kernels, available on CUDA with Transformer Engine only",
         requires=("transformer_engine",)),
-    "recompute_granularity": HONOURED,
-    "recompute_method": HONOURED,
-    "recompute_num_layers": HONOURED,
     "distribute_saved_activations": Honoured("with tensor parallelism and full recompute (Megatron checks both)"),
     "recompute_modules": Honoured(
         "with --recompute-granularity selective; layernorm, moe_act and mla_up_proj through "
@@ -365,8 +356,6 @@ MEGATRON_FLAGS = {
         "raises the CUDA stream priority of the expert-parallel overlap (--overlap-moe-expert-parallel-comm), "
         "available on CUDA only",
         requires=("cuda",)),
-    "moe_shared_expert_intermediate_size": HONOURED,
-    "moe_shared_expert_gate": HONOURED,
     "moe_shared_expert_overlap": Honoured("shared experts run beside the alltoall dispatch (streams are no-ops on CPU)"),
     "use_grouped_gemm_for_shared_expert": NotApplied(
         "runs the shared expert as a Transformer Engine grouped GEMM; without Transformer Engine the plain "
@@ -376,23 +365,12 @@ MEGATRON_FLAGS = {
         "the block-interleaved GLU layout is read only by Transformer Engine's grouped shared expert, so the "
         "local shared expert would read its weights as plain gate and up halves; drop it",
         requires=("transformer_engine",)),
-    "moe_ffn_hidden_size": HONOURED,
-    "moe_router_topk": HONOURED,
     "moe_enable_routing_replay": Refused(
         "routing replay is driven by the inference and RL engines, which pretrain_gpt.py does not run; drop it"),
     "moe_router_padding_for_quantization": _MOE_ROUTER_PADDING_FOR_QUANTIZATION,
     "moe_router_padding_for_fp8": _MOE_ROUTER_PADDING_FOR_QUANTIZATION,
-    "moe_router_num_groups": HONOURED,
-    "moe_router_group_topk": HONOURED,
-    "moe_router_pre_softmax": HONOURED,
-    "moe_router_topk_scaling_factor": HONOURED,
-    "moe_router_score_function": HONOURED,
-    "moe_router_dtype": HONOURED,
-    "moe_router_enable_expert_bias": HONOURED,
     "moe_router_bias_update_rate": Honoured("expert-bias update in finalize_model_grads"),
     "moe_router_quantile_balancing_ema": Honoured("quantile-balancing bias update in finalize_model_grads"),
-    "moe_router_force_load_balancing": HONOURED,
-    "moe_router_force_biased": HONOURED,
     "use_grouped_gemm_for_dense_mlp": NotApplied(
         "runs the dense MLP as a Transformer Engine grouped GEMM for an MXFP8 fusion, which the layer spec "
         "pretrain_gpt.py builds does not wire; the plain MLP computes the same result"),
@@ -405,8 +383,6 @@ MEGATRON_FLAGS = {
         "stores the experts' biases as one Transformer Engine GroupedTensor, available on CUDA with Transformer "
         "Engine only",
         requires=("transformer_engine",)),
-    "moe_z_loss_coeff": HONOURED,
-    "moe_input_jitter_eps": HONOURED,
     "moe_token_dispatcher_type": Refused(
         "the flex dispatcher runs on DeepEP, HybridEP or NCCL EP, CUDA-only libraries; use alltoall or allgather",
         requires=("cuda",),
@@ -425,19 +401,14 @@ MEGATRON_FLAGS = {
     "moe_hybridep_pad_uneven_dispatch_inputs": NotApplied(
         "pads HybridEP dispatch inputs, a CUDA-only backend of the flex token dispatcher",
         requires=("cuda",)),
-    "moe_per_layer_logging": HONOURED,
     "moe_expert_capacity_factor": Honoured("router token dropping; the NPU permute kernels refuse it with one line"),
-    "moe_pad_expert_input_to_capacity": HONOURED,
     "moe_pad_experts_for_cuda_graph_inference": Refused(
         "it changes routing only for CUDA-graph inference, which pretrain_gpt.py does not run; drop it"),
-    "moe_token_drop_policy": HONOURED,
-    "moe_layer_recompute": HONOURED,
     "moe_permute_fusion": Honoured("the adaptor's permute kernels without Transformer Engine (patches/fusions/moe_permute)"),
     "moe_router_fusion": NotApplied(
         "fuses top-k routing and the auxiliary loss in Transformer Engine kernels, available on CUDA with "
         "Transformer Engine only",
         requires=("transformer_engine",)),
-    "moe_apply_probs_on_input": HONOURED,
     "moe_latent_size": Refused(
         "the MoE latent projections are built only with Transformer Engine and model building stops on an assertion "
         "without it; drop it",
@@ -479,8 +450,6 @@ MEGATRON_FLAGS = {
     "external_cuda_graph": _ENABLE_CUDA_GRAPH,
     "cuda_graph_impl": _ENABLE_CUDA_GRAPH,
     "inference_cuda_graph_scope": _INFERENCE_CUDA_GRAPH_SCOPE,
-    "clone_scatter_output_in_embedding": HONOURED,
-    "config_logger_dir": HONOURED,
     "flash_decode": Refused(
         "an inference decoding kernel, and pretrain_gpt.py runs no inference engine; drop it"),
     "batch_invariant_mode": Refused(
@@ -538,14 +507,16 @@ MEGATRON_FLAGS = {
     "fine_grained_offloading_max_inflight_offloads": _MIN_OFFLOADED_TENSOR_SIZE,
 
     # --- network size ---
+    **honoured(
+        "group_query_attention window_attn_skip_freq max_position_embeddings rotary_base rotary_percent "
+        "use_rope_scaling no_rope_freq make_vocab_size_divisible_by squared_relu swiglu quick_geglu "
+        "untie_embeddings_and_output_weights"
+    ),
     "encoder_num_layers": Refused(
         "pretrain_gpt.py builds a decoder-only GPTModel with no encoder; give its depth with --num-layers",
     ),
     "decoder_num_layers": Refused("pretrain_gpt.py takes the decoder depth from --num-layers only; use --num-layers"),
-    "group_query_attention": HONOURED,
     "window_size": HONOURED,  # DotProductAttention's sliding-window mask; --use-flash-attn refuses it itself
-    "window_attn_skip_freq": HONOURED,
-    "max_position_embeddings": HONOURED,
     "position_embedding_type": Refused(
         "relative position bias is T5's and mrope needs multimodal 3-D positions, neither of which "
         "pretrain_gpt.py's GPTModel applies; use rope, yarn, learned_absolute or none",
@@ -559,33 +530,22 @@ MEGATRON_FLAGS = {
     "relative_attention_num_buckets": _RELATIVE_ATTENTION_NUM_BUCKETS,
     "relative_attention_max_distance": _RELATIVE_ATTENTION_NUM_BUCKETS,
     "use_rotary_position_embeddings": Honoured("deprecated alias: Megatron sets --position-embedding-type rope"),
-    "rotary_base": HONOURED,
-    "rotary_percent": HONOURED,
     "rotary_seq_len_interpolation_factor": Honoured("pretrain_gpt.py passes it to GPTModel (linear RoPE scaling)"),
-    "use_rope_scaling": HONOURED,
     "rope_scaling_factor": Honoured("pretrain_gpt.py passes it to GPTModel with --use-rope-scaling"),
-    "no_rope_freq": HONOURED,
     "add_position_embedding": Refused(
         "deprecated (Megatron stops on it unless RoPE is used); choose --position-embedding-type rope or none instead"
     ),
-    "make_vocab_size_divisible_by": HONOURED,
     "openai_gelu": Refused(
         "megatron-core's GPTModel reads it nowhere and keeps torch's exact GeLU; drop it"
     ),
-    "squared_relu": HONOURED,
-    "swiglu": HONOURED,
-    "quick_geglu": HONOURED,
     "onnx_safe": Refused("megatron-core 0.19.2 reads it nowhere (ONNX export is not part of training); drop it"),
     "bert_binary_head": Refused("it configures BERT's binary head and pretrain_gpt.py builds GPT only; drop it"),
-    "untie_embeddings_and_output_weights": HONOURED,
     # --- regularization ---
-    "weight_decay": HONOURED,
+    **honoured(
+        "weight_decay adam_beta1 adam_beta2 adam_eps sgd_momentum"
+    ),
     "apply_wd_to_qk_layernorm": HONOURED,  # optimizer param groups match q_layernorm./k_layernorm. names
     "clip_grad": Honoured("Megatron's clipping, dtype check made device-agnostic by patches.device.device_agnostic_clip_grads"),
-    "adam_beta1": HONOURED,
-    "adam_beta2": HONOURED,
-    "adam_eps": HONOURED,
-    "sgd_momentum": HONOURED,
     "muon_momentum": _MUON_MOMENTUM,
     "muon_split_qkv": _MUON_MOMENTUM,
     "muon_nesterov": _MUON_MOMENTUM,
@@ -600,41 +560,29 @@ MEGATRON_FLAGS = {
     "lion_beta2": _LION_BETA1,
     "no_weight_decay_cond_type": Honoured("deprecated alias: Megatron turns it into --apply-wd-to-qk-layernorm"),
     # --- training ---
-    "micro_batch_size": HONOURED,
-    "global_batch_size": HONOURED,
+    **honoured(
+        "micro_batch_size global_batch_size step_batch_size_schedule decrease_batch_size_if_needed "
+        "empty_unused_memory_level check_weight_hash_across_dp_replicas_interval train_sync_interval "
+        "train_iters train_samples exit_interval exit_duration_in_mins exit_signal_handler exit_signal "
+        "exit_signal_handler_for_training manual_gc manual_gc_interval manual_gc_eval iterations_to_skip "
+        "check_for_large_grads result_rejected_tracker_filename bias_swiglu_fusion bias_dropout_fusion "
+        "apply_rope_fusion rope_type dump_param_to_param_group_map no_persist_layer_norm"
+    ),
     "rampup_batch_size": Refused(
         "megatron-core 0.19.2's training loop no longer reads it, so the batch size stays --global-batch-size; "
         "use --step-batch-size-schedule"
     ),
-    "step_batch_size_schedule": HONOURED,
-    "decrease_batch_size_if_needed": HONOURED,
-    "empty_unused_memory_level": HONOURED,
-    "check_weight_hash_across_dp_replicas_interval": HONOURED,
     "gpu_sniff_test_interval": Refused(
         "benchmarks CUDA GEMMs and NCCL collectives, which exist on the CUDA backend only; drop it",
         requires=("cuda",),
     ),
-    "train_sync_interval": HONOURED,
-    "train_iters": HONOURED,
-    "train_samples": HONOURED,
-    "exit_interval": HONOURED,
-    "exit_duration_in_mins": HONOURED,
-    "exit_signal_handler": HONOURED,
-    "exit_signal": HONOURED,
     "exit_signal_handler_for_dataloader": Refused(
         "megatron-core 0.19.2 reads it nowhere (data-loader workers get the handler from "
         "--exit-signal-handler); drop it"
     ),
-    "exit_signal_handler_for_training": HONOURED,
-    "manual_gc": HONOURED,
-    "manual_gc_interval": HONOURED,
-    "manual_gc_eval": HONOURED,
-    "iterations_to_skip": HONOURED,
     "batch_size": Refused("no longer valid in Megatron; use --micro-batch-size"),
     "recompute_activations": Honoured("selective recompute of core attention on the local spec"),
     "check_for_nan_in_loss_and_grad": Honoured("pretrain_gpt.py's loss_func and Megatron's gradient check"),
-    "check_for_large_grads": HONOURED,
-    "result_rejected_tracker_filename": HONOURED,
     "tp_comm_overlap_cfg": NotApplied(
         "configures Transformer Engine's userbuffers overlap of tensor-parallel communication with GEMMs",
         requires=("transformer_engine",),
@@ -645,10 +593,6 @@ MEGATRON_FLAGS = {
     ),
     "masked_softmax_fusion": HONOURED,  # --no-masked-softmax-fusion: the unfused softmax, which runs everywhere
     "bias_gelu_fusion": HONOURED,  # --no-*-fusion flags select the unfused code, which runs everywhere
-    "bias_swiglu_fusion": HONOURED,
-    "bias_dropout_fusion": HONOURED,
-    "apply_rope_fusion": HONOURED,
-    "rope_type": HONOURED,
     "use_flash_attn": Honoured("layer-spec swap to adaptor.ops.flash_attention.FlashAttention; TE's attention with TE"),
     "optimizer": Refused(
         "only adam and sgd run here; muon, lion and soap need the emerging-optimizers package, which this "
@@ -666,7 +610,6 @@ MEGATRON_FLAGS = {
     "overlap_cpu_optimizer_d2h_h2d": Honoured(
         "patches.memory.optimizer_offload: the device, not the host, waits for the updated parameters' copies "
         "(on its stream, CUDA/NPU); on the CPU backend copies are synchronous either way"),
-    "dump_param_to_param_group_map": HONOURED,
     "pin_cpu_grads": Honoured("patches.memory.optimizer_offload: pinned host gradient buffers on CUDA/NPU "
                               "(the CPU backend has no device to pin for)"),
     "pin_cpu_params": Honoured("patches.memory.optimizer_offload: pinned host master copies on CUDA/NPU "
@@ -676,11 +619,12 @@ MEGATRON_FLAGS = {
         "GPTDataset samples, not a loader; use single or cyclic",
         values=lambda v: v == "external",
     ),
-    "no_persist_layer_norm": HONOURED,
     "gradient_accumulation_fusion": HONOURED,  # --no-gradient-accumulation-fusion: plain weight-gradient GEMMs
     "deprecated_use_mcore_models": Honoured("no-op: megatron-core models are the only ones, as asked"),
     # --- RNG and initialization ---
-    "seed": HONOURED,
+    **honoured(
+        "seed data_parallel_random_init init_method_xavier_uniform"
+    ),
     "te_rng_tracker": Refused(
         "selects Transformer Engine's RNG tracker; without it Megatron silently keeps its own, so drop it",
         requires=("transformer_engine",),
@@ -688,33 +632,26 @@ MEGATRON_FLAGS = {
     "inference_rng_tracker": Refused(
         "an inference RNG tracker that skips the model-parallel RNG streams training relies on; drop it for training"
     ),
-    "data_parallel_random_init": HONOURED,
-    "init_method_xavier_uniform": HONOURED,
     # --- learning rate and weight decay ---
-    "lr_decay_style": HONOURED,
-    "lr_wsd_decay_style": HONOURED,
-    "lr_decay_iters": HONOURED,
-    "lr_decay_samples": HONOURED,
-    "lr_wsd_decay_iters": HONOURED,
-    "lr_wsd_decay_samples": HONOURED,
-    "lr_warmup_fraction": HONOURED,
-    "lr_warmup_iters": HONOURED,
-    "lr_warmup_samples": HONOURED,
-    "lr_warmup_init": HONOURED,
-    "override_opt_param_scheduler": HONOURED,
-    "use_checkpoint_opt_param_scheduler": HONOURED,
-    "start_weight_decay": HONOURED,
-    "end_weight_decay": HONOURED,
-    "weight_decay_incr_style": HONOURED,
-    "lr": HONOURED,
+    **honoured(
+        "lr_decay_style lr_wsd_decay_style lr_decay_iters lr_decay_samples lr_wsd_decay_iters "
+        "lr_wsd_decay_samples lr_warmup_fraction lr_warmup_iters lr_warmup_samples lr_warmup_init "
+        "override_opt_param_scheduler use_checkpoint_opt_param_scheduler start_weight_decay end_weight_decay "
+        "weight_decay_incr_style lr min_lr decoupled_min_lr"
+    ),
     "warmup": Refused("no longer valid in Megatron; use --lr-warmup-fraction or --lr-warmup-iters"),
-    "min_lr": HONOURED,
     "decoupled_lr": HONOURED,  # embedding/output params carry is_embedding_or_output_parameter
-    "decoupled_min_lr": HONOURED,
     "freeze_all_layers": HONOURED,  # Megatron freezes every parameter (and expert biases); backward is skipped
     # --- checkpointing ---
-    "save": HONOURED,
-    "save_interval": HONOURED,
+    **honoured(
+        "save save_interval load non_persistent_save_interval non_persistent_global_ckpt_dir finetune "
+        "pretrained_checkpoint ckpt_step use_mp_args_from_checkpoint_args "
+        "use_tokenizer_model_from_checkpoint_args exit_on_missing_checkpoint ckpt_convert_format "
+        "ckpt_convert_save ckpt_convert_update_legacy_dist_opt_format use_persistent_ckpt_worker "
+        "async_ckpt_io_priority ckpt_fully_parallel_save_process_group ckpt_load_validate_sharding_integrity "
+        "dist_ckpt_strictness dist_ckpt_optim_fully_reshardable distrib_optim_fully_reshardable_mem_efficient "
+        "no_save_optim no_save_rng no_load_optim no_load_rng override_ckpt_iteration"
+    ),
     "save_params_interval": HONOURED,  # torch.save of named params under --save/params
     "save_activations_interval": HONOURED,  # forward hooks on the local spec's parallel linears
     "save_tokens_per_expert_interval": Refused(
@@ -725,63 +662,44 @@ MEGATRON_FLAGS = {
     "save_wgrads_interval": HONOURED,  # DDP main_grad buffers
     "save_dgrads_interval": HONOURED,  # backward hooks on the local spec's parallel linears
     "save_retain_interval": HONOURED,  # Megatron's pruning; --keep-checkpoint-max respects it too
-    "load": HONOURED,
     # Reads main params from the checkpoint's model tensors with the distributed optimizer; Megatron's
     # non-distributed fp16/bf16 optimizer asserts that it cannot.
     "load_main_params_from_ckpt": Honoured("with --use-distributed-optimizer and --no-load-optim"),
-    "non_persistent_save_interval": HONOURED,
     "non_persistent_ckpt_type": Refused(
         "local and in_memory non-persistent checkpoints need nvidia-resiliency-ext's local checkpoint manager "
         "(in_memory is not implemented at all); use global",
         values=lambda v: v in ("local", "in_memory"),
     ),
-    "non_persistent_global_ckpt_dir": HONOURED,
     "non_persistent_local_ckpt_dir": _NON_PERSISTENT_LOCAL_CKPT_DIR,
     "non_persistent_local_ckpt_algo": _NON_PERSISTENT_LOCAL_CKPT_DIR,
-    "finetune": HONOURED,
-    "pretrained_checkpoint": HONOURED,
-    "ckpt_step": HONOURED,
     "use_checkpoint_args": HONOURED,  # args come from the common state (JSON in safetensors checkpoints)
-    "use_mp_args_from_checkpoint_args": HONOURED,
-    "use_tokenizer_model_from_checkpoint_args": HONOURED,
-    "exit_on_missing_checkpoint": HONOURED,
     "ckpt_format": Refused(
         "torch_dcp is Megatron's format for its own FSDP2 and fsdp_dtensor for Megatron-FSDP, neither of which "
         "saves here; use safetensors, torch_dist or torch",
         values=lambda v: v in ("torch_dcp", "fsdp_dtensor"),
     ),
     "auto_detect_ckpt_format": HONOURED,  # a safetensors checkpoint has metadata.json, so it reads as sharded
-    "ckpt_convert_format": HONOURED,
-    "ckpt_convert_save": HONOURED,
-    "ckpt_convert_update_legacy_dist_opt_format": HONOURED,
     "ckpt_fully_parallel_save": HONOURED,  # safetensors spreads replicas only under the fully-parallel strategy
     # torch_dist and safetensors: Megatron's persistent worker; torch_dist also needs
     # --use-persistent-ckpt-worker --async-strategy mcore (safetensors sets both).
     "async_save": Honoured("safetensors; torch_dist with --use-persistent-ckpt-worker --async-strategy mcore"),
     "async_strategy": HONOURED,  # the non-default value is mcore, Megatron's own worker
-    "use_persistent_ckpt_worker": HONOURED,
     "async_ckpt_cpu_priority": HONOURED,  # nice value of the persistent worker
-    "async_ckpt_io_priority": HONOURED,
     "async_ckpt_use_cpu_shm": NotApplied(
         "only nvidia-resiliency-ext's async writer stages tensors in shared memory; Megatron's own (mcore) "
         "writer runs here"
     ),
     "ckpt_fully_parallel_load": Honoured("torch_dist loads; safetensors ranks read only their own ranges anyway"),
     "ckpt_fully_parallel_load_exchange_algo": _CKPT_FULLY_PARALLEL_LOAD_EXCHANGE_ALGO,
-    "ckpt_fully_parallel_save_process_group": HONOURED,
     "ckpt_fully_parallel_load_process_group": _CKPT_FULLY_PARALLEL_LOAD_EXCHANGE_ALGO,
     "ckpt_assume_constant_structure": Honoured(
         "torch_dist save-plan cache; sharding checks skipped after the first save",
     ),
-    "ckpt_load_validate_sharding_integrity": HONOURED,
     "strict_fsdp_dtensor_load": Refused(
         "applies to --ckpt-format fsdp_dtensor (Megatron-FSDP), which is not supported here; drop it "
         "(--dist-ckpt-strictness governs torch_dist and safetensors loads)"
     ),
-    "dist_ckpt_strictness": HONOURED,
     "dist_ckpt_save_pre_mcore_014": Refused("megatron-core 0.19.2 reads it nowhere; drop it"),
-    "dist_ckpt_optim_fully_reshardable": HONOURED,
-    "distrib_optim_fully_reshardable_mem_efficient": HONOURED,
     "replication": _NON_PERSISTENT_LOCAL_CKPT_DIR,
     "replication_jump": _NON_PERSISTENT_LOCAL_CKPT_DIR,
     "replication_factor": _NON_PERSISTENT_LOCAL_CKPT_DIR,
@@ -790,11 +708,6 @@ MEGATRON_FLAGS = {
         "changes how FP8/FP4 parameters are dequantized while loading, and such parameters need Transformer Engine",
         requires=("transformer_engine",),
     ),
-    "no_save_optim": HONOURED,
-    "no_save_rng": HONOURED,
-    "no_load_optim": HONOURED,
-    "no_load_rng": HONOURED,
-    "override_ckpt_iteration": HONOURED,
     "use_dist_ckpt_deprecated": _USE_DIST_CKPT_DEPRECATED,
     "dist_ckpt_format_deprecated": _USE_DIST_CKPT_DEPRECATED,
     "dist_ckpt_workers": Honoured("torch_dist async saves with --ckpt-assume-constant-structure"),
@@ -802,14 +715,11 @@ MEGATRON_FLAGS = {
         "deprecated and ignored by Megatron: fully parallel saving is already the default; drop it"
     ),
     # --- mixed precision ---
-    "grad_reduce_in_bf16": HONOURED,
-    "loss_scale": HONOURED,
-    "initial_loss_scale": HONOURED,
-    "min_loss_scale": HONOURED,
-    "loss_scale_window": HONOURED,
-    "hysteresis": HONOURED,
+    **honoured(
+        "grad_reduce_in_bf16 loss_scale initial_loss_scale min_loss_scale loss_scale_window hysteresis "
+        "accumulate_allreduce_grads_in_fp32"
+    ),
     "attention_softmax_in_fp32": HONOURED,  # DotProductAttention's FusedScaleMaskSoftmax
-    "accumulate_allreduce_grads_in_fp32": HONOURED,
     "fp16_lm_cross_entropy": HONOURED,  # passed to GPTModel by pretrain_gpt.py
     "reuse_grad_buf_for_mxfp8_param_ag": NotApplied(
         "reuses gradient buffers for the all-gather of MXFP8 parameters, which need Transformer Engine",
@@ -819,21 +729,16 @@ MEGATRON_FLAGS = {
         "applies to Mamba layers, which pretrain_gpt.py's GPTModel does not have; drop it"
     ),
     # --- moe ---
-    "num_experts": HONOURED,
-    "moe_layer_freq": HONOURED,
+    **honoured(
+        "num_experts moe_layer_freq moe_router_load_balancing_type moe_aux_loss_coeff "
+        "moe_upcycling_granularity"
+    ),
     "moe_use_upcycling": HONOURED,  # Megatron's upcycling; GroupedExperts is a SequentialMLP with its state dict
-    "moe_router_load_balancing_type": HONOURED,
-    "moe_aux_loss_coeff": HONOURED,
-    "moe_upcycling_granularity": HONOURED,
     # --- mla ---
-    "q_lora_rank": HONOURED,
-    "kv_lora_rank": HONOURED,
-    "qk_head_dim": HONOURED,
-    "qk_pos_emb_head_dim": HONOURED,
-    "v_head_dim": HONOURED,
-    "rotary_scaling_factor": HONOURED,
-    "mscale": HONOURED,
-    "mscale_all_dim": HONOURED,
+    **honoured(
+        "q_lora_rank kv_lora_rank qk_head_dim qk_pos_emb_head_dim v_head_dim rotary_scaling_factor mscale "
+        "mscale_all_dim"
+    ),
     "cache_mla_latents": Refused(
         "caches MLA latents for the dynamic inference engine only (MLA asserts it is off while training); drop it"
     ),
@@ -852,17 +757,16 @@ MEGATRON_FLAGS = {
     "heterogeneous_layers_config_encoded_json": _HETEROGENEOUS_LAYERS_CONFIG_PATH,
 
     # --- profiling ---
+    **honoured(
+        "profile_step_start profile_step_end pytorch_profiler_collect_shapes "
+        "pytorch_profiler_collect_callstack profile_ranks"
+    ),
     "profile": Honoured("on CUDA Megatron's nsys range or --use-pytorch-profiler; on NPU and CPU, or with MindSpeed's "
                         "--profile-* flags, torch_npu.profiler / torch.profiler (patches.diagnostics.profiling)"),
-    "profile_step_start": HONOURED,
-    "profile_step_end": HONOURED,
     "use_pytorch_profiler": Honoured("Megatron's torch.profiler path on CUDA; on NPU/CPU patches.diagnostics.profiling "
                                      "profiles with or without it"),
-    "pytorch_profiler_collect_shapes": HONOURED,
-    "pytorch_profiler_collect_callstack": HONOURED,
     "pytorch_profiler_collect_chakra": Honoured("on CUDA through Megatron's --use-pytorch-profiler path; refused "
                                                 "where patches.diagnostics.profiling profiles"),
-    "profile_ranks": HONOURED,
     "record_memory_history": Refused(
         "records the CUDA caching allocator's history, which only the CUDA backend keeps here; set "
         "ADAPTOR_REPORT_MEMORY=1 for each rank's memory instead", requires=("cuda",)),
@@ -876,10 +780,17 @@ MEGATRON_FLAGS = {
         "adds NVTX ranges for Nsight Systems, which needs CUDA; use --use-pytorch-profiler instead",
         requires=("cuda",)),
     # --- distributed init ---
+    **honoured(
+        "distributed_timeout_minutes local_rank use_tp_pp_dp_mapping use_gloo_process_groups "
+        "decoder_first_pipeline_num_layers decoder_last_pipeline_num_layers "
+        "num_virtual_stages_per_pipeline_rank overlap_p2p_comm overlap_grad_reduce ddp_num_buckets "
+        "ddp_bucket_size ddp_pad_buckets_for_high_nccl_busbw "
+        "ddp_param_name_patterns_for_fp32_local_accumulation overlap_param_gather "
+        "overlap_param_gather_with_optimizer_step align_param_gather use_distributed_optimizer "
+        "num_distributed_optimizer_instances"
+    ),
     "distributed_backend": Honoured("init_process_group; backend_defaults picks gloo/nccl/hccl when not given"),
-    "distributed_timeout_minutes": HONOURED,
     "align_grad_reduce": HONOURED,  # with --overlap-grad-reduce and pipeline stages
-    "local_rank": HONOURED,
     "lazy_mpu_init": Refused(
         "skips setting up torch.distributed so that an external launcher can finish it, which "
         "pretrain_gpt.py never does; drop it"),
@@ -890,8 +801,6 @@ MEGATRON_FLAGS = {
     "nccl_communicator_config_path": NotApplied(
         "tunes NCCL communicators (CTAs, cluster size, network) on CUDA; this backend's collectives are "
         "not NCCL's", requires=("cuda",)),
-    "use_tp_pp_dp_mapping": HONOURED,
-    "use_gloo_process_groups": HONOURED,
     "use_sharp": NotApplied(
         "offloads data-parallel NCCL collectives to InfiniBand SHARP switches on CUDA; this backend's collectives "
         "are not NCCL's",
@@ -914,27 +823,14 @@ MEGATRON_FLAGS = {
     "disable_jit_fuser": Refused(
         "the fused functions are compiled when their modules are imported, before this flag is read, so "
         "it turns nothing off; set TORCH_COMPILE_DISABLE=1 to run them uncompiled"),
-    "decoder_first_pipeline_num_layers": HONOURED,
-    "decoder_last_pipeline_num_layers": HONOURED,
     "pipeline_model_parallel_layout": HONOURED,  # pretrain_gpt.py places MTP and data by the layout
     "model_parallel_size": Refused(
         "an old spelling Megatron no longer accepts; pass --tensor-model-parallel-size instead"),
     "num_layers_per_virtual_pipeline_stage": HONOURED,  # vp_stage reaches model and dataset providers
-    "num_virtual_stages_per_pipeline_rank": HONOURED,
-    "overlap_p2p_comm": HONOURED,
-    "overlap_grad_reduce": HONOURED,
-    "ddp_num_buckets": HONOURED,
-    "ddp_bucket_size": HONOURED,
-    "ddp_pad_buckets_for_high_nccl_busbw": HONOURED,
     "ddp_reduce_scatter_with_fp32_accumulation": HONOURED,  # all_to_all_single + local fp32 sum
-    "ddp_param_name_patterns_for_fp32_local_accumulation": HONOURED,
     "ddp_average_in_collective": NotApplied(
         "averages gradients inside the collective (ReduceOp.AVG), which gloo and hccl lack; gradients are "
         "scaled by 1/data-parallel size before the sum instead, the same average", requires=("cuda",)),
-    "overlap_param_gather": HONOURED,
-    "overlap_param_gather_with_optimizer_step": HONOURED,
-    "align_param_gather": HONOURED,
-    "use_distributed_optimizer": HONOURED,
     "use_layer_wise_param_layout": HONOURED,  # read by the layer-wise (dist_*) optimizers
     "nccl_ub": NotApplied(
         "registers data-parallel buffers with NCCL (user buffers) to spare SMs on CUDA; this backend's collectives "
@@ -965,21 +861,18 @@ MEGATRON_FLAGS = {
         "backend", requires=("cuda", "transformer_engine")),
     "enable_full_sharding_in_hsdp": Refused(
         "is read by nothing in megatron-core 0.19.2, so it changes nothing; drop it"),
-    "num_distributed_optimizer_instances": HONOURED,
     "torch_fsdp2_reshard_after_forward": Honoured("patches.fsdp2.torch_fsdp2 (reshard_after_forward: false)"),
     "cp_comm_type": Honoured("patches.long_context.context_parallel: p2p, a2a, a2a+p2p (allgather refused)"),
     "fake_process_group": Refused(
         "a fake process group skips every collective to profile one GPU's CUDA memory, which this backend "
         "does not have; train with real processes instead", requires=("cuda",)),
     # --- validation ---
-    "eval_iters": HONOURED,
-    "eval_interval": HONOURED,
-    "start_eval_at_iter": HONOURED,
-    "eval_global_batch_size": HONOURED,
+    **honoured(
+        "eval_iters eval_interval start_eval_at_iter eval_global_batch_size skip_train"
+    ),
     "eval_micro_batch_size": Refused(
         "pretrain_gpt.py receives batches on tensor-parallel ranks at --micro-batch-size, so a different evaluation micro-batch fails once tensor parallelism is on; drop it "
         "(evaluation then uses --micro-batch-size)"),
-    "skip_train": HONOURED,
     "test_mode": Refused(
         "its one check compares LayerNorm q/k-norm weights across data-parallel ranks and fails on RMSNorm "
         "ones; drop it"),
@@ -993,14 +886,13 @@ MEGATRON_FLAGS = {
         "names the separate validation sets of --multiple-validation-sets, which pretrain_gpt.py does not "
         "build; drop it"),
     # --- data and dataloader ---
-    "data_path": HONOURED,
-    "phase_transition_iterations": HONOURED,
-    "split": HONOURED,
-    "train_data_path": HONOURED,
-    "valid_data_path": HONOURED,
-    "test_data_path": HONOURED,
+    **honoured(
+        "data_path phase_transition_iterations split train_data_path valid_data_path test_data_path "
+        "per_split_data_args_path data_cache_path mmap_bin_files mock_data seq_length num_workers "
+        "eod_mask_loss create_attention_mask_in_dataloader num_dataset_builder_threads "
+        "mid_level_dataset_surplus allow_ambiguous_pad_tokens"
+    ),
     "data_args_path": HONOURED,  # get_blend_and_blend_per_split in pretrain_gpt.py
-    "per_split_data_args_path": HONOURED,
     "per_dataset_sequences_path": NotApplied(
         "reads sequence counts from a JSON file to speed up dataset start-up, and pretrain_gpt.py does not "
         "pass it to GPTDataset; the counts are read from the .idx files"),
@@ -1010,10 +902,6 @@ MEGATRON_FLAGS = {
     "dataloader_defer_npy_index_mmap": NotApplied(
         "defers mapping the index caches until first use to speed up dataset start-up, and pretrain_gpt.py "
         "does not pass it to GPTDataset; they are mapped when the datasets are built"),
-    "data_cache_path": HONOURED,
-    "mmap_bin_files": HONOURED,
-    "mock_data": HONOURED,
-    "seq_length": HONOURED,
     "encoder_seq_length": HONOURED,  # becomes --seq-length when that is not given
     "decoder_seq_length": Refused(
         "sets the decoder length of encoder-decoder models, and under pipeline parallelism a GPT model "
@@ -1021,18 +909,12 @@ MEGATRON_FLAGS = {
     "sample_rate": Refused("is read by none of the code pretrain_gpt.py runs (no dataset here subsamples); drop it"),
     "mask_prob": _MASK_PROB,
     "short_seq_prob": _MASK_PROB,
-    "num_workers": HONOURED,
     "reset_position_ids": HONOURED,  # positions reach learned absolute embeddings; RoPE ignores them (as upstream)
     "reset_attention_mask": Honoured("patches.long_context.packed_sequences: THD boundaries with the fused attention, the dense mask otherwise"),
     "dataloader_inter_document_masking": Honoured("patches.long_context.packed_sequences (document boundaries reach attention as THD)"),
-    "eod_mask_loss": HONOURED,
-    "create_attention_mask_in_dataloader": HONOURED,
-    "num_dataset_builder_threads": HONOURED,
     "object_storage_cache_path": Refused(
         "pretrain_gpt.py does not pass it to GPTDataset, so object-storage (s3://, msc://) datasets cannot "
         "be read; copy the data to a local or mounted filesystem"),
-    "mid_level_dataset_surplus": HONOURED,
-    "allow_ambiguous_pad_tokens": HONOURED,
     "fim_data": Refused(
         "pretrain_gpt.py builds plain GPTDataset samples, not fill-in-the-middle ones; drop it (or write "
         "FIM samples when preprocessing)"),
@@ -1047,32 +929,27 @@ MEGATRON_FLAGS = {
     "fim_pad_token": _FIM_RATE,
     "fim_eod_token": _FIM_RATE,
     # --- tokenizer ---
+    **honoured(
+        "padded_vocab_size vocab_file merge_file tokenizer_model metadata_path tiktoken_num_special_tokens "
+        "tokenizer_sentencepiece_ignore_extra_whitespaces null_tokenizer_eod_id null_tokenizer_pad_id"
+    ),
     "vocab_size": HONOURED,  # NullTokenizer's and TikTokenizer's vocabulary; other tokenizers report their own
-    "padded_vocab_size": HONOURED,
     "pad_vocab_size": Refused(
         "pretrain_gpt.py sizes the model by the padded vocabulary, which this leaves unset; set it exactly "
         "with --padded-vocab-size instead"),
-    "vocab_file": HONOURED,
-    "merge_file": HONOURED,
     "vocab_extra_ids": Refused(
         "adds T5 span-masking tokens, which none of the tokenizers built here reads; drop it"),
     "tokenizer_type": Refused(
         "builds the multimodal prompt tokenizer of other Megatron-LM programs; use a text tokenizer "
         "such as HuggingFaceTokenizer (a tokenizer.json needs no transformers) or NullTokenizer",
         values=lambda v: v in ("MultimodalTokenizer", "NullMultimodalTokenizer")),  # SFTTokenizer: with --sft
-    "tokenizer_model": HONOURED,
-    "metadata_path": HONOURED,
     "special_tokens": HONOURED,  # added to the tokenizer (tokenizer.json reader included): vocabulary grows
     "tiktoken_pattern": HONOURED,  # TikTokenizer needs the tiktoken package; Megatron says so without it
-    "tiktoken_num_special_tokens": HONOURED,
     "tokenizer_sentencepiece_legacy": HONOURED,  # sentencepiece tokenizers (package optional, checked by Megatron)
-    "tokenizer_sentencepiece_ignore_extra_whitespaces": HONOURED,
     "tokenizer_hf_no_use_fast": NotApplied(
         "a tokenizer.json is read by the tokenizers library, the fast tokenizer, on every backend"),
     "tokenizer_hf_no_include_special_tokens": HONOURED,  # the tokenizer.json reader takes it too
     "trust_remote_code": HONOURED,  # passed to transformers when it builds the tokenizer
-    "null_tokenizer_eod_id": HONOURED,
-    "null_tokenizer_pad_id": HONOURED,
     "chat_template": Refused(
         "pretraining reads tokenized data and renders no chat template; drop it"),
     # --- autoresume ---
@@ -1083,18 +960,14 @@ MEGATRON_FLAGS = {
     "adlr_autoresume_interval": Refused(
         "is read only by --adlr-autoresume, which needs ADLR's unpublished userlib.auto_resume; drop it"),
     # --- logging ---
-    "log_interval": HONOURED,
-    "log_params_norm": HONOURED,
+    **honoured(
+        "log_interval log_params_norm log_progress timing_log_level timing_log_option "
+        "tensorboard_log_interval tensorboard_queue_size log_timers_to_tensorboard "
+        "log_loss_scale_to_tensorboard log_validation_ppl_to_tensorboard log_num_zeros_in_grad "
+        "log_world_size_to_tensorboard wandb_exp_name wandb_save_dir wandb_entity logging_level"
+    ),
     "log_throughput": Honoured("TFLOP/s per device and MFU (patches.diagnostics.throughput)"),
-    "log_progress": HONOURED,
-    "timing_log_level": HONOURED,
-    "timing_log_option": HONOURED,
     "tensorboard_dir": HONOURED,  # needs the tensorboard package (.[tensorboard]); without it Megatron warns and writes no events
-    "tensorboard_log_interval": HONOURED,
-    "tensorboard_queue_size": HONOURED,
-    "log_timers_to_tensorboard": HONOURED,
-    "log_loss_scale_to_tensorboard": HONOURED,
-    "log_validation_ppl_to_tensorboard": HONOURED,
     "log_memory_to_tensorboard": Honoured(
         "the CUDA allocator's statistics on CUDA; on CPU and NPU patches.diagnostics.tensorboard_memory writes "
         "the host's RSS and the NPU allocator's figures"),
@@ -1102,17 +975,11 @@ MEGATRON_FLAGS = {
     "log_device_memory_used": Refused(
         "reads device memory through NVIDIA's NVML, which only the CUDA backend has; set "
         "ADAPTOR_REPORT_MEMORY=1 for each rank's memory instead", requires=("cuda",)),
-    "log_num_zeros_in_grad": HONOURED,
     "log_max_attention_logit": Refused(
         "only Transformer Engine's attention records the largest attention logit, and the local attention "
         "used here does not; drop it", requires=("transformer_engine",)),
     "barrier_with_L1_time": HONOURED,
-    "log_world_size_to_tensorboard": HONOURED,
     "wandb_project": HONOURED,  # needs wandb (.[wandb]): without it the last rank stops at start-up (ModuleNotFoundError)
-    "wandb_exp_name": HONOURED,
-    "wandb_save_dir": HONOURED,
-    "wandb_entity": HONOURED,
-    "logging_level": HONOURED,
     "log_energy": Refused(
         "reads GPU energy from NVIDIA's NVML, which only the CUDA backend has; drop it", requires=("cuda",)),
     "moe_routing_trace_path": Honoured("forward hooks on every TopKRouter, one JSONL file per rank, on every backend"),
@@ -1122,7 +989,9 @@ MEGATRON_FLAGS = {
     "moe_routing_trace_dump_weights": HONOURED,  # router trace, as above
 
     # --- options ---
-    "help": HONOURED,
+    **honoured(
+        "help"
+    ),
     # --- rl ---
     "perform_rl_step": Refused(
         "reinforcement-learning (GRPO) training needs the megatron.rl package and Megatron-LM's RL "
@@ -1339,12 +1208,10 @@ MEGATRON_FLAGS = {
     "megatron_fsdp_max_pool_double_buffer": _MEGATRON_FSDP_ENABLE_FINE_GRAINED_PARAM_GATHER,
     "fsdp_db_use_persist_buf_on_alloc_fail": _MEGATRON_FSDP_ENABLE_FINE_GRAINED_PARAM_GATHER,
     # --- one logger ---
+    **honoured(
+        "one_logger_project one_logger_run_name one_logger_async app_tag_run_name app_tag_run_version"
+    ),
     "enable_one_logger": HONOURED,  # Megatron's loop; E2E metrics need the one_logger package (it warns when missing)
-    "one_logger_project": HONOURED,
-    "one_logger_run_name": HONOURED,
-    "one_logger_async": HONOURED,
-    "app_tag_run_name": HONOURED,
-    "app_tag_run_version": HONOURED,
     # --- In-process restart ---
     "inprocess_restart": Refused(
         "pretrain_gpt.py does not wrap training in nvidia-resiliency-ext's in-process restart; drop it "
@@ -1366,13 +1233,15 @@ MEGATRON_FLAGS = {
     "inprocess_active_world_size": _INPROCESS_MAX_ITERATIONS,
     "inprocess_empty_cuda_cache": _INPROCESS_MAX_ITERATIONS,
     # --- ft_package ---
+    **honoured(
+        "calc_ft_timeouts ft_num_warmup_iters"
+    ),
     "enable_ft_package": HONOURED,  # Megatron's loop; needs nvidia-resiliency-ext and ft_launcher
-    "calc_ft_timeouts": HONOURED,
-    "ft_num_warmup_iters": HONOURED,
     # --- rerun engine ---
+    **honoured(
+        "error_injection_type rerun_mode"
+    ),
     "error_injection_rate": HONOURED,  # Megatron's rerun state machine; injects into the loss/grad checks
-    "error_injection_type": HONOURED,
-    "rerun_mode": HONOURED,
     "check_for_spiky_loss": Refused(
         "pretrain_gpt.py's loss check covers NaN and Inf only (--check-for-nan-in-loss-and-grad); the "
         "spiky-loss check is not implemented, so drop it",
@@ -1388,13 +1257,10 @@ MEGATRON_FLAGS = {
                     "conversation boundaries to attention"),
     "sft_tokenizer_prompt_format": Honoured("SFTTokenizer's prompt format"),
     # --- fault injector ---
+    **honoured(
+        "fault_injector_num_ranks fault_injector_fault_types fault_injector_fault_probabilities "
+        "fault_injector_fault_delay fault_injector_delay_start_iteration fault_injector_mtti_seconds "
+        "fault_injector_offset_seconds fault_injector_seed"
+    ),
     "fault_injector_ranks": HONOURED,  # Megatron's training loop; needs nvidia-resiliency-ext
-    "fault_injector_num_ranks": HONOURED,
-    "fault_injector_fault_types": HONOURED,
-    "fault_injector_fault_probabilities": HONOURED,
-    "fault_injector_fault_delay": HONOURED,
-    "fault_injector_delay_start_iteration": HONOURED,
-    "fault_injector_mtti_seconds": HONOURED,
-    "fault_injector_offset_seconds": HONOURED,
-    "fault_injector_seed": HONOURED,
 }

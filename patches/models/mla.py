@@ -43,7 +43,7 @@ def _config_from_args(wrapped, instance, args, kwargs):
     return config
 
 
-class MultiLatentAttention(Feature):
+class MlaWithoutTransformerEngine(Feature):
     name = "mla"
     upstream_flags = ("--multi-latent-attention",)
     module_swaps = (

@@ -37,7 +37,7 @@ def main():
 
     from adaptor.finetune.batches import finetune_batch
     from adaptor.finetune.instruction_dataset import InstructionLowLevel, build_sample
-    from adaptor.training import masked_lm_loss
+    from adaptor.lm_loss import masked_lm_loss
     import pretrain_gpt
 
     parse_and_validate_args(args_defaults={"tokenizer_type": "HuggingFaceTokenizer"})

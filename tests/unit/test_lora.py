@@ -74,11 +74,11 @@ def build(targets=ALL, r=R, mla=False, seed=1234):
 
     from adaptor.layer_specs import module_swaps, swap_modules
     from adaptor.lora.layers import LoraConfig, building
-    from patches.models.mla import MultiLatentAttention
+    from patches.models.mla import MlaWithoutTransformerEngine
 
     spec = get_gpt_layer_local_spec(qk_layernorm=True, normalization="RMSNorm", multi_latent_attention=mla)
     flags = SimpleNamespace(lora_r=r if targets else None, multi_latent_attention=mla)
-    spec = swap_modules(spec, module_swaps(flags, [MultiLatentAttention(), Lora()]))
+    spec = swap_modules(spec, module_swaps(flags, [MlaWithoutTransformerEngine(), Lora()]))
     model_parallel_cuda_manual_seed(seed)
     torch.manual_seed(seed)
     with building(LoraConfig(r, ALPHA, 0.0, tuple(targets)) if targets else None):

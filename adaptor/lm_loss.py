@@ -1,4 +1,4 @@
-"""Pieces the entry files (``pretrain_gpt.py``, ``pretrain_mm.py``) share with Megatron's loop."""
+"""The language-model loss the entry files (``pretrain_gpt.py``, ``pretrain_mm.py``) hand to Megatron's loop."""
 from __future__ import annotations
 
 import torch

@@ -233,8 +233,8 @@ def _validate_args(wrapped, instance, args_, kwargs):
     return result
 
 
-class LoadFit(Feature):
-    name = "load_fit"
+class LoadShapeCheck(Feature):
+    name = "load_shape_check"
 
     def register_patches(self, pm, ctx) -> None:
         pm.register_wrapper("megatron.training.arguments.validate_args", _validate_args, OWNER)
