@@ -12,7 +12,7 @@ from types import SimpleNamespace
 import pytest
 
 from helpers.paths import ROOT
-from helpers.processes import child_env, free_port, run_child, tagged_json
+from helpers.processes import child_env, run_child, tagged_json
 
 
 def test_layer_spec_picks_mla_core_attention():
@@ -46,7 +46,7 @@ from megatron.core.transformer.enums import AttnMaskType
 from megatron.core.transformer.transformer_config import MLATransformerConfig
 from adaptor.ops.mla_attention import MLADotProductAttention
 
-dist.init_process_group("gloo", init_method="tcp://127.0.0.1:%d" % int(sys.argv[1]), rank=0, world_size=1)
+dist.init_process_group("gloo", rank=0, world_size=1, store=dist.HashStore())  # one rank: no port to race for
 ps.initialize_model_parallel(1)
 model_parallel_cuda_manual_seed(1234)
 S, B, H, DK, DV, SCALE = 12, 2, 4, 24, 16, 0.3
@@ -87,7 +87,7 @@ print("FACTS" + json.dumps(facts))
 
 def test_mla_core_attention_matches_reference():
     env = child_env(ADAPTOR_QUIET="1", PYTHONPATH=str(ROOT))
-    out = run_child(MLA_CHILD, free_port(), env=env, timeout=300)
+    out = run_child(MLA_CHILD, env=env, timeout=300)
     assert out.returncode == 0, out.stderr[-4000:]
     facts = tagged_json(out.stdout)
     for name in ("causal", "padding"):

@@ -13,11 +13,12 @@ from pathlib import Path
 
 import pytest
 
-import adaptor  # noqa: F401  (registers the features, as in a run)
 from adaptor.command_line.flag_policy import Honoured, NotApplied, Refused, judge, parser_defaults, requirement_checker
 from adaptor.command_line.flag_table import MEGATRON_FLAGS
 from helpers.paths import ROOT
 from helpers.processes import import_tool
+
+pytestmark = pytest.mark.usefixtures("cpu_training_process")  # Megatron parses with the features, as in a run
 
 
 def megatron_parser() -> argparse.ArgumentParser:

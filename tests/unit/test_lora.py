@@ -26,11 +26,9 @@ import torch
 import torch.nn.functional as F
 
 from helpers.megatron_runs import launch
-from helpers.processes import free_port
 
 os.environ.setdefault("ADAPTOR_BACKEND", "cpu")
 
-import adaptor  # noqa: E402,F401
 
 from adaptor import run_state
 from adaptor.features import ArgumentError, FeatureContext, explicit_dests  # noqa: E402
@@ -46,8 +44,7 @@ def model_parallel(cpu_training_process):
     from megatron.core import parallel_state as ps
 
     if not torch.distributed.is_initialized():
-        torch.distributed.init_process_group("gloo", rank=0, world_size=1,
-                                             init_method=f"tcp://127.0.0.1:{free_port()}")
+        torch.distributed.init_process_group("gloo", rank=0, world_size=1, store=torch.distributed.HashStore())
     if not ps.model_parallel_is_initialized():
         ps.initialize_model_parallel()
 

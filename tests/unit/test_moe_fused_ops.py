@@ -19,11 +19,9 @@ import torch
 
 from helpers.npu_contract import standin_env
 from helpers.paths import ROOT
-from helpers.processes import free_port as _free_port
 
 os.environ.setdefault("ADAPTOR_BACKEND", "cpu")
 
-import adaptor  # noqa: E402,F401
 
 from megatron.core.transformer.moe import moe_utils  # noqa: E402
 
@@ -42,7 +40,7 @@ from megatron.core.process_groups_config import ProcessGroupCollection
 from adaptor.ops.grouped_matmul import GroupedExperts
 
 if not torch.distributed.is_initialized():
-    torch.distributed.init_process_group("gloo", rank=0, world_size=1, init_method="tcp://127.0.0.1:%d" % PORT)
+    torch.distributed.init_process_group("gloo", rank=0, world_size=1, store=torch.distributed.HashStore())
     ps.initialize_model_parallel()
 PG = ProcessGroupCollection.use_mpu_process_groups()
 
@@ -76,8 +74,8 @@ def run_both(ref, ours, counts, dtype=torch.float32, hidden=32):
 
 
 @pytest.fixture(scope="module")
-def experts_ns():
-    ns = {"PORT": _free_port()}
+def experts_ns(cpu_training_process):
+    ns = {}
     exec(EXPERTS_SETUP, ns)
     return SimpleNamespace(**ns)
 
@@ -253,7 +251,7 @@ def npu_child():
     """Started first, checked last (the final test): it runs while the other tests do."""
     env = standin_env(OMP_NUM_THREADS="1")
     env.pop("ADAPTOR_BACKEND", None)
-    code = f"PORT = {_free_port()}\n" + NPU_CHILD
+    code = NPU_CHILD
     proc = subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
     yield proc
