@@ -38,9 +38,9 @@ def _failed_assertion(exc: AssertionError) -> str:
 
 
 def register(pm, registry, ctx) -> None:
-    def parse_args(wrapped, instance, args, kwargs):
-        extra = kwargs.pop("extra_args_provider", args[0] if args else None)
-        rest = args[1:] if args else ()
+    def parse_args(wrapped, instance, call_args, kwargs):
+        extra = kwargs.pop("extra_args_provider", call_args[0] if call_args else None)
+        rest = call_args[1:] if call_args else ()
         seen = {}
 
         def provider(parser):
@@ -63,15 +63,15 @@ def register(pm, registry, ctx) -> None:
             feature.set_defaults(parsed, ctx)
         return parsed
 
-    def validate_args(wrapped, instance, args, kwargs):
-        parsed = argument(args, kwargs, "args")
+    def validate_args(wrapped, instance, call_args, kwargs):
+        parsed = argument(call_args, kwargs, "args")
         try:
             for feature in registry.enabled(ctx):
                 feature.validate(parsed, ctx)
         except ArgumentError as exc:
             fail(str(exc))
         try:
-            return wrapped(*args, **kwargs)
+            return wrapped(*call_args, **kwargs)
         except AssertionError as exc:
             fail(f"invalid Megatron arguments: {str(exc) or _failed_assertion(exc)}")
 

@@ -55,22 +55,22 @@ def make_mapper(target: str) -> Callable:
 def register_device_arguments(pm, owner: str, mapper: Callable) -> None:
     """Rewrite device arguments of torch's factories and of ``.to()`` with ``mapper``."""
 
-    def device_kwarg(wrapped, instance, args, kwargs):
+    def device_kwarg(wrapped, instance, call_args, kwargs):
         if "device" in kwargs:
             kwargs["device"] = mapper(kwargs["device"])
         if kwargs.get("pin_memory") and not torch.accelerator.is_available():
             # Pinned host memory only speeds copies to an accelerator; without one torch refuses it
             # (RoPE's get_pos_emb_on_this_cp_rank asks for it under context parallelism).
             kwargs["pin_memory"] = False
-        return wrapped(*args, **kwargs)
+        return wrapped(*call_args, **kwargs)
 
-    def to(wrapped, instance, args, kwargs):
+    def to(wrapped, instance, call_args, kwargs):
         # Tensor.to / Module.to: the device may also be the first positional argument.
-        if args and isinstance(args[0], (str, int, torch.device)):
-            args = (mapper(args[0]),) + tuple(args[1:])
+        if call_args and isinstance(call_args[0], (str, int, torch.device)):
+            call_args = (mapper(call_args[0]),) + tuple(call_args[1:])
         if "device" in kwargs:
             kwargs["device"] = mapper(kwargs["device"])
-        return wrapped(*args, **kwargs)
+        return wrapped(*call_args, **kwargs)
 
     for name in FACTORIES:
         pm.register_wrapper(f"torch.{name}", device_kwarg, owner)
@@ -85,10 +85,10 @@ def register_collective_backend(pm, owner: str, dist_backend: str) -> None:
     few upstream helpers create groups with a literal ``backend='nccl'``.
     """
 
-    def backend_kwarg(wrapped, instance, args, kwargs):
+    def backend_kwarg(wrapped, instance, call_args, kwargs):
         if kwargs.get("backend") in ("nccl", "cuda:nccl"):
             kwargs["backend"] = dist_backend
-        return wrapped(*args, **kwargs)
+        return wrapped(*call_args, **kwargs)
 
     for name in ("init_process_group", "new_group", "new_subgroups_by_enumeration"):
         pm.register_wrapper(f"torch.distributed.{name}", backend_kwarg, owner)

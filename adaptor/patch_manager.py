@@ -10,7 +10,7 @@ two features silently fighting over one function. Three properties matter:
   original object under any name is rebound (and restored on removal).
 * **Ordering.** A target takes at most one replacement; any number of
   wrappers stack on top of it in registration order (the first registered is
-  innermost). Wrappers use wrapt's ``(wrapped, instance, args, kwargs)``
+  innermost). Wrappers use wrapt's signature, written ``(wrapped, instance, call_args, kwargs)``
   signature, so methods, classmethods and staticmethods bind correctly.
 * **Conflicts are errors.** A second replacement of one target raises
   :class:`PatchConflictError` naming both registrants.
@@ -128,7 +128,7 @@ class PatchManager:
         self._mark_dirty(patch)
 
     def register_wrapper(self, target: str, wrapper: Callable, owner: str) -> None:
-        """Wrap ``target``; ``wrapper(wrapped, instance, args, kwargs)`` as in wrapt."""
+        """Wrap ``target``; ``wrapper(wrapped, instance, call_args, kwargs)`` as in wrapt."""
         patch = self._patches.setdefault(target, _Patch(target))
         if any(w is wrapper for w, _ in patch.wrappers):
             return

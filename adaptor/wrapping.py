@@ -1,6 +1,7 @@
 """Small helpers shared by the patches' wrappers.
 
-A wrapper (``wrapper(wrapped, instance, args, kwargs)``, see :mod:`adaptor.patch_manager`) often
+A wrapper (``wrapper(wrapped, instance, call_args, kwargs)``, see :mod:`adaptor.patch_manager`; ``call_args``
+because ``args`` means Megatron's argument namespace in the same code) often
 needs one argument of the upstream call, however the caller passed it, or needs to show the
 upstream code a changed value for the duration of one call.
 """
@@ -11,17 +12,17 @@ import inspect
 from typing import Any, Callable
 
 
-def call_arguments(wrapped: Callable, args, kwargs, defaults: bool = False) -> dict[str, Any]:
+def call_arguments(wrapped: Callable, call_args, kwargs, defaults: bool = False) -> dict[str, Any]:
     """The upstream call's arguments by parameter name; with ``defaults``, unpassed ones too."""
-    bound = inspect.signature(wrapped).bind(*args, **kwargs)
+    bound = inspect.signature(wrapped).bind(*call_args, **kwargs)
     if defaults:
         bound.apply_defaults()
     return dict(bound.arguments)
 
 
-def argument(args, kwargs, name: str, position: int = 0) -> Any:
+def argument(call_args, kwargs, name: str, position: int = 0) -> Any:
     """One argument passed either by keyword ``name`` or at ``position``."""
-    return kwargs[name] if name in kwargs else args[position]
+    return kwargs[name] if name in kwargs else call_args[position]
 
 
 @contextlib.contextmanager

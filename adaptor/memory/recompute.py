@@ -29,10 +29,10 @@ RECOMPUTE_ACTIVATION = "recompute_activation"
 
 # -- upstream fixes ---------------------------------------------------------------------------
 
-def fp8_only_when_asked(wrapped, instance, args, kwargs):
+def fp8_only_when_asked(wrapped, instance, call_args, kwargs):
     """``CheckpointWithoutOutput(fp8=...)``: the FP8 path only for an FP8 run."""
-    wrapped(*args, **kwargs)
-    fp8 = kwargs.get("fp8", args[0] if args else False)
+    wrapped(*call_args, **kwargs)
+    fp8 = kwargs.get("fp8", call_args[0] if call_args else False)
     instance.fp8 = bool(fp8)
 
 
@@ -96,9 +96,9 @@ def mark_layers(layers, config) -> None:
             object.__setattr__(mlp, RECOMPUTE_ACTIVATION, True)
 
 
-def build_layers_then_mark(wrapped, instance, args, kwargs):
+def build_layers_then_mark(wrapped, instance, call_args, kwargs):
     """``TransformerBlock._build_layers``, then :func:`mark_layers` on the stage's layers."""
-    result = wrapped(*args, **kwargs)
+    result = wrapped(*call_args, **kwargs)
     mark_layers(instance.layers, instance.config)
     return result
 
@@ -134,18 +134,18 @@ class _ActivationOnly(torch.nn.Module):
             self.linear_fc1.bias = None
 
 
-def mlp_forward(wrapped, instance, args, kwargs):
+def mlp_forward(wrapped, instance, call_args, kwargs):
     """``MLP.forward``; for a marked MLP, fc1 -> activation (output dropped, recomputed) -> fc2."""
     if instance is None:  # called through the class, as MLP.forward(mlp, ...)
-        instance, args, function = args[0], args[1:], wrapped
+        instance, call_args, function = call_args[0], call_args[1:], wrapped
     else:
         function = wrapped.__func__
     if not getattr(instance, RECOMPUTE_ACTIVATION, False) or not torch.is_grad_enabled():
-        return function(instance, *args, **kwargs)
+        return function(instance, *call_args, **kwargs)
     from megatron.core.tensor_parallel import CheckpointWithoutOutput
 
-    hidden_states = args[0] if args else kwargs["hidden_states"]
-    per_token_scale = args[1] if len(args) > 1 else kwargs.get("per_token_scale")
+    hidden_states = call_args[0] if call_args else kwargs["hidden_states"]
+    per_token_scale = call_args[1] if len(call_args) > 1 else kwargs.get("per_token_scale")
     fc1_output, fc1_bias = instance.linear_fc1(hidden_states)
     activation = _ActivationOnly(instance, function)
     checkpoint = CheckpointWithoutOutput()

@@ -112,9 +112,9 @@ def recorded_padded_vocab(load_dir) -> tuple[int, str] | None:
 
 # -- patches --------------------------------------------------------------------------------------
 
-def _check_padded_vocab(wrapped, instance, args_, kwargs):
-    wrapped(*args_, **kwargs)
-    args, tokenizer = (list(args_) + [kwargs.get("args"), kwargs.get("tokenizer")])[:2]
+def _check_padded_vocab(wrapped, instance, call_args, kwargs):
+    wrapped(*call_args, **kwargs)
+    args, tokenizer = (list(call_args) + [kwargs.get("args"), kwargs.get("tokenizer")])[:2]
     padded, tokens, tp = args.padded_vocab_size, tokenizer.vocab_size, args.tensor_model_parallel_size
     if padded < tokens and _recorded.get(padded):
         fail(f"the checkpoint under {args.load} has a vocabulary of {padded} rows ({_recorded[padded]}), fewer than "
@@ -164,9 +164,9 @@ def check_global_shapes(sharded_state_dict, checkpoint_shapes: dict, tokenizer_v
     return notes
 
 
-def _dist_load(wrapped, instance, args_, kwargs):
-    sharded_state_dict = argument(args_, kwargs, "sharded_state_dict")
-    checkpoint_dir = args_[1] if len(args_) > 1 else kwargs["checkpoint_dir"]
+def _dist_load(wrapped, instance, call_args, kwargs):
+    sharded_state_dict = argument(call_args, kwargs, "sharded_state_dict")
+    checkpoint_dir = call_args[1] if len(call_args) > 1 else kwargs["checkpoint_dir"]
     from adaptor.checkpoint.shapes import checkpoint_global_shapes
 
     shapes = checkpoint_global_shapes(checkpoint_dir)
@@ -176,16 +176,16 @@ def _dist_load(wrapped, instance, args_, kwargs):
         fail(f"--load {checkpoint_dir}: {exc}")
     for note in dict.fromkeys(notes):
         notice(f"loading {note}")
-    return wrapped(*args_, **kwargs)
+    return wrapped(*call_args, **kwargs)
 
 
 _TORCH_SIZE_MISMATCH = re.compile(r"size mismatch for (\S+): copying a param with shape torch\.Size\(\[([\d, ]*)\]\) "
                                   r"from checkpoint, the shape in current model is torch\.Size\(\[([\d, ]*)\]\)")
 
 
-def _load_checkpoint(wrapped, instance, args_, kwargs):
+def _load_checkpoint(wrapped, instance, call_args, kwargs):
     try:
-        return wrapped(*args_, **kwargs)
+        return wrapped(*call_args, **kwargs)
     except RuntimeError as exc:
         found = _TORCH_SIZE_MISMATCH.search(str(exc))
         if found is None:
@@ -223,9 +223,9 @@ def converted_config_mismatch(args) -> str | None:
     return mismatch and f"{mismatch} ({config_file}); change the flag, or convert again"
 
 
-def _validate_args(wrapped, instance, args_, kwargs):
-    result = wrapped(*args_, **kwargs)
-    args = argument(args_, kwargs, "args")
+def _validate_args(wrapped, instance, call_args, kwargs):
+    result = wrapped(*call_args, **kwargs)
+    args = argument(call_args, kwargs, "args")
     if getattr(args, "load", None):
         mismatch = converted_config_mismatch(args)
         if mismatch:

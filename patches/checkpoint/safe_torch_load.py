@@ -38,13 +38,13 @@ def _fail_on(f, exc: BaseException) -> "NoReturn":  # noqa: F821
     fail(f"{describe(f)}: cannot read the checkpoint ({type(exc).__name__}: {first})")
 
 
-def _safe_torch_load(wrapped, instance, args, kwargs):
+def _safe_torch_load(wrapped, instance, call_args, kwargs):
     from adaptor.errors import fail
     from adaptor.safe_load import RefusedPickle, load
 
-    f = args[0] if args else kwargs.get("f")
+    f = call_args[0] if call_args else kwargs.get("f")
     try:
-        return load(wrapped, *args, **kwargs)
+        return load(wrapped, *call_args, **kwargs)
     except RefusedPickle as exc:
         fail(f"{exc}; if you trust this file, --ckpt-allow-unsafe-pickle loads it anyway")
     except Exception as exc:  # noqa: BLE001  (only inside Megatron's checkpoint load, below)
@@ -53,22 +53,22 @@ def _safe_torch_load(wrapped, instance, args, kwargs):
         raise
 
 
-def _unsafe_torch_load(wrapped, instance, args, kwargs):
+def _unsafe_torch_load(wrapped, instance, call_args, kwargs):
     if kwargs.get("weights_only") is not True:
         kwargs["weights_only"] = False
-    f = args[0] if args else kwargs.get("f")
+    f = call_args[0] if call_args else kwargs.get("f")
     try:
-        return wrapped(*args, **kwargs)
+        return wrapped(*call_args, **kwargs)
     except Exception as exc:  # noqa: BLE001
         if _in_checkpoint_load.get():
             _fail_on(f, exc)
         raise
 
 
-def _load_base_checkpoint(wrapped, instance, args, kwargs):
+def _load_base_checkpoint(wrapped, instance, call_args, kwargs):
     token = _in_checkpoint_load.set(True)
     try:
-        return wrapped(*args, **kwargs)
+        return wrapped(*call_args, **kwargs)
     finally:
         _in_checkpoint_load.reset(token)
 

@@ -104,21 +104,21 @@ def _one_line_errors(where: str):
         fail(f"{where}: {exc}")
 
 
-def _save_checkpoint(wrapped, instance, args_, kwargs):
+def _save_checkpoint(wrapped, instance, call_args, kwargs):
     global _pending_request
     from megatron.training import get_args
 
     args = get_args()
     if args.ckpt_format != FORMAT:
         with _checkpoint_operation(args, saving=False):
-            return wrapped(*args_, **kwargs)
+            return wrapped(*call_args, **kwargs)
     if args.async_save:
         from megatron.training.async_utils import maybe_finalize_async_save
 
         maybe_finalize_async_save(blocking=True)  # the next save waits for the previous one
     _pending_request = None
     with _one_line_errors(f"saving a checkpoint to {args.save}"), _checkpoint_operation(args, saving=True):
-        result = wrapped(*args_, **kwargs)
+        result = wrapped(*call_args, **kwargs)
     request, _pending_request = _pending_request, None
     if args.keep_checkpoint_max and not kwargs.get("non_persistent_ckpt", False):
         import torch.distributed as dist
@@ -134,7 +134,7 @@ def _save_checkpoint(wrapped, instance, args_, kwargs):
     return result
 
 
-def _load_checkpoint(wrapped, instance, args_, kwargs):
+def _load_checkpoint(wrapped, instance, call_args, kwargs):
     from megatron.training import get_args
 
     args = get_args()
@@ -143,54 +143,54 @@ def _load_checkpoint(wrapped, instance, args_, kwargs):
     sharded = args.ckpt_format == "torch" and _safetensors_on_disk(load_dir)
     with _one_line_errors(f"loading the checkpoint under {load_dir}"), \
             _checkpoint_operation(args, saving=False, sharded_on_disk=sharded):
-        return wrapped(*args_, **kwargs)
+        return wrapped(*call_args, **kwargs)
 
 
-def _dist_save(wrapped, instance, args_, kwargs):
+def _dist_save(wrapped, instance, call_args, kwargs):
     global _pending_request
     if not _saving:
-        return wrapped(*args_, **kwargs)
+        return wrapped(*call_args, **kwargs)
     from adaptor.checkpoint import serialization
 
-    _pending_request = serialization.save(*args_, **kwargs)
+    _pending_request = serialization.save(*call_args, **kwargs)
     return _pending_request
 
 
 def _dispatch_on_directory(name: str, position: int):
     """A wrapper for ``dist_checkpointing.<name>``: our reader when the directory holds a safetensors checkpoint."""
-    def wrapper(wrapped, instance, args_, kwargs):
+    def wrapper(wrapped, instance, call_args, kwargs):
         from adaptor.checkpoint import files, serialization
 
-        directory = args_[position] if len(args_) > position else kwargs.get("checkpoint_dir")
+        directory = call_args[position] if len(call_args) > position else kwargs.get("checkpoint_dir")
         if directory is not None and files.is_safetensors_checkpoint(directory):
-            return getattr(serialization, name)(*args_, **kwargs)
-        return wrapped(*args_, **kwargs)
+            return getattr(serialization, name)(*call_args, **kwargs)
+        return wrapped(*call_args, **kwargs)
     wrapper.__name__ = f"_{name}"
     return wrapper
 
 
-def _sharding_metadata(wrapped, instance, args_, kwargs):
-    metadata = wrapped(*args_, **kwargs)
+def _sharding_metadata(wrapped, instance, call_args, kwargs):
+    metadata = wrapped(*call_args, **kwargs)
     if _saving and metadata.get("distrib_optim_sharding_type") == "dp_reshardable":
         metadata["distrib_optim_sharding_type"] = "fully_sharded_model_space"
     return metadata
 
 
-def _swiglu_factory(wrapped, instance, args_, kwargs):
-    factory = wrapped(*args_, **kwargs)
-    original = argument(args_, kwargs, "original_sh_ten")
+def _swiglu_factory(wrapped, instance, call_args, kwargs):
+    factory = wrapped(*call_args, **kwargs)
+    original = argument(call_args, kwargs, "original_sh_ten")
     if getattr(original, "is_torch_fsdp2_param", False):
         return factory  # FSDP2's own build; its shards are never flattened
     from adaptor.checkpoint.flat_shards import with_flat_ranges
 
-    offsets = args_[1] if len(args_) > 1 else kwargs["sharded_offsets"]
-    singleton = args_[2] if len(args_) > 2 else kwargs.get("singleton_local_shards", False)
+    offsets = call_args[1] if len(call_args) > 1 else kwargs["sharded_offsets"]
+    singleton = call_args[2] if len(call_args) > 2 else kwargs.get("singleton_local_shards", False)
     return with_flat_ranges(factory, original, offsets, singleton)
 
 
-def _set_main_param_and_optimizer_states(wrapped, instance, args_, kwargs):
-    model_param = argument(args_, kwargs, "model_param")
-    tensors = args_[1] if len(args_) > 1 else kwargs["tensors"]
+def _set_main_param_and_optimizer_states(wrapped, instance, call_args, kwargs):
+    model_param = argument(call_args, kwargs, "model_param")
+    tensors = call_args[1] if len(call_args) > 1 else kwargs["tensors"]
     group_index, group_order = instance.model_param_group_index_map[model_param]
     main_param = instance.optimizer.param_groups[group_index]["params"][group_order]
     # States the model-space layout does not store (torch Adam's per-parameter ``step``, which
@@ -199,9 +199,9 @@ def _set_main_param_and_optimizer_states(wrapped, instance, args_, kwargs):
     return wrapped(model_param, {**missing, **tensors})
 
 
-def _validate_metadata_integrity(wrapped, instance, args_, kwargs):
+def _validate_metadata_integrity(wrapped, instance, call_args, kwargs):
     if instance.flattened_range is None or not _checkpoint_ops:
-        return wrapped(*args_, **kwargs)
+        return wrapped(*call_args, **kwargs)
     from adaptor.checkpoint.validation import validate_flat_metadata
 
     validate_flat_metadata(wrapped, instance)

@@ -77,14 +77,14 @@ def _decide(exc, args) -> None:
            f"({_in_a_row} of {budget} failed saves in a row allowed)")
 
 
-def _save_checkpoint(wrapped, instance, args_, kwargs):
+def _save_checkpoint(wrapped, instance, call_args, kwargs):
     from megatron.training import get_args
 
     from adaptor.checkpoint.serialization import SaveFailed
 
     args = get_args()
     try:
-        result = wrapped(*args_, **kwargs)
+        result = wrapped(*call_args, **kwargs)
     except SaveFailed as exc:
         _decide(exc, args)
         return None
@@ -97,13 +97,13 @@ def _save_checkpoint(wrapped, instance, args_, kwargs):
     return result
 
 
-def _maybe_finalize_async_save(wrapped, instance, args_, kwargs):
+def _maybe_finalize_async_save(wrapped, instance, call_args, kwargs):
     from megatron.training import get_args
 
     from adaptor.checkpoint.serialization import SaveFailed
 
     try:
-        result = wrapped(*args_, **kwargs)
+        result = wrapped(*call_args, **kwargs)
     except SaveFailed as exc:
         _decide(exc, get_args())
         return None

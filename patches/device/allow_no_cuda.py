@@ -14,9 +14,9 @@ from adaptor.features import Feature
 OWNER = __name__
 
 
-def _allow_no_cuda(wrapped, instance, args, kwargs):
+def _allow_no_cuda(wrapped, instance, call_args, kwargs):
     kwargs["allow_no_cuda"] = True
-    return wrapped(*args, **kwargs)
+    return wrapped(*call_args, **kwargs)
 
 
 class AllowNoCuda(Feature):

@@ -46,19 +46,19 @@ def uneven_reduce_scatter(input_: torch.Tensor, group, sizes: list[int]) -> torc
     return total[start: start + sizes[rank]].contiguous()
 
 
-def _gather_along_first_dim(wrapped, instance, args, kwargs):
-    a = call_arguments(wrapped, args, kwargs)
+def _gather_along_first_dim(wrapped, instance, call_args, kwargs):
+    a = call_arguments(wrapped, call_args, kwargs)
     sizes = a.get("output_split_sizes")
     if sizes is None or not _on_gloo(a["group"]):
-        return wrapped(*args, **kwargs)
+        return wrapped(*call_args, **kwargs)
     return uneven_all_gather(a["input_"], a["group"], [int(s) for s in sizes])
 
 
-def _reduce_scatter_along_first_dim(wrapped, instance, args, kwargs):
-    a = call_arguments(wrapped, args, kwargs)
+def _reduce_scatter_along_first_dim(wrapped, instance, call_args, kwargs):
+    a = call_arguments(wrapped, call_args, kwargs)
     sizes = a.get("input_split_sizes")
     if sizes is None or not _on_gloo(a["group"]):
-        return wrapped(*args, **kwargs)
+        return wrapped(*call_args, **kwargs)
     return uneven_reduce_scatter(a["input_"], a["group"], [int(s) for s in sizes])
 
 

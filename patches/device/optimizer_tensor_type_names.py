@@ -29,9 +29,9 @@ SCOPED = (
 )
 
 
-def _type_name(wrapped, instance, args, kwargs):
-    name = wrapped(*args, **kwargs)
-    if args or kwargs or not getattr(_active, "depth", 0) or not isinstance(name, str):
+def _type_name(wrapped, instance, call_args, kwargs):
+    name = wrapped(*call_args, **kwargs)
+    if call_args or kwargs or not getattr(_active, "depth", 0) or not isinstance(name, str):
         return name
     if name.startswith("torch.npu."):
         return "torch.cuda." + name[len("torch.npu."):]
@@ -40,10 +40,10 @@ def _type_name(wrapped, instance, args, kwargs):
     return name
 
 
-def _with_cuda_type_names(wrapped, instance, args, kwargs):
+def _with_cuda_type_names(wrapped, instance, call_args, kwargs):
     _active.depth = getattr(_active, "depth", 0) + 1
     try:
-        return wrapped(*args, **kwargs)
+        return wrapped(*call_args, **kwargs)
     finally:
         _active.depth -= 1
 

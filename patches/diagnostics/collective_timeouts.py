@@ -55,9 +55,9 @@ def is_collective_timeout(exc: BaseException) -> bool:
     return isinstance(exc, RuntimeError) and bool(_TIMEOUT.search(str(exc)))
 
 
-def _pretrain(wrapped, instance, args, kwargs):
+def _pretrain(wrapped, instance, call_args, kwargs):
     try:
-        return wrapped(*args, **kwargs)
+        return wrapped(*call_args, **kwargs)
     except Exception as exc:  # noqa: BLE001  (only timeouts are turned into a line; the rest re-raise)
         if not is_collective_timeout(exc):
             raise

@@ -31,22 +31,22 @@ def _rank() -> int:
     return dist.get_rank() if dist.is_initialized() else 0
 
 
-def _train_step(wrapped, instance, args, kwargs):
-    result = wrapped(*args, **kwargs)
+def _train_step(wrapped, instance, call_args, kwargs):
+    result = wrapped(*call_args, **kwargs)
     if not _reported["state"]:
         _reported["state"] = True
         from adaptor.memory_stats import model_state_bytes
 
-        model = args[2] if len(args) > 2 else kwargs["model"]
-        optimizer = args[3] if len(args) > 3 else kwargs["optimizer"]
+        model = call_args[2] if len(call_args) > 2 else kwargs["model"]
+        optimizer = call_args[3] if len(call_args) > 3 else kwargs["optimizer"]
         counts = model_state_bytes(model, optimizer)
         parts = ", ".join(f"{key} {value}" for key, value in counts.items())
         every_rank(f"model state rank {_rank()}: {parts}, total {sum(counts.values())} bytes")
     return result
 
 
-def _train(wrapped, instance, args, kwargs):
-    result = wrapped(*args, **kwargs)
+def _train(wrapped, instance, call_args, kwargs):
+    result = wrapped(*call_args, **kwargs)
     from adaptor import run_state
     from adaptor.memory_stats import device_peak_mib, peak_rss_mib
 

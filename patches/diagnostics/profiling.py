@@ -34,23 +34,23 @@ def _rank() -> int:
     return dist.get_rank() if dist.is_initialized() else 0
 
 
-def _train_step(wrapped, instance, args, kwargs):
+def _train_step(wrapped, instance, call_args, kwargs):
     profiler = _state["profiler"]
     iteration = kwargs.get("iteration")
     if profiler is None or iteration is None:
-        return wrapped(*args, **kwargs)
+        return wrapped(*call_args, **kwargs)
     profiler.before_step(iteration)
-    result = wrapped(*args, **kwargs)
+    result = wrapped(*call_args, **kwargs)
     profiler.after_step(iteration)
     return result
 
 
-def _train(wrapped, instance, args, kwargs):
+def _train(wrapped, instance, call_args, kwargs):
     from adaptor.profiling import StepProfiler
 
     _state["profiler"] = StepProfiler(_state["plan"], _rank())
     try:
-        return wrapped(*args, **kwargs)
+        return wrapped(*call_args, **kwargs)
     finally:
         _state["profiler"].close()
 

@@ -15,7 +15,7 @@ from adaptor.features import Feature
 OWNER = __name__
 
 
-def _training_log(wrapped, instance, args, kwargs):
+def _training_log(wrapped, instance, call_args, kwargs):
     from megatron.training import get_args
     from megatron.training.global_vars import get_tensorboard_writer
 
@@ -25,10 +25,10 @@ def _training_log(wrapped, instance, args, kwargs):
     run_args = get_args()
     run_args.log_memory_to_tensorboard = False
     try:
-        result = wrapped(*args, **kwargs)
+        result = wrapped(*call_args, **kwargs)
     finally:
         run_args.log_memory_to_tensorboard = True
-    iteration = args[3] if len(args) > 3 else kwargs["iteration"]
+    iteration = call_args[3] if len(call_args) > 3 else kwargs["iteration"]
     writer = get_tensorboard_writer()
     if writer and iteration % run_args.tensorboard_log_interval == 0:
         for name, value in memory_scalars(run_state.backend().device_type).items():

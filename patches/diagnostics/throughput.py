@@ -22,7 +22,7 @@ FIELD = " throughput per GPU (TFLOP/s/GPU): "
 _state: dict = {"peak": None, "throughput": None, "iteration": None, "first": False}
 
 
-def _train(wrapped, instance, args, kwargs):
+def _train(wrapped, instance, call_args, kwargs):
     from megatron.training import get_args
 
     from adaptor import run_state, throughput
@@ -33,14 +33,14 @@ def _train(wrapped, instance, args, kwargs):
         notice(f"MFU peak: {peak.source}")
     else:
         notice(f"MFU is not printed: {peak.source}")
-    return wrapped(*args, **kwargs)
+    return wrapped(*call_args, **kwargs)
 
 
-def _training_log(wrapped, instance, args, kwargs):
+def _training_log(wrapped, instance, call_args, kwargs):
     _state["throughput"] = None
-    _state["iteration"] = args[3] if len(args) > 3 else kwargs.get("iteration")
+    _state["iteration"] = call_args[3] if len(call_args) > 3 else kwargs.get("iteration")
     _state["first"] = kwargs.get("is_first_iteration", False)
-    result = wrapped(*args, **kwargs)
+    result = wrapped(*call_args, **kwargs)
     value = _mfu()
     if value is not None and not _state["first"]:
         from megatron.training.global_vars import get_tensorboard_writer, get_wandb_writer
@@ -54,11 +54,11 @@ def _training_log(wrapped, instance, args, kwargs):
     return result
 
 
-def _track_e2e_metrics(wrapped, instance, args, kwargs):
-    value = args[1] if len(args) > 1 else kwargs.get("throughput")
+def _track_e2e_metrics(wrapped, instance, call_args, kwargs):
+    value = call_args[1] if len(call_args) > 1 else kwargs.get("throughput")
     if value is not None:
         _state["throughput"] = value
-    return wrapped(*args, **kwargs)
+    return wrapped(*call_args, **kwargs)
 
 
 def _mfu() -> float | None:
@@ -70,15 +70,15 @@ def _mfu() -> float | None:
     return mfu(_state["throughput"], peak)
 
 
-def _print_rank_last(wrapped, instance, args, kwargs):
-    message = args[0] if args else kwargs.get("message")
+def _print_rank_last(wrapped, instance, call_args, kwargs):
+    message = call_args[0] if call_args else kwargs.get("message")
     value = _mfu()
     if isinstance(message, str) and FIELD in message and value is not None:
         head, tail = message.split(FIELD, 1)
         number, rest = tail.split(" |", 1)
         message = f"{head}{FIELD}{number} | MFU: {100 * value:.2f} % |{rest}"
-        return wrapped(message, *args[1:], **kwargs) if args else wrapped(message=message)
-    return wrapped(*args, **kwargs)
+        return wrapped(message, *call_args[1:], **kwargs) if call_args else wrapped(message=message)
+    return wrapped(*call_args, **kwargs)
 
 
 class Throughput(Feature):

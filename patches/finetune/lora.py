@@ -91,7 +91,7 @@ def _active() -> bool:
 
 
 # ----------------------------------------------------------------------------- the model
-def _get_model(wrapped, instance, args_, kwargs):
+def _get_model(wrapped, instance, call_args, kwargs):
     from megatron.training import get_args
 
     from adaptor.lora import model as lora_model
@@ -101,8 +101,8 @@ def _get_model(wrapped, instance, args_, kwargs):
     args = get_args()
     config = LoraConfig.from_args(args)
     if config is None:
-        return wrapped(*args_, **kwargs)
-    provider = argument(args_, kwargs, "model_provider_func")
+        return wrapped(*call_args, **kwargs)
+    provider = argument(call_args, kwargs, "model_provider_func")
 
     def provider_with_adapters(*a, **kw):
         with building(config):
@@ -116,8 +116,8 @@ def _get_model(wrapped, instance, args_, kwargs):
     if "model_provider_func" in kwargs:
         kwargs = {**kwargs, "model_provider_func": provider_with_adapters}
     else:
-        args_ = (provider_with_adapters, *args_[1:])
-    model = wrapped(*args_, **kwargs)
+        call_args = (provider_with_adapters, *call_args[1:])
+    model = wrapped(*call_args, **kwargs)
     _report(model, config)
     return model
 
@@ -160,18 +160,18 @@ def _lora_linears(model):
     return [m for chunk in unwrap_model(model) for m in chunk.modules() if isinstance(m, _LoraMixin)]
 
 
-def _mla_init(wrapped, instance, args_, kwargs):
+def _mla_init(wrapped, instance, call_args, kwargs):
     from megatron.core.tensor_parallel.layers import ColumnParallelLinear
     from megatron.core.transformer import multi_latent_attention as mla
 
-    submodules = argument(args_, kwargs, "submodules", 1)
+    submodules = argument(call_args, kwargs, "submodules", 1)
     ours = [getattr(submodules, name, None) for name in ("linear_q_down_proj", "linear_kv_down_proj")]
     ours = [c for c in ours
             if isinstance(c, type) and issubclass(c, ColumnParallelLinear) and c is not ColumnParallelLinear]
     if not ours:
-        return wrapped(*args_, **kwargs)
+        return wrapped(*call_args, **kwargs)
     with overridden(mla, ColumnParallelLinear=ours[0]):
-        return wrapped(*args_, **kwargs)
+        return wrapped(*call_args, **kwargs)
 
 
 # ----------------------------------------------------------------------------- checkpoints
@@ -181,7 +181,7 @@ def _where(args, mode: str) -> str:
     return f"--lora-load {args.lora_load}" if mode == ADAPTERS else f"--load {args.load}"
 
 
-def _load_checkpoint(wrapped, instance, args_, kwargs):
+def _load_checkpoint(wrapped, instance, call_args, kwargs):
     from megatron.training import get_args
 
     from adaptor.errors import fail
@@ -189,30 +189,30 @@ def _load_checkpoint(wrapped, instance, args_, kwargs):
 
     args = get_args()
     if not _active():
-        return wrapped(*args_, **kwargs)
-    load_arg = kwargs.get("load_arg", args_[3] if len(args_) > 3 else "load")
+        return wrapped(*call_args, **kwargs)
+    load_arg = kwargs.get("load_arg", call_args[3] if len(call_args) > 3 else "load")
     if load_arg == "lora_load":
         mode, settings = checkpoint.ADAPTERS, {}
     elif load_arg == "load":
         mode = checkpoint.BASE
         settings = dict(finetune=True, no_load_optim=True, no_load_rng=True, ckpt_step=None)
     else:
-        return wrapped(*args_, **kwargs)
+        return wrapped(*call_args, **kwargs)
     if mode == checkpoint.BASE:
         notice("LoRA: --load gives the base model, its weights only (as --finetune --no-load-optim "
                "--no-load-rng); the adapters " + (f"come from --lora-load {args.lora_load}" if args.lora_load
                                                   else "start fresh"))
     try:
         with checkpoint.loading(mode), overridden(args, **settings):
-            return wrapped(*args_, **kwargs)
+            return wrapped(*call_args, **kwargs)
     except checkpoint.AdapterCheckpointError as exc:
         fail(f"{_where(args, mode)}: {exc}")
 
 
-def _setup_model_and_optimizer(wrapped, instance, args_, kwargs):
+def _setup_model_and_optimizer(wrapped, instance, call_args, kwargs):
     from megatron.training import checkpointing, get_args
 
-    model, optimizer, scheduler = wrapped(*args_, **kwargs)
+    model, optimizer, scheduler = wrapped(*call_args, **kwargs)
     args = get_args()
     if not _active():
         return model, optimizer, scheduler
@@ -229,36 +229,36 @@ def _setup_model_and_optimizer(wrapped, instance, args_, kwargs):
     return model, optimizer, scheduler
 
 
-def _generate_state_dict(wrapped, instance, args_, kwargs):
+def _generate_state_dict(wrapped, instance, call_args, kwargs):
     from adaptor.lora import checkpoint
 
     if not _active():
-        return wrapped(*args_, **kwargs)
+        return wrapped(*call_args, **kwargs)
     mode = checkpoint.current() or checkpoint.ADAPTERS  # a save writes the adapters
     if "model" in kwargs:
         kwargs = {**kwargs, "model": checkpoint.views(kwargs["model"], mode)}
     else:
-        args_ = (args_[0], checkpoint.views(args_[1], mode), *args_[2:])
-    return wrapped(*args_, **kwargs)
+        call_args = (call_args[0], checkpoint.views(call_args[1], mode), *call_args[2:])
+    return wrapped(*call_args, **kwargs)
 
 
-def _dist_load(wrapped, instance, args_, kwargs):
+def _dist_load(wrapped, instance, call_args, kwargs):
     from adaptor.errors import fail
     from adaptor.lora import checkpoint
     from adaptor.checkpoint.shapes import checkpoint_global_shapes
 
     mode = checkpoint.current()
     if mode is None:
-        return wrapped(*args_, **kwargs)
+        return wrapped(*call_args, **kwargs)
     from megatron.training import get_args
 
-    sharded = argument(args_, kwargs, "sharded_state_dict")
-    directory = args_[1] if len(args_) > 1 else kwargs["checkpoint_dir"]
+    sharded = argument(call_args, kwargs, "sharded_state_dict")
+    directory = call_args[1] if len(call_args) > 1 else kwargs["checkpoint_dir"]
     try:
         checkpoint.check_load(sharded, checkpoint_global_shapes(directory), mode)
     except checkpoint.AdapterCheckpointError as exc:
         fail(f"{_where(get_args(), mode)}: {exc}")
-    return wrapped(*args_, **kwargs)
+    return wrapped(*call_args, **kwargs)
 
 
 # ----------------------------------------------------------------------------- the feature

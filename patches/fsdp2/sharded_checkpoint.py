@@ -38,10 +38,10 @@ def _optim_param_to_id_map(optim_params_iter) -> dict[int, int]:
     return mapping
 
 
-def _dtensor_optimizer_state(wrapped, instance, args_, kwargs):
+def _dtensor_optimizer_state(wrapped, instance, call_args, kwargs):
     from torch.distributed.tensor import DTensor
 
-    result = wrapped(*args_, **kwargs)
+    result = wrapped(*call_args, **kwargs)
     for group in instance.optimizer.param_groups:
         for param in group["params"]:
             if not isinstance(param, DTensor):
@@ -93,15 +93,15 @@ def _true_fsdp2_rows(sh_ten, tensor, tp_axis: int | None, tp_group):
     return fixed
 
 
-def _tp_sharded_tensor(wrapped, instance, args_, kwargs):
-    tensor = argument(args_, kwargs, "tensor")
-    tp_axis = args_[2] if len(args_) > 2 else kwargs.get("tp_axis", 0)
-    return _true_fsdp2_rows(wrapped(*args_, **kwargs), tensor, tp_axis, kwargs.get("tp_group"))
+def _tp_sharded_tensor(wrapped, instance, call_args, kwargs):
+    tensor = argument(call_args, kwargs, "tensor")
+    tp_axis = call_args[2] if len(call_args) > 2 else kwargs.get("tp_axis", 0)
+    return _true_fsdp2_rows(wrapped(*call_args, **kwargs), tensor, tp_axis, kwargs.get("tp_group"))
 
 
-def _sharded_tensor(wrapped, instance, args_, kwargs):
-    tensor = argument(args_, kwargs, "tensor")
-    return _true_fsdp2_rows(wrapped(*args_, **kwargs), tensor, None, kwargs.get("tp_group"))
+def _sharded_tensor(wrapped, instance, call_args, kwargs):
+    tensor = argument(call_args, kwargs, "tensor")
+    return _true_fsdp2_rows(wrapped(*call_args, **kwargs), tensor, None, kwargs.get("tp_group"))
 
 
 class ShardedCheckpoint(Feature):

@@ -65,26 +65,26 @@ def _lenient_validate_args(original, backend: str):
     return validate_args
 
 
-def _attach_plan(wrapped, instance, args_, kwargs):
+def _attach_plan(wrapped, instance, call_args, kwargs):
     from adaptor.fsdp2.config import config_from_args
 
-    ddp_config = wrapped(*args_, **kwargs)
-    args = argument(args_, kwargs, "args")
+    ddp_config = wrapped(*call_args, **kwargs)
+    args = argument(call_args, kwargs, "args")
     if getattr(args, "use_torch_fsdp2", False):
         ddp_config.fsdp2_config = config_from_args(args)
     return ddp_config
 
 
-def _keep_data_parallel_group(wrapped, instance, args_, kwargs):
-    found = wrapped(*args_, **kwargs)
+def _keep_data_parallel_group(wrapped, instance, call_args, kwargs):
+    found = wrapped(*call_args, **kwargs)
     if found is not None:
         return found
-    return args_[1] if len(args_) > 1 else kwargs.get("data_parallel_group")
+    return call_args[1] if len(call_args) > 1 else kwargs.get("data_parallel_group")
 
 
-def _fp32_optimizer(wrapped, instance, args_, kwargs):
-    config, overrides = wrapped(*args_, **kwargs)
-    args = argument(args_, kwargs, "args")
+def _fp32_optimizer(wrapped, instance, call_args, kwargs):
+    config, overrides = wrapped(*call_args, **kwargs)
+    args = argument(call_args, kwargs, "args")
     if getattr(args, "use_torch_fsdp2", False):
         config.bf16 = config.fp16 = False
         config.params_dtype = torch.float32

@@ -59,8 +59,8 @@ def use_fused_kernel(optimizer: torch.optim.Optimizer) -> bool:
     return switched
 
 
-def _fused_after_build(wrapped, instance, args, kwargs):
-    optimizer = wrapped(*args, **kwargs)
+def _fused_after_build(wrapped, instance, call_args, kwargs):
+    optimizer = wrapped(*call_args, **kwargs)
     if any([use_fused_kernel(inner) for inner in _torch_optimizers(optimizer)]):
         notice_once("optimizer: torch's fused Adam kernel (Transformer Engine and apex are not installed)")
     return optimizer

@@ -19,13 +19,13 @@ from adaptor.wrapping import argument, overridden
 OWNER = __name__
 
 
-def _validate_args(wrapped, instance, args, kwargs):
-    margs = argument(args, kwargs, "args")
+def _validate_args(wrapped, instance, call_args, kwargs):
+    margs = argument(call_args, kwargs, "args")
     hide = bool(getattr(margs, "moe_grouped_gemm", False)) and margs.transformer_impl != "transformer_engine"
     if not hide:
-        return wrapped(*args, **kwargs)
+        return wrapped(*call_args, **kwargs)
     with overridden(margs, moe_grouped_gemm=False):
-        return wrapped(*args, **kwargs)
+        return wrapped(*call_args, **kwargs)
 
 
 class GroupedMatmulFusion(Feature):

@@ -21,27 +21,27 @@ OWNER = __name__
 MOE_UTILS = "megatron.core.transformer.moe.moe_utils"
 
 
-def _permute(wrapped, instance, args, kwargs):
-    a = call_arguments(wrapped, args, kwargs, defaults=True)
+def _permute(wrapped, instance, call_args, kwargs):
+    a = call_arguments(wrapped, call_args, kwargs, defaults=True)
     if not a["fused"] or a["drop_and_pad"]:
-        return wrapped(*args, **kwargs) if not a["fused"] else wrapped(**{**a, "fused": False})
+        return wrapped(*call_args, **kwargs) if not a["fused"] else wrapped(**{**a, "fused": False})
     from adaptor.ops.moe_permute import permute
 
     out, probs, row_id_map = permute(a["tokens"], a["routing_map"], a["probs"], a["num_out_tokens"])
     return out, probs, row_id_map, None, a["tokens_per_expert"]
 
 
-def _unpermute(wrapped, instance, args, kwargs):
-    a = call_arguments(wrapped, args, kwargs, defaults=True)
+def _unpermute(wrapped, instance, call_args, kwargs):
+    a = call_arguments(wrapped, call_args, kwargs, defaults=True)
     if not a["fused"] or a["drop_and_pad"]:
-        return wrapped(*args, **kwargs) if not a["fused"] else wrapped(**{**a, "fused": False})
+        return wrapped(*call_args, **kwargs) if not a["fused"] else wrapped(**{**a, "fused": False})
     from adaptor.ops.moe_permute import unpermute
 
     return unpermute(a["permuted_tokens"], a["sorted_indices"], a["restore_shape"], a["probs"])
 
 
-def _sort_chunks_by_idxs(wrapped, instance, args, kwargs):
-    a = call_arguments(wrapped, args, kwargs, defaults=True)
+def _sort_chunks_by_idxs(wrapped, instance, call_args, kwargs):
+    a = call_arguments(wrapped, call_args, kwargs, defaults=True)
     return wrapped(**{**a, "fused": False})
 
 

@@ -52,7 +52,7 @@ from adaptor.log import notice
 
 OWNER = __name__
 # ----------------------------------------------------------------------------- loading
-def _setup_model_and_optimizer(wrapped, instance, args_, kwargs):
+def _setup_model_and_optimizer(wrapped, instance, call_args, kwargs):
     from megatron.training import get_args
     from megatron.training.checkpointing import checkpoint_exists
 
@@ -61,7 +61,7 @@ def _setup_model_and_optimizer(wrapped, instance, args_, kwargs):
 
     args = get_args()
     resume = checkpoint_exists(args.load)
-    model, optimizer, scheduler = wrapped(*args_, **kwargs)
+    model, optimizer, scheduler = wrapped(*call_args, **kwargs)
     if args.hf_load_dir is None:
         return model, optimizer, scheduler
     if resume:
@@ -81,23 +81,23 @@ def _setup_model_and_optimizer(wrapped, instance, args_, kwargs):
 
 
 # ----------------------------------------------------------------------------- saving
-def _train(wrapped, instance, args_, kwargs):
+def _train(wrapped, instance, call_args, kwargs):
     from megatron.training import get_args
 
-    result = wrapped(*args_, **kwargs)
+    result = wrapped(*call_args, **kwargs)
     args = get_args()
     if args.hf_save_dir is not None:
-        model = args_[1] if len(args_) > 1 else kwargs["model"]
+        model = call_args[1] if len(call_args) > 1 else kwargs["model"]
         save_hf_dir(model, args, result[0])
     return result
 
 
 # ----------------------------------------------------------------------------- arguments
-def _set_padded_vocab_size(wrapped, instance, args_, kwargs):
-    args = argument(args_, kwargs, "args")
-    tokenizer = args_[1] if len(args_) > 1 else kwargs.get("tokenizer")
+def _set_padded_vocab_size(wrapped, instance, call_args, kwargs):
+    args = argument(call_args, kwargs, "args")
+    tokenizer = call_args[1] if len(call_args) > 1 else kwargs.get("tokenizer")
     explicit = getattr(args, "padded_vocab_size", None) is not None
-    result = wrapped(*args_, **kwargs)
+    result = wrapped(*call_args, **kwargs)
     if args.hf_load_dir is not None:
         from adaptor.errors import fail
 
@@ -111,12 +111,12 @@ def _set_padded_vocab_size(wrapped, instance, args_, kwargs):
     return result
 
 
-def _validate_args(wrapped, instance, args_, kwargs):
+def _validate_args(wrapped, instance, call_args, kwargs):
     from adaptor.convert import ConversionError
     from adaptor.errors import fail
 
-    result = wrapped(*args_, **kwargs)
-    args = argument(args_, kwargs, "args")
+    result = wrapped(*call_args, **kwargs)
+    args = argument(call_args, kwargs, "args")
     if args.hf_load_dir is not None:
         where = f"--hf-load-dir {args.hf_load_dir}"
         config = json.loads((Path(args.hf_load_dir) / "config.json").read_text())

@@ -20,11 +20,11 @@ from adaptor.tokenizer_json import TOKENIZER_FILE, TokenizerJson, find_tokenizer
 OWNER = __name__
 
 
-def _restore_model(wrapped, instance, args, kwargs):
+def _restore_model(wrapped, instance, call_args, kwargs):
     if getattr(instance, "library", None) == "huggingface" and not kwargs.get("vocab_file"):
         if find_tokenizer_json(instance.path) is not None:
             return TokenizerJson(instance.path, **kwargs)
-    return wrapped(*args, **kwargs)
+    return wrapped(*call_args, **kwargs)
 
 
 def _transformers_available() -> bool:

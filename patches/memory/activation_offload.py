@@ -94,8 +94,8 @@ def attach_to_layer(layer, modules, offl) -> None:
                 break
 
 
-def _attach_to_block(wrapped, instance, args, kwargs):
-    result = wrapped(*args, **kwargs)
+def _attach_to_block(wrapped, instance, call_args, kwargs):
+    result = wrapped(*call_args, **kwargs)
     if _settings.get("modules"):
         from adaptor.memory.activation_offload import attach_pass_start
 
@@ -106,8 +106,8 @@ def _attach_to_block(wrapped, instance, args, kwargs):
     return result
 
 
-def _summary_after_first_step(wrapped, instance, args, kwargs):
-    result = wrapped(*args, **kwargs)
+def _summary_after_first_step(wrapped, instance, call_args, kwargs):
+    result = wrapped(*call_args, **kwargs)
     if _offloader is not None:
         log.notice_once(_offloader.summary(), key="activation offload summary")
     return result

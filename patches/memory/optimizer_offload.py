@@ -31,14 +31,14 @@ TUNING = {"optimizer_offload_fraction": "--optimizer-offload-fraction",
           "pin_cpu_grads": "--no-pin-cpu-grads", "pin_cpu_params": "--no-pin-cpu-params"}
 
 
-def _offload_inner_optimizer(wrapped, instance, args, kwargs):
+def _offload_inner_optimizer(wrapped, instance, call_args, kwargs):
     from megatron.training import get_args
 
     from adaptor import run_state
     from adaptor.log import notice_once
     from adaptor.memory.optimizer_offload import HostOffloadAdam
 
-    result = wrapped(*args, **kwargs)
+    result = wrapped(*call_args, **kwargs)
     inner = getattr(result, "optimizer", None)
     if isinstance(result, tuple) or inner is None:
         return result
@@ -56,11 +56,11 @@ def _offload_inner_optimizer(wrapped, instance, args, kwargs):
     return result
 
 
-def _load_checkpoint(wrapped, instance, args, kwargs):
+def _load_checkpoint(wrapped, instance, call_args, kwargs):
     from adaptor.memory.optimizer_offload import mark_all_stale
 
     try:
-        return wrapped(*args, **kwargs)
+        return wrapped(*call_args, **kwargs)
     finally:
         mark_all_stale()
 

@@ -35,11 +35,11 @@ def _flag(dest: str) -> str:
     return "--" + dest.replace("_", "-")
 
 
-def _config_from_args(wrapped, instance, args, kwargs):
+def _config_from_args(wrapped, instance, call_args, kwargs):
     from adaptor.wrapping import argument
 
-    config = wrapped(*args, **kwargs)
-    margs = argument(args, kwargs, "args")
+    config = wrapped(*call_args, **kwargs)
+    margs = argument(call_args, kwargs, "args")
     for switch, count in SWITCHES.items():
         setattr(config, switch, bool(getattr(margs, switch, False)))
         setattr(config, count, getattr(margs, count, None))

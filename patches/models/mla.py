@@ -32,9 +32,9 @@ MLA_YARN_FIELDS = {
 }
 
 
-def _config_from_args(wrapped, instance, args, kwargs):
-    config = wrapped(*args, **kwargs)
-    margs = argument(args, kwargs, "args")
+def _config_from_args(wrapped, instance, call_args, kwargs):
+    config = wrapped(*call_args, **kwargs)
+    margs = argument(call_args, kwargs, "args")
     if getattr(margs, "multi_latent_attention", False):
         for dest, field in MLA_YARN_FIELDS.items():
             value = getattr(margs, dest, None)

@@ -24,17 +24,17 @@ from adaptor.features import Feature
 OWNER = __name__
 
 
-def _clip_vit_init(wrapped, instance, args, kwargs):
+def _clip_vit_init(wrapped, instance, call_args, kwargs):
     from megatron.core.models.vision import clip_vit_model
     from megatron.core.transformer.torch_norm import WrappedTorchNorm
 
     if clip_vit_model.NORM_IMPL is torch.nn.LayerNorm:
         # Positional order upstream: (config, layer_spec, ln_pre_impl, ln_post_impl, ...).
-        if len(args) < 3:
+        if len(call_args) < 3:
             kwargs.setdefault("ln_pre_impl", WrappedTorchNorm)
-        if len(args) < 4:
+        if len(call_args) < 4:
             kwargs.setdefault("ln_post_impl", WrappedTorchNorm)
-    return wrapped(*args, **kwargs)
+    return wrapped(*call_args, **kwargs)
 
 
 class VisionTowerNorms(Feature):

@@ -25,9 +25,9 @@ OWNER = __name__
 WRAPPED = ("load_checkpoint", "load_args_from_checkpoint", "read_metadata")
 
 
-def _exit_status_kept(wrapped, instance, args, kwargs):
+def _exit_status_kept(wrapped, instance, call_args, kwargs):
     try:
-        return wrapped(*args, **kwargs)
+        return wrapped(*call_args, **kwargs)
     except AssertionError as exc:
         # Megatron's consistency asserts between the run and the checkpoint (the learning-rate
         # schedule, say): the message says what differs.

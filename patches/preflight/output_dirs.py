@@ -34,10 +34,10 @@ def check_save_space(args) -> None:
     check_free_space(args.save, "--save", need, "one checkpoint of this model", "--skip-save-space-check")
 
 
-def _set_global_variables(wrapped, instance, args_, kwargs):
-    result = wrapped(*args_, **kwargs)
+def _set_global_variables(wrapped, instance, call_args, kwargs):
+    result = wrapped(*call_args, **kwargs)
     try:
-        check_save_space(argument(args_, kwargs, "args"))
+        check_save_space(argument(call_args, kwargs, "args"))
     except ArgumentError as exc:
         fail(str(exc))
     return result

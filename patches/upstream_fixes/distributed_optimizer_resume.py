@@ -22,10 +22,10 @@ from adaptor.features import Feature
 OWNER = __name__
 
 
-def _state_dict(wrapped, instance, args_, kwargs):
+def _state_dict(wrapped, instance, call_args, kwargs):
     inner = instance.optimizer
     if any("step" in state for state in inner.state.values()):
-        return wrapped(*args_, **kwargs)
+        return wrapped(*call_args, **kwargs)
     import torch
 
     added = []
@@ -35,7 +35,7 @@ def _state_dict(wrapped, instance, args_, kwargs):
                 inner.state[param]["step"] = torch.tensor(0.0)
                 added.append(param)
     try:
-        return wrapped(*args_, **kwargs)
+        return wrapped(*call_args, **kwargs)
     finally:
         for param in added:
             del inner.state[param]["step"]
@@ -43,10 +43,10 @@ def _state_dict(wrapped, instance, args_, kwargs):
                 del inner.state[param]
 
 
-def _load_state_dict(wrapped, instance, args_, kwargs):
+def _load_state_dict(wrapped, instance, call_args, kwargs):
     import torch
 
-    result = wrapped(*args_, **kwargs)
+    result = wrapped(*call_args, **kwargs)
     seen = set()
     for state in instance.optimizer.state.values():
         step = state.get("step")

@@ -19,10 +19,10 @@ from adaptor.wrapping import argument
 OWNER = __name__
 
 
-def _get_num_epochs(wrapped, instance, args, kwargs):
-    num_tokens_per_epoch = argument(args, kwargs, "num_tokens_per_epoch")
+def _get_num_epochs(wrapped, instance, call_args, kwargs):
+    num_tokens_per_epoch = argument(call_args, kwargs, "num_tokens_per_epoch")
     if num_tokens_per_epoch > 0:
-        return wrapped(*args, **kwargs)
+        return wrapped(*call_args, **kwargs)
     if not instance.num_samples:
         return 1
     split = instance.index_split.name

@@ -15,13 +15,13 @@ from adaptor.features import Feature
 OWNER = __name__
 
 
-def _training_log(wrapped, instance, args_, kwargs):
+def _training_log(wrapped, instance, call_args, kwargs):
     from megatron.training import get_args
 
-    iteration = kwargs.get("iteration", args_[3] if len(args_) > 3 else None)
+    iteration = kwargs.get("iteration", call_args[3] if len(call_args) > 3 else None)
     if kwargs.get("is_first_iteration") and iteration is not None and iteration % get_args().log_interval == 0:
         kwargs = dict(kwargs, is_first_iteration=False)
-    return wrapped(*args_, **kwargs)
+    return wrapped(*call_args, **kwargs)
 
 
 class FirstIterationLog(Feature):

@@ -22,9 +22,9 @@ from adaptor.features import Feature
 OWNER = __name__
 
 
-def _roll_tensor(wrapped, instance, args, kwargs):
-    rolled, count = wrapped(*args, **kwargs)
-    cp_group = kwargs.get("cp_group", args[3] if len(args) > 3 else None)
+def _roll_tensor(wrapped, instance, call_args, kwargs):
+    rolled, count = wrapped(*call_args, **kwargs)
+    cp_group = kwargs.get("cp_group", call_args[3] if len(call_args) > 3 else None)
     if (count is None or cp_group is None or cp_group.size() == 1
             or not torch.is_floating_point(rolled)):
         return rolled, count

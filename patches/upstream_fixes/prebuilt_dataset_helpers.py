@@ -16,11 +16,11 @@ from adaptor.features import Feature
 OWNER = __name__
 
 
-def _compile_helpers(wrapped, instance, args, kwargs):
+def _compile_helpers(wrapped, instance, call_args, kwargs):
     try:
         importlib.import_module("megatron.core.datasets.helpers_cpp")
     except ImportError:
-        return wrapped(*args, **kwargs)
+        return wrapped(*call_args, **kwargs)
     return None
 
 

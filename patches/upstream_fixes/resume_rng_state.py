@@ -30,11 +30,11 @@ from adaptor.features import Feature
 OWNER = __name__
 
 
-def _build_pretraining_data_loader(wrapped, instance, args_, kwargs):
+def _build_pretraining_data_loader(wrapped, instance, call_args, kwargs):
     import torch
     from megatron.training import get_args
 
-    loader = wrapped(*args_, **kwargs)
+    loader = wrapped(*call_args, **kwargs)
     if isinstance(loader, torch.utils.data.DataLoader) and loader.generator is None:
         loader.generator = torch.Generator().manual_seed(get_args().seed)
     return loader

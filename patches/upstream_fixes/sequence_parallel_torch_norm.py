@@ -29,12 +29,12 @@ def _config_of(args, kwargs):
     return next(a for a in args if isinstance(a, TransformerConfig))
 
 
-def _torch_norm_new(wrapped, instance, args, kwargs):
-    config = _config_of(args, kwargs)
+def _torch_norm_new(wrapped, instance, call_args, kwargs):
+    config = _config_of(call_args, kwargs)
     if not config.sequence_parallel:
-        return wrapped(*args, **kwargs)
+        return wrapped(*call_args, **kwargs)
     with overridden(config, sequence_parallel=False):  # hide it from the assert only
-        norm = wrapped(*args, **kwargs)
+        norm = wrapped(*call_args, **kwargs)
     for param in norm.parameters():
         setattr(param, "sequence_parallel", True)
     return norm

@@ -47,9 +47,9 @@ def pm():
 def appending(log: list, tag: str):
     """A wrapt-style wrapper that records ``tag`` on entry and on exit."""
 
-    def wrapper(wrapped, instance, args, kwargs):
+    def wrapper(wrapped, instance, call_args, kwargs):
         log.append(f"{tag}>")
-        result = wrapped(*args, **kwargs)
+        result = wrapped(*call_args, **kwargs)
         log.append(f"<{tag}")
         return result
 
@@ -220,8 +220,8 @@ class SubSub(Sub):
 """
 
 
-def tagging(wrapped, instance, args, kwargs):
-    return ("wrapped",) + wrapped(*args, **kwargs)
+def tagging(wrapped, instance, call_args, kwargs):
+    return ("wrapped",) + wrapped(*call_args, **kwargs)
 
 
 def test_wrap_method_staticmethod_classmethod(make_module, pm):
@@ -349,9 +349,9 @@ def test_apply_twice_does_not_double_wrap(make_module, pm):
     user.f = src.f
     calls = []
 
-    def counting(wrapped, instance, args, kwargs):
-        calls.append(args)
-        return wrapped(*args, **kwargs)
+    def counting(wrapped, instance, call_args, kwargs):
+        calls.append(call_args)
+        return wrapped(*call_args, **kwargs)
 
     pm.register_wrapper(f"{src.__name__}.f", counting, "owner.a")
     pm.register_wrapper(f"{src.__name__}.f", counting, "owner.a")  # duplicate registration ignored
