@@ -19,6 +19,13 @@ its author chose. Upstream code changed:
 
 ``--ckpt-allow-unsafe-pickle`` turns the restriction off (``weights_only=False`` where the caller did
 not ask for ``True``) for checkpoints the user trusts, and says so when the run starts.
+
+Remove when: Megatron's ``_load_base_checkpoint`` ends an unreadable ``--ckpt-format torch`` file
+with a non-zero status and the reason; then that wrapper and the error path it turns on go. Not
+fixed upstream as of megatron-core 0.19.2 (checkpointing.py lines 1738-1743, a bare ``sys.exit()``)
+nor on Megatron-LM main (d98e8a64, 2026-08-22); no upstream issue or PR found. The ``torch.load``
+restriction is this adaptor's policy rather than a workaround of an upstream defect (Megatron's
+loads follow torch's default and its environment variable), so it stays.
 """
 from __future__ import annotations
 

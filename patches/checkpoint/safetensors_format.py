@@ -36,6 +36,15 @@ and pickle. We keep Megatron's path and replace only the storage:
   loading that layout it indexes the checkpoint's tensors by every state key, including torch
   Adam's ``step``, which the layout does not store (the step comes from the param groups); such
   keys are now skipped.
+
+Remove when: for the last three bullets only (the format itself is a feature): megatron-core either
+accepts flattened shards in ``ShardedTensor.validate_metadata_integrity`` or stops building them for
+``fully_sharded_model_space`` (upstream dropped flattened-range support in
+https://github.com/NVIDIA/Megatron-LM/pull/2126 but that layout still sets ``flattened_range``;
+reported in https://github.com/NVIDIA/Megatron-LM/issues/2956, open),
+``apply_swiglu_sharded_factory`` cuts a flattened range at the W/V boundary, and
+``_set_main_param_and_optimizer_states`` skips state keys the checkpoint does not hold. None is
+fixed in megatron-core 0.19.2 nor on Megatron-LM main (d98e8a64, 2026-08-22).
 """
 from __future__ import annotations
 

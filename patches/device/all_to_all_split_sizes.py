@@ -12,6 +12,12 @@ them into numpy arrays only when they live on CUDA (``moe_utils.maybe_move_tenso
 The replacement forward converts split sizes (tensor, numpy array or list) to lists of ints and
 allocates the output on the input's device; everything else is upstream's, and the unchanged
 backward reuses the converted sizes. CUDA keeps upstream's code.
+
+Remove when: ``_AllToAll.forward`` allocates its output on the input's device and the dispatcher
+hands it split sizes as lists or arrays whatever device they were computed on
+(``moe_utils.maybe_move_tensor_to_cpu`` converts only ``is_cuda`` tensors). Not fixed upstream as of
+megatron-core 0.19.2 (mappings.py line 447, moe_utils.py line 1184) nor on Megatron-LM main
+(d98e8a64, 2026-08-22); no upstream issue or PR found.
 """
 from __future__ import annotations
 

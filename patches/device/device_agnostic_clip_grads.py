@@ -7,6 +7,11 @@ every optimizer step with ``--clip-grad`` fails there. The replacement keeps
 the contract (fp32 main grads, scaled in place by ``max_norm / total_norm``
 when that is below one) and checks the dtype instead; the scaling is the same
 elementwise multiply, so results are identical.
+
+Remove when: ``clip_grad_by_total_norm_fp32`` checks the gradient's dtype instead of
+``param.grad.type() == 'torch.cuda.FloatTensor'``. Not fixed upstream as of megatron-core 0.19.2
+(clip_grads.py line 174) nor on Megatron-LM main (d98e8a64, 2026-08-22); no upstream issue or PR
+found.
 """
 from __future__ import annotations
 

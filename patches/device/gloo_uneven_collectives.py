@@ -5,11 +5,20 @@ Upstream: ``megatron.core.tensor_parallel.mappings._gather_along_first_dim`` and
 ``torch.distributed.all_gather``/``reduce_scatter`` with tensors of different sizes per rank.
 The alltoall MoE dispatcher does so with expert parallelism combined with (expert) tensor
 parallelism, where each TP rank holds a different number of routed tokens. NCCL/HCCL take
-uneven lists; gloo refuses them ("ProcessGroupGloo::allgather: invalid tensor size").
+uneven lists; gloo refuses the uneven all-gather
+("ProcessGroupGloo::allgather: invalid tensor size").
 
 On a gloo group the wrappers do the same with even collectives: the gather pads every rank's
 rows to the largest count and trims after; the reduce-scatter all-reduces the whole input and
 keeps this rank's rows. Other backends, and even splits, run upstream's code.
+
+Remove when: torch's gloo backend accepts uneven ``all_gather`` lists (open:
+https://github.com/pytorch/pytorch/issues/156627), or Megatron's uneven paths stop passing lists of
+different sizes (they still do in megatron-core 0.19.2 and on Megatron-LM main, d98e8a64,
+2026-08-22). The reduce-scatter wrapper is already unneeded with torch 2.14.1, whose gloo
+``reduce_scatter`` gives the right rows for uneven lists (checked on two gloo ranks; gloo's
+``reduce_scatter`` came with https://github.com/pytorch/pytorch/pull/149869): it can go once every
+torch that setup.py allows (torch>=2.6) has it; which release first did is not established here.
 """
 from __future__ import annotations
 

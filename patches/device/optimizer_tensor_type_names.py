@@ -13,6 +13,12 @@ Copying those long methods to change one comparison would fork them. Instead,
 while (and only while) one of them runs, the no-argument form of
 ``Tensor.type()`` reports a CPU or NPU tensor under the CUDA name of its
 dtype. ``Tensor.type(dtype)`` conversions are never touched.
+
+Remove when: ``Float16OptimizerWithFloat16Params.__init__`` and
+``DistributedOptimizer._build_model_and_main_param_groups`` sort parameters by dtype instead of
+comparing ``Tensor.type()`` with CUDA type names. Not fixed upstream as of megatron-core 0.19.2
+(optimizer.py lines 1009-1037, distrib_optimizer.py lines 401-481) nor on Megatron-LM main
+(d98e8a64, 2026-08-22); no upstream issue or PR found.
 """
 from __future__ import annotations
 

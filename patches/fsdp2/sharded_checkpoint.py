@@ -17,6 +17,13 @@ Enabled with ``--use-torch-fsdp2`` (see :mod:`patches.fsdp2.torch_fsdp2`). Upstr
   gave the ranks different global shapes and the save was refused; a tensor with fewer rows than
   ranks is gathered whole on every rank but still described as one row per rank. The shard's true
   offset and row count (from the DTensor) are used instead, and a whole tensor is written once.
+
+Remove when: each upstream function handles FSDP2's DTensors itself, and each wrapper can go on its
+own: ``get_optim_param_to_id_map`` keys a DTensor by an object that is the same on every call,
+``FP32Optimizer.load_state_dict`` restores the state of a DTensor parameter as DTensors, and
+``make_sharded_tensor_for_checkpoint``/``make_tp_sharded_tensor_for_checkpoint`` use the shard's
+real offset and row count. None is fixed upstream as of megatron-core 0.19.2 nor on Megatron-LM main
+(d98e8a64, 2026-08-22); no upstream issue or PR found.
 """
 from __future__ import annotations
 

@@ -32,6 +32,13 @@ Upstream code changed, and why:
   turned off and Megatron builds its plain ``FP32Optimizer``.
 
 The checkpoint fixes FSDP2 needs are :mod:`patches.fsdp2.sharded_checkpoint`.
+
+Remove when: for the ``get_data_parallel_group_if_dtensor`` wrapper, the only part that works around
+an upstream defect, upstream keeps the group found so far when it is given a plain tensor (or
+``clip_grads`` stops folding it over the gradients one at a time). Not fixed upstream as of
+megatron-core 0.19.2 (utils.py lines 1194-1202) nor on Megatron-LM main (d98e8a64, 2026-08-22); no
+upstream issue or PR found. The other changes adapt Megatron's FSDP2 path to this adaptor's wrapper
+and backends and stay while that wrapper replaces upstream's.
 """
 from __future__ import annotations
 

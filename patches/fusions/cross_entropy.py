@@ -14,6 +14,12 @@ gradient comes back in the logits' dtype; results equal Megatron's
 
 ``--cross-entropy-fusion-impl te`` needs Transformer Engine and Megatron
 0.19.2 rejects it anyway: one line pointing to ``native``.
+
+Remove when: upstream's ``fused_vocab_parallel_cross_entropy`` returns the gradient in the logits'
+dtype (it casts to bf16, fused_cross_entropy.py line 82) and no longer keeps an fp32 softmax of the
+whole logits shard for backward; the memory saving is the main reason for this feature, so the dtype
+fix alone does not retire it. Neither is done in megatron-core 0.19.2 nor on Megatron-LM main
+(d98e8a64, 2026-08-22); no upstream issue or PR found.
 """
 from __future__ import annotations
 

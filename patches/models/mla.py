@@ -16,6 +16,12 @@ Two upstream gaps, both closed here so MLA is one feature in one place:
   models: the flags were silently ignored (``--rotary-scaling-factor``, ``--mscale`` and
   ``--mscale-all-dim`` do reach MLA). The wrapper copies the given ones onto the MLA config,
   where ``MultiLatentAttention`` reads them to build its ``YarnRotaryEmbedding``.
+
+Remove when: megatron-core's ``DotProductAttention`` takes ``k_channels``/``v_channels`` (open:
+https://github.com/NVIDIA/Megatron-LM/issues/1589, PR
+https://github.com/NVIDIA/Megatron-LM/pull/6564) and ``core_transformer_config_from_args`` copies
+the ``--yarn-*`` flags onto an MLA config (no upstream issue or PR found); each part can go on its
+own. Neither is fixed in megatron-core 0.19.2 nor on Megatron-LM main (d98e8a64, 2026-08-22).
 """
 from __future__ import annotations
 

@@ -14,6 +14,11 @@ a norm the caller did not choose, and only while the default is the bare torch c
 installed ``TENorm`` stays. Parameter names (``ln_pre.weight``/``bias``) are the same either way.
 Enabled on every backend, for any script that builds the tower (pretrain_mm.py,
 tools/check_vision_parity.py, a user's own).
+
+Remove when: ``clip_vit_model.NORM_IMPL`` (the default of ``ln_pre_impl``/``ln_post_impl``) falls
+back, without Transformer Engine, to a norm that takes ``config=`` such as ``WrappedTorchNorm``. Not
+fixed upstream as of megatron-core 0.19.2 nor on Megatron-LM main (d98e8a64, 2026-08-22), where it
+is still ``torch.nn.LayerNorm``; no upstream issue or PR found.
 """
 from __future__ import annotations
 

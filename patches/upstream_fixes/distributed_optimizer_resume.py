@@ -14,6 +14,12 @@ checkpoint format:
   Adam increments each parameter's step in place, so after a resume the shared counter advanced
   once per parameter per iteration, and Adam's bias correction, hence every update, was wrong
   from the first step after the resume. Each parameter now gets its own copy.
+
+Remove when: ``DistributedOptimizer.state_dict`` accepts parameters that have no optimizer state yet
+and ``load_state_dict`` gives each parameter its own ``step`` tensor in its no-apex/TE branch (its
+HybridDeviceOptimizer branch already clones it). Not fixed upstream as of megatron-core 0.19.2
+(distrib_optimizer.py lines 837-839 and 1025-1032) nor on Megatron-LM main (d98e8a64, 2026-08-22);
+no upstream issue or PR found.
 """
 from __future__ import annotations
 

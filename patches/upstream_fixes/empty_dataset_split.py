@@ -9,6 +9,13 @@ the split is asked for no samples (``--eval-iters 0``), because the request
 counts one extra token. An empty split asked for nothing gets one (empty)
 epoch; one that must yield samples stops with one line naming the dataset,
 the split and what to change.
+
+Remove when: ``_get_num_epochs`` (or the dataset builder before it) stops with a message on a split
+that has no tokens but must yield samples, and still accepts one asked for none. Not fixed as of
+megatron-core 0.19.2 nor on Megatron-LM main (d98e8a64, 2026-08-22). Reported in
+https://github.com/NVIDIA/Megatron-LM/issues/957 (open); the open PR
+https://github.com/NVIDIA/Megatron-LM/pull/5519 raises on every zero-token split, including one
+asked for no samples, so that case would still need this wrapper.
 """
 from __future__ import annotations
 

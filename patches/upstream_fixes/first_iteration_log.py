@@ -7,6 +7,13 @@ averages over a whole interval. When the first iteration *is* a scheduled print 
 two iterations: a resumed run then reports, for its second iteration, a loss that differs from
 the uninterrupted run's although every tensor is identical. We pass ``is_first_iteration=False``
 in exactly that case, so each printed loss is the loss of its own interval.
+
+Remove when: ``training_log`` resets its accumulators after a first iteration that falls on a log
+boundary (``iteration % log_interval == 0``). https://github.com/NVIDIA/Megatron-LM/pull/7092 does
+that and is marked merged, later than Megatron-LM main (d98e8a64, 2026-08-22), which still sets
+``should_reset = not is_first_iteration``; it is not in megatron-core 0.19.2 and no release
+containing it has been established. The open https://github.com/NVIDIA/Megatron-LM/pull/6881 covers
+``--log-interval 1`` only, not a resume on a boundary.
 """
 from __future__ import annotations
 

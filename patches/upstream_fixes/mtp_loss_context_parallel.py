@@ -12,6 +12,11 @@ The wrapper of ``roll_tensor`` returns, for a floating-point (loss-mask) tensor 
 group of more than one rank, the count averaged over that group instead of the local count:
 every rank then divides by (sequence count / CP), and the average over ranks is the sequence's
 mean. With equal counts nothing changes; integer tensors (token ids) are left alone.
+
+Remove when: ``process_mtp_loss`` divides the MTP loss by the valid-token count of the whole
+sequence (reduced over the CP group) instead of each rank's own. Not fixed as of megatron-core
+0.19.2 nor on Megatron-LM main (d98e8a64, 2026-08-22), where ``roll_tensor`` still returns the local
+sum; the open https://github.com/NVIDIA/Megatron-LM/pull/7498 makes that change.
 """
 from __future__ import annotations
 

@@ -6,6 +6,12 @@ PyPI wheel ships no Makefile (so ``make`` fails and Megatron exits), but it
 does ship the compiled ``helpers_cpp`` extension. When that extension imports
 there is nothing to compile; otherwise we fall back to the original.
 Applies on every backend: the wheel lacks the Makefile on CUDA hosts too.
+
+Remove when: the megatron-core wheel ships ``megatron/core/datasets/Makefile``, or
+``compile_helpers`` (called from ``megatron.training.initialize._compile_dependencies``) skips
+``make`` when ``helpers_cpp`` already imports. Not fixed upstream as of megatron-core 0.19.2 nor on
+Megatron-LM main (d98e8a64, 2026-08-22): its MANIFEST.in lists no Makefile and ``compile_helpers``
+runs ``make`` unconditionally. No upstream issue or PR found.
 """
 from __future__ import annotations
 

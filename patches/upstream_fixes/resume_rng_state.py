@@ -22,6 +22,12 @@ The fix gives each pretraining data loader a generator of its own, seeded from `
 data pipeline no longer consumes the generator that training and checkpoints share. The loader
 draws the same sequence of base seeds in every run, and a resumed run continues every RNG stream
 exactly where the checkpoint left it, with dropout on, on every backend.
+
+Remove when: ``build_pretraining_data_loader`` passes a generator of its own to the DataLoader (or
+Megatron restores the checkpoint's RNG states after the data iterators are built). Not fixed
+upstream as of megatron-core 0.19.2 (data_samplers.py line 105) nor on Megatron-LM main (d98e8a64,
+2026-08-22); no Megatron-LM issue found. The same defect in Megatron-Bridge's copy of the function:
+https://github.com/NVIDIA-NeMo/Megatron-Bridge/issues/5257.
 """
 from __future__ import annotations
 

@@ -12,6 +12,11 @@ them over TP for parameters carrying ``sequence_parallel=True``
 (``finalize_model_grads._allreduce_non_tensor_model_parallel_grads``) — what apex's
 FusedLayerNorm and TE's norms declare. The wrapper builds the same torch norm with the assert
 skipped and marks its parameters so.
+
+Remove when: ``WrappedTorchNorm`` accepts ``sequence_parallel`` and marks its parameters
+``sequence_parallel=True``, as TE's norms do. Not fixed upstream as of megatron-core 0.19.2
+(torch_norm.py line 50) nor on Megatron-LM main (d98e8a64, 2026-08-22); asked in
+https://github.com/NVIDIA/Megatron-LM/issues/1448 (open).
 """
 from __future__ import annotations
 
