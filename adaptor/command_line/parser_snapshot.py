@@ -31,8 +31,14 @@ def _plain(value):
     return {"repr": repr(value)}
 
 
+def _group_titles(parser: argparse.ArgumentParser) -> dict[int, str]:
+    """The title of each action's group, by the action's id (argparse records it on the group only)."""
+    return {id(action): group.title for group in parser._action_groups for action in group._group_actions}
+
+
 def snapshot(parser: argparse.ArgumentParser) -> list[dict]:
-    """One row per option of ``parser``, in the parser's order."""
+    """One row per option of ``parser``, in the parser's order, with the title of its group."""
+    groups = _group_titles(parser)
     rows = []
     for action in parser._actions:
         if not action.option_strings or isinstance(action, argparse._HelpAction):
@@ -42,7 +48,7 @@ def snapshot(parser: argparse.ArgumentParser) -> list[dict]:
             raise ValueError(f"{action.option_strings[0]}: argparse action {kind} has no snapshot form")
         type_name = getattr(action.type, "__name__", None) if action.type is not None else None
         rows.append({
-            "options": list(action.option_strings), "dest": action.dest, "action": kind,
+            "options": list(action.option_strings), "dest": action.dest, "group": groups[id(action)], "action": kind,
             "nargs": action.nargs, "const": _plain(action.const), "default": _plain(action.default),
             "type": type_name if type_name in _TYPES else None,
             "exact": action.type is None or type_name in _TYPES,
