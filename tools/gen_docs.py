@@ -1,20 +1,33 @@
 #!/usr/bin/env python
 """Write the reference pages of docs/ from the registry and tables the code runs on.
 
-    python tools/gen_docs.py           # rewrite the generated pages
-    python tools/gen_docs.py --check   # exit 1 if a committed page differs from what the code says
+    python tools/gen_docs.py                   # rewrite the generated pages
+    python tools/gen_docs.py --check           # exit 1 if a committed page differs from what the code says
+    python tools/gen_docs.py --parser          # the same, Megatron's rows of the parser snapshot included
+    python tools/gen_docs.py --parser --check  # the same check, the snapshot against the live parser too
 
 * docs/reference.md: every feature (``patches.all_features()``, in registry order) with its flags,
   backends, layer-spec swaps, the upstream code it patches on each backend, and its docstring;
 * docs/environment.md: every ``ADAPTOR_*`` variable (``adaptor/env.py``);
 * docs/flags-megatron.md: every flag of megatron-core's parser with its policy
-  (``adaptor/command_line/flag_table.py``);
+  (``adaptor/command_line/flag_table.py``), in the parser's groups as the snapshot records them;
 * docs/flags-mindspeed-llm.md: every MindSpeed-LLM flag we accept and what it becomes
   (``adaptor/command_line/mindspeed_llm.py``);
 * adaptor/command_line/megatron_parser.json: Megatron's parser with our flags, for the command-line
   check that runs before torch is imported (``adaptor/command_line/parser_snapshot.py``).
 
-One source of truth: a test fails when a committed page is stale.
+Megatron's parser (``megatron.training.arguments``) imports torch and most of Megatron, and its
+options change only with megatron-core: only ``--parser`` reads it, to write or check the
+snapshot's Megatron rows, and the flag page is written from the committed snapshot. The rows of
+our features' flags change with our code, so every run writes (or checks) them.
+
+The environment and flag pages need neither torch nor Megatron. docs/reference.md and our rows of
+the snapshot need the features themselves: a dozen feature modules import torch for the patches
+they define, and what a feature registers can depend on what is installed (Transformer Engine's
+kernels in Megatron, ``torch.npu``), so listing its patches calls its registration.
+
+One source of truth: a test runs ``--parser --check``, which fails when a committed page is stale
+or the snapshot differs from the installed megatron-core's parser.
 """
 from __future__ import annotations
 
@@ -28,18 +41,54 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 DOCS = ROOT / "docs"
+SNAPSHOT = ROOT / "adaptor" / "command_line" / "megatron_parser.json"
 
 
 def _cell(text: str) -> str:
     return " ".join(str(text).split()).replace("|", "\\|")
 
 
+def _registry():
+    """Every feature in registry order, none set up: what a run registers, without the run."""
+    from adaptor.features import FeatureRegistry
+    from patches import all_features
+
+    return FeatureRegistry(all_features())
+
+
+def _committed_rows() -> list[dict]:
+    """The committed parser snapshot's rows; without them the flag page cannot be written."""
+    from adaptor.command_line import parser_snapshot
+
+    rows = parser_snapshot.load()
+    if rows is None:
+        sys.exit(f"gen_docs.py: error: {SNAPSHOT.relative_to(ROOT)} is missing or unreadable; "
+                 "run python tools/gen_docs.py --parser")
+    return rows
+
+
+def _megatron_rows(rows: list[dict]) -> list[dict]:
+    """The rows of Megatron's own options: all but our features' group."""
+    from adaptor.features import FeatureRegistry
+
+    return [row for row in rows if row["group"] != FeatureRegistry.GROUP_TITLE]
+
+
+def _by_group(rows: list[dict]) -> dict[str, list[dict]]:
+    """Rows under their group titles, in the parser's order; options sharing a dest show once."""
+    groups: dict[str, list[dict]] = {}
+    seen: set[str] = set()
+    for row in rows:
+        if row["dest"] not in seen:
+            seen.add(row["dest"])
+            groups.setdefault(row["group"], []).append(row)
+    return groups
+
+
 def megatron_page() -> str:
     from adaptor.command_line.flag_policy import Honoured, NotApplied, Refused
     from adaptor.command_line.flag_table import MEGATRON_FLAGS
-    from megatron.training.arguments import add_megatron_arguments
 
-    parser = add_megatron_arguments(argparse.ArgumentParser(allow_abbrev=False))
     counts = {kind: sum(isinstance(p, kind) for d, p in MEGATRON_FLAGS.items() if d != "help")
               for kind in (Honoured, Refused, NotApplied)}
     lines = [
@@ -55,15 +104,11 @@ def megatron_page() -> str:
         "",
         f"{counts[Honoured]} honoured, {counts[Refused]} refused, {counts[NotApplied]} not applied.",
     ]
-    seen: set[str] = set()
-    for group in parser._action_groups:
+    for title, group in _by_group(_megatron_rows(_committed_rows())).items():
         rows = []
-        for action in group._group_actions:
-            if not action.option_strings or action.dest in seen or action.dest == "help":
-                continue
-            seen.add(action.dest)
-            policy = MEGATRON_FLAGS[action.dest]
-            flags = " ".join(f"`{o}`" for o in action.option_strings)
+        for row in group:
+            policy = MEGATRON_FLAGS[row["dest"]]
+            flags = " ".join(f"`{o}`" for o in row["options"])
             if isinstance(policy, Honoured):
                 kind, note = "honoured", policy.where
             elif isinstance(policy, Refused):
@@ -74,8 +119,7 @@ def megatron_page() -> str:
                 kind = "not applied" + (f" without {', '.join(policy.requires)}" if policy.requires else "")
                 note = policy.why
             rows.append(f"| {flags} | {kind} | {_cell(note)} |")
-        if rows:
-            lines += ["", f"## {group.title}", "", "| flag | policy | note |", "|---|---|---|", *rows]
+        lines += ["", f"## {title}", "", "| flag | policy | note |", "|---|---|---|", *rows]
     return "\n".join(lines) + "\n"
 
 
@@ -161,13 +205,17 @@ def _feature_flags(feature) -> list[tuple[str, str]]:
 
 
 def _patches_by_backend(feature, registry) -> dict[str, list[tuple[str, str]]]:
-    """Backend -> (target, kind) of what ``register_patches`` registers there with no flags given."""
+    """Backend -> (target, kind) of what ``register_patches`` registers there with no flags given.
+
+    It calls the registration rather than reading it: a feature hands the patch manager the patch
+    objects themselves, and some ask the installed torch or Megatron what is there first.
+    """
+    import torch
+
     from adaptor import arguments_hook
     from adaptor.backend import Backend
     from adaptor.features import FeatureContext
     from adaptor.patch_manager import PatchManager
-
-    import torch
 
     dist = {"npu": "hccl", "cuda": "nccl", "cpu": "gloo"}
     out = {}
@@ -191,9 +239,7 @@ def _patches_by_backend(feature, registry) -> dict[str, list[tuple[str, str]]]:
 
 
 def reference_page() -> str:
-    import adaptor
-
-    registry = adaptor.feature_registry()
+    registry = _registry()
     lines = [
         "# Features and patches",
         "",
@@ -259,30 +305,46 @@ def environment_page() -> str:
 
 
 def parser_snapshot() -> str:
-    """Megatron's parser with our features' flags, as the early command-line check rebuilds it."""
-    import adaptor
+    """The committed snapshot with our features' rows rewritten; Megatron's change only with ``--parser``."""
     from adaptor.command_line import parser_snapshot as snap
+
+    ours = _registry().add_arguments(argparse.ArgumentParser(add_help=False, allow_abbrev=False))
+    return snap.dumps(_megatron_rows(_committed_rows()) + snap.snapshot(ours))
+
+
+def live_parser_snapshot() -> str:
+    """Megatron's parser with our features' flags, as the early command-line check rebuilds it."""
     from megatron.training.arguments import add_megatron_arguments
 
+    from adaptor.command_line import parser_snapshot as snap
+
     parser = add_megatron_arguments(argparse.ArgumentParser(allow_abbrev=False))
-    return snap.dumps(snap.snapshot(adaptor.feature_registry().add_arguments(parser)))
+    return snap.dumps(snap.snapshot(_registry().add_arguments(parser)))
 
 
-PAGES = {
-    DOCS / "reference.md": reference_page,
+#: Written from the tables and the committed snapshot alone: neither torch nor Megatron.
+TABLE_PAGES = {
     DOCS / "environment.md": environment_page,
     DOCS / "flags-megatron.md": megatron_page,
     DOCS / "flags-mindspeed-llm.md": mindspeed_page,
-    ROOT / "adaptor" / "command_line" / "megatron_parser.json": parser_snapshot,
 }
+#: Written from the features themselves, which import torch (see above); so are our rows of the snapshot.
+FEATURE_PAGES = {DOCS / "reference.md": reference_page}
+
+
+def targets(live_parser: bool) -> dict:
+    """Each file to write or check, with its builder: the snapshot first, as the flag page reads it."""
+    return {SNAPSHOT: live_parser_snapshot if live_parser else parser_snapshot, **FEATURE_PAGES, **TABLE_PAGES}
 
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--check", action="store_true", help="compare with the committed pages; write nothing")
+    parser.add_argument("--check", action="store_true", help="compare with the committed files; write nothing")
+    parser.add_argument("--parser", action="store_true",
+                        help="also read Megatron's own parser, for the snapshot's Megatron rows")
     args = parser.parse_args(argv)
     stale = []
-    for path, build in PAGES.items():
+    for path, build in targets(args.parser).items():
         text = build()
         if args.check:
             if not path.is_file() or path.read_text() != text:
@@ -292,8 +354,8 @@ def main(argv=None) -> int:
         path.write_text(text)
         print(f"wrote {path.relative_to(ROOT)}")
     if stale:
-        print(f"gen_docs.py: error: {', '.join(stale)} out of date; run python tools/gen_docs.py",
-              file=sys.stderr)
+        rerun = "python tools/gen_docs.py" + (" --parser" if args.parser else "")
+        print(f"gen_docs.py: error: {', '.join(stale)} out of date; run {rerun}", file=sys.stderr)
         return 1
     return 0
 

@@ -2,9 +2,10 @@
 
 A run's command line is checked before anything heavy is imported (:mod:`adaptor.command_line.early_check`),
 which needs the parser that ``megatron.training.arguments`` builds, and building that one imports torch
-and megatron-core (about seven seconds). So ``tools/gen_docs.py`` writes the parser's options to
-``megatron_parser.json`` beside this module, and its ``--check`` (run by the tests) fails when the file
-no longer matches the installed megatron-core and our features.
+and megatron-core (about seven seconds). So ``tools/gen_docs.py --parser`` writes the parser's options,
+each with its group's title, to ``megatron_parser.json`` beside this module (a plain run rewrites only
+our features' rows, and writes docs/flags-megatron.md from the file), and ``--parser --check``, run by a
+test, fails when the file no longer matches the installed megatron-core and our features.
 
 A type we cannot rebuild without Megatron (its own converters, such as ``tuple_type``) is kept as the
 raw string and marked ``exact: false``: the early check then leaves that flag's value to Megatron.
