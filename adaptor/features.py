@@ -23,13 +23,14 @@ run inside Megatron's argument parsing, before Megatron validates.
 from __future__ import annotations
 
 import argparse
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Iterable, Sequence
+from typing import TYPE_CHECKING
 
 from adaptor.command_line.flag_policy import explicit_dests  # noqa: F401  (defined torch-free)
 from adaptor.errors import ArgumentError  # noqa: F401  (features raise it; defined torch-free)
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # an annotation only: the backend module imports torch
     from adaptor.backend import Backend
 
 
@@ -82,6 +83,9 @@ class Feature:
 
 
 class FeatureRegistry:
+    #: The title of the parser group holding every feature's flags (their heading in ``--help``).
+    GROUP_TITLE = "megatron-adaptor"
+
     def __init__(self, features: Iterable[Feature] = ()) -> None:
         self._features: list[Feature] = []
         for f in features:
@@ -98,7 +102,7 @@ class FeatureRegistry:
         return iter(self._features)
 
     def add_arguments(self, parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
-        group = parser.add_argument_group(title="megatron-adaptor")
+        group = parser.add_argument_group(title=self.GROUP_TITLE)
         for f in self._features:
             f.add_arguments(group)
         return parser

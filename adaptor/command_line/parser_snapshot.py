@@ -2,9 +2,10 @@
 
 A run's command line is checked before anything heavy is imported (:mod:`adaptor.command_line.early_check`),
 which needs the parser that ``megatron.training.arguments`` builds, and building that one imports torch
-and megatron-core (about seven seconds). So ``tools/gen_docs.py`` writes the parser's options to
-``megatron_parser.json`` beside this module, and its ``--check`` (run by the tests) fails when the file
-no longer matches the installed megatron-core and our features.
+and megatron-core (about seven seconds). So ``tools/gen_docs.py --parser`` writes the parser's options,
+each with its group's title, to ``megatron_parser.json`` beside this module (a plain run rewrites only
+our features' rows, and writes docs/flags-megatron.md from the file), and ``--parser --check``, run by a
+test, fails when the file no longer matches the installed megatron-core and our features.
 
 A type we cannot rebuild without Megatron (its own converters, such as ``tuple_type``) is kept as the
 raw string and marked ``exact: false``: the early check then leaves that flag's value to Megatron.
@@ -31,8 +32,14 @@ def _plain(value):
     return {"repr": repr(value)}
 
 
+def _group_titles(parser: argparse.ArgumentParser) -> dict[int, str]:
+    """The title of each action's group, by the action's id (argparse records it on the group only)."""
+    return {id(action): group.title for group in parser._action_groups for action in group._group_actions}
+
+
 def snapshot(parser: argparse.ArgumentParser) -> list[dict]:
-    """One row per option of ``parser``, in the parser's order."""
+    """One row per option of ``parser``, in the parser's order, with the title of its group."""
+    groups = _group_titles(parser)
     rows = []
     for action in parser._actions:
         if not action.option_strings or isinstance(action, argparse._HelpAction):
@@ -42,7 +49,7 @@ def snapshot(parser: argparse.ArgumentParser) -> list[dict]:
             raise ValueError(f"{action.option_strings[0]}: argparse action {kind} has no snapshot form")
         type_name = getattr(action.type, "__name__", None) if action.type is not None else None
         rows.append({
-            "options": list(action.option_strings), "dest": action.dest, "action": kind,
+            "options": list(action.option_strings), "dest": action.dest, "group": groups[id(action)], "action": kind,
             "nargs": action.nargs, "const": _plain(action.const), "default": _plain(action.default),
             "type": type_name if type_name in _TYPES else None,
             "exact": action.type is None or type_name in _TYPES,

@@ -1,7 +1,7 @@
 """The command line checked before torch is imported reads it as Megatron's own parser does.
 
 The snapshot of the parser (adaptor/command_line/megatron_parser.json) is compared with the live one
-by ``tools/gen_docs.py --check`` (test_flag_policy.py). Here: a command line that sets every flag
+by ``tools/gen_docs.py --parser --check`` (test_flag_policy.py). Here: a command line that sets every flag
 at once parses to the same values with the rebuilt parser as with Megatron's; the early refusals
 are exactly the refusals the run would make for the flags it decides; an unknown flag gets the
 nearest spelling.
