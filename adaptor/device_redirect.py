@@ -13,6 +13,16 @@ from typing import Callable
 
 import torch
 
+#: torch.cuda names Megatron calls, each taken from the backend's module (torch.npu) when it has it.
+CUDA_NAMES = (
+    "is_available", "current_device", "device_count", "set_device", "synchronize", "empty_cache",
+    "ipc_collect", "get_rng_state", "set_rng_state", "manual_seed", "manual_seed_all",
+    "Stream", "Event", "current_stream", "default_stream", "stream",
+    "memory_allocated", "max_memory_allocated", "memory_reserved", "max_memory_reserved",
+    "reset_peak_memory_stats", "reset_max_memory_allocated", "memory_stats", "mem_get_info",
+    "get_device_name", "get_device_properties", "get_device_capability",
+)
+
 FACTORIES = (
     "tensor", "as_tensor", "empty", "empty_like", "empty_strided", "zeros", "zeros_like",
     "ones", "ones_like", "full", "full_like", "arange", "linspace", "logspace", "eye",

@@ -224,7 +224,7 @@ def _patches_by_backend(feature, registry) -> dict[str, list[tuple[str, str]]]:
         # Without torch_npu, list the NPU device patches as if torch.npu had every function they redirect.
         lister = name == "npu" and not hasattr(torch, "npu")
         if lister:
-            from patches.device.npu_device import CUDA_NAMES
+            from adaptor.device_redirect import CUDA_NAMES
 
             torch.npu = types.SimpleNamespace(**{n: None for n in CUDA_NAMES})
         arguments_hook.register(pm, registry, ctx)  # as setup() does first; its rows are left out

@@ -26,20 +26,9 @@ from __future__ import annotations
 import torch
 
 from adaptor.features import Feature
-from adaptor.device_redirect import make_mapper, register_collective_backend, register_device_arguments
+from adaptor.device_redirect import CUDA_NAMES, make_mapper, register_collective_backend, register_device_arguments
 
 OWNER = __name__
-
-#: torch.cuda names Megatron calls, each taken from torch.npu when torch_npu has it.
-CUDA_NAMES = (
-    "is_available", "current_device", "device_count", "set_device", "synchronize", "empty_cache",
-    "ipc_collect", "get_rng_state", "set_rng_state", "manual_seed", "manual_seed_all",
-    "Stream", "Event", "current_stream", "default_stream", "stream",
-    "memory_allocated", "max_memory_allocated", "memory_reserved", "max_memory_reserved",
-    "reset_peak_memory_stats", "reset_max_memory_allocated", "memory_stats", "mem_get_info",
-    "get_device_name", "get_device_properties", "get_device_capability",
-)
-
 
 def _npu():
     return torch.npu  # set by `import torch_npu`
