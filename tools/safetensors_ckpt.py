@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import math
 import os
 import shutil
 import subprocess
@@ -163,7 +162,7 @@ def info(args) -> str:
 
     tensors = GlobalTensors(args.load_dir, model_only=False)
     doc = tensors.index.doc
-    size = sum(t.dtype.itemsize * math.prod(t.shape) for t in tensors.tensors.values())
+    size = sum(t.nbytes for t in tensors.tensors.values())
     model = [t for t in tensors.tensors.values() if not t.key.startswith("optimizer.")]
     return (f"{tensors.index.dir}: iteration {doc.get('iteration')}, world size {doc.get('world_size')}, "
             f"layout {doc.get('parallel')}, {len(doc.get('files', []))} rank files, "
