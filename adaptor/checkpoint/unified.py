@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import functools
 import json
+import shutil
 from pathlib import Path
 
 import torch
@@ -21,25 +22,7 @@ from adaptor.checkpoint.errors import CheckpointError
 from adaptor.checkpoint.global_names import GlobalTensor, global_tensors
 from adaptor.checkpoint.object_codec import dtype_from_name
 from adaptor.checkpoint.reader import CheckpointIndex
-
-SIDE_FILE = "megatron_checkpoint.json"
-
-
-def resolve(path) -> Path:
-    """A checkpoint directory from ``path``: an iteration directory, or a --save directory with a tracker."""
-    path = Path(path)
-    if files.is_safetensors_checkpoint(path):
-        return path
-    tracker = path / files.TRACKER
-    if tracker.is_file():
-        text = tracker.read_text().strip()
-        name = files.tracked_dir_name(text)
-        if name is None:
-            raise CheckpointError(f"{tracker}: does not name an iteration ({text!r})")
-        if files.is_safetensors_checkpoint(path / name):
-            return path / name
-        raise CheckpointError(f"{path / name}: not a safetensors checkpoint (named by {tracker})")
-    raise CheckpointError(f"{path}: neither a safetensors checkpoint nor a --save directory with {files.TRACKER}")
+from adaptor.checkpoint.unified_dirs import SIDE_FILE, partial_dir, publish, read_side_file, resolve
 
 
 class GlobalTensors:
@@ -85,41 +68,15 @@ def module_name(name: str) -> str:
     return name
 
 
-def refuse_nonempty(save_dir: Path) -> None:
-    if save_dir.exists() and (not save_dir.is_dir() or any(save_dir.iterdir())):
-        raise CheckpointError(f"--save-dir {save_dir} exists and is not empty (refusing to overwrite)")
-
-
-def _atomic_dir(save_dir: Path):
-    refuse_nonempty(save_dir)
-    save_dir.parent.mkdir(parents=True, exist_ok=True)
-    temp = save_dir.with_name(f".{save_dir.name}.partial")
-    if temp.exists():
-        import shutil
-
-        shutil.rmtree(temp)
-    temp.mkdir()
-    return temp
-
-
-def publish(temp: Path, save_dir: Path) -> None:
-    """Rename a finished directory onto ``save_dir`` (which may exist, empty)."""
-    if save_dir.exists():
-        save_dir.rmdir()
-    temp.rename(save_dir)
-
-
 def merge(load, save_dir, model_type_hf: str | None = None, max_shard_bytes: int = 5 * 2**30) -> Path:
     """Write the model of a sharded checkpoint as whole tensors (Megatron or Hugging Face names)."""
-    import shutil
-
     from adaptor.convert.hf_directory import write_safetensors_checkpoint
 
     source = GlobalTensors(load)
     common = source.common_state()
     args = common.get("args")
     save_dir = Path(save_dir)
-    temp = _atomic_dir(save_dir)
+    temp = partial_dir(save_dir)
     try:
         if model_type_hf is None:
             names = list(source.tensors)
@@ -175,17 +132,8 @@ def to_release(unified_dir, save_dir) -> Path:
     from adaptor.checkpoint.writer import FilePayload, rank_metadata, write_payload
 
     unified_dir, save_dir = Path(unified_dir), Path(save_dir)
-    side_path = unified_dir / SIDE_FILE
-    try:
-        side = json.loads(side_path.read_text())
-        if side.get("names") != "megatron":
-            raise ValueError("it was merged with Hugging Face names; load those with --hf-load-dir "
-                             "or tools/convert_ckpt.py")
-        entries = side["tensors"]
-    except FileNotFoundError:
-        raise CheckpointError(f"{side_path}: missing (not a directory written by safetensors_ckpt.py merge)") from None
-    except (ValueError, KeyError, TypeError) as exc:
-        raise CheckpointError(f"{side_path}: {exc}") from None
+    side = read_side_file(unified_dir)
+    entries = side["tensors"]
     source = _MergedTensors(unified_dir)
     counts: dict[str, list[int]] = {}
     for entry in entries.values():
@@ -203,7 +151,7 @@ def to_release(unified_dir, save_dir) -> Path:
                        "global_offset": index + [0] * tensor.dim(), "local_shape": list(tensor.shape),
                        "prepend_axis_num": len(index), "flattened_range": None})
         tensors.append((name, tensor))
-    temp = _atomic_dir(save_dir)
+    temp = partial_dir(save_dir)
     try:
         release = temp / "release"
         staging = files.prepare_staging(release)
@@ -218,8 +166,6 @@ def to_release(unified_dir, save_dir) -> Path:
         (temp / files.TRACKER).write_text("release")
         publish(temp, save_dir)
     finally:
-        import shutil
-
         shutil.rmtree(temp, ignore_errors=True)
     return save_dir
 
