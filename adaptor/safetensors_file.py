@@ -1,12 +1,10 @@
-"""One .safetensors file: a checked, memory-mapped reader and a durable writer.
+"""One .safetensors file: a memory-mapped reader and a durable writer.
 
-Format (https://github.com/huggingface/safetensors): 8 bytes little-endian header length N,
-N bytes of JSON ``{name: {dtype, shape, data_offsets: [begin, end]}, "__metadata__": {str: str}}``
-(padded with spaces), then the tensors' bytes, offsets relative to the end of the header.
-
+The header is read and checked by :mod:`adaptor.safetensors_header` (without torch, so tools can
+describe files before importing it); this module maps the data as tensors and writes files.
 Both the Hugging Face conversion (``adaptor.convert``) and the sharded training checkpoints
-(``adaptor.checkpoint``) read and write through this module. Nothing here unpickles: a file
-is a JSON header and raw little-endian bytes.
+(``adaptor.checkpoint``) read and write through it. Nothing here unpickles: a file is a JSON
+header and raw little-endian bytes.
 """
 from __future__ import annotations
 
@@ -21,67 +19,29 @@ from typing import Iterable
 import torch
 
 from adaptor.checkpoint.files import fsync_dir  # noqa: F401  (also this module's: writers here use it)
+from adaptor.safetensors_header import (
+    DTYPES,
+    SafetensorsError,  # noqa: F401  (readers catch it from here too)
+    SafetensorsHeader,
+    read_header,
+)
 
-DTYPES = {
-    "F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
-    "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8,
-    "U16": torch.uint16, "U32": torch.uint32, "U64": torch.uint64,
-    "BOOL": torch.bool, "F8_E4M3": torch.float8_e4m3fn, "F8_E5M2": torch.float8_e5m2,
-}
-DTYPE_NAMES = {dtype: name for name, dtype in DTYPES.items()}
-# The safetensors library refuses headers above 100 MB; so do we (a corrupt length must not allocate GBs).
-MAX_HEADER_BYTES = 100_000_000
-
-
-class SafetensorsError(Exception):
-    """A file that is not a complete, well-formed safetensors file; the message names the file."""
+TORCH_DTYPES = {name: getattr(torch, torch_name) for name, (torch_name, _) in DTYPES.items()}
+DTYPE_NAMES = {dtype: name for name, dtype in TORCH_DTYPES.items()}
 
 
 class SafetensorsFile:
-    """Header parsed and checked against the file size when opened; data mapped on first read."""
+    """Header parsed and checked when opened; data mapped on first read."""
 
-    def __init__(self, path):
-        self.path = Path(path)
+    def __init__(self, source):
+        """``source``: the file's path, or its header already read (:func:`read_header`)."""
+        header = source if isinstance(source, SafetensorsHeader) else read_header(source)
+        self.path = header.path
+        self.data_start = header.data_start
+        self.metadata = header.metadata
+        self.tensors: dict[str, tuple[torch.dtype, tuple[int, ...], int, int]] = {
+            name: (TORCH_DTYPES[t.dtype], t.shape, t.begin, t.numel) for name, t in header.tensors.items()}
         self._map = None
-        try:
-            size = self.path.stat().st_size
-            with open(self.path, "rb") as handle:
-                prefix = handle.read(8)
-                if len(prefix) < 8:
-                    raise SafetensorsError(f"{self.path}: truncated safetensors file ({size} bytes, no header)")
-                (header_len,) = struct.unpack("<Q", prefix)
-                if header_len > size - 8 or header_len > MAX_HEADER_BYTES:
-                    raise SafetensorsError(f"{self.path}: corrupt or truncated safetensors header "
-                                           f"(header says {header_len} bytes, file has {size})")
-                raw = handle.read(header_len)
-        except OSError as exc:
-            raise SafetensorsError(f"{self.path}: cannot read: {exc.strerror}") from exc
-        try:
-            header = json.loads(raw)
-            if not isinstance(header, dict):
-                raise ValueError("the header is not a JSON object")
-        except (UnicodeDecodeError, ValueError) as exc:
-            raise SafetensorsError(f"{self.path}: corrupt safetensors header ({exc})") from exc
-        self.data_start = 8 + header_len
-        self.metadata: dict[str, str] = header.pop("__metadata__", None) or {}
-        self.tensors: dict[str, tuple[torch.dtype, tuple[int, ...], int, int]] = {}
-        for name, entry in header.items():
-            try:
-                dtype = DTYPES.get(entry.get("dtype"))
-                shape = tuple(int(d) for d in entry["shape"])
-                begin, end = (int(x) for x in entry["data_offsets"])
-            except (AttributeError, KeyError, TypeError, ValueError) as exc:
-                raise SafetensorsError(f"{self.path}: corrupt header entry for tensor {name}") from exc
-            if dtype is None:
-                raise SafetensorsError(f"{self.path}: tensor {name} has unsupported dtype {entry.get('dtype')!r}")
-            numel = math.prod(shape)
-            if begin < 0 or end - begin != numel * dtype.itemsize:
-                raise SafetensorsError(f"{self.path}: corrupt header: tensor {name} {list(shape)} {entry['dtype']} "
-                                       f"spans {end - begin} bytes")
-            if self.data_start + end > size:
-                raise SafetensorsError(f"{self.path}: truncated: tensor {name} ends at byte {self.data_start + end} "
-                                       f"but the file has {size} bytes")
-            self.tensors[name] = (dtype, shape, begin, numel)
 
     def get(self, name: str) -> torch.Tensor:
         """The tensor as a copy-on-write view of the mapped file (no read until touched)."""

@@ -75,6 +75,7 @@ def reader_only(checkpoint: Path) -> float:
     os.environ.setdefault("ADAPTOR_QUIET", "1")
     from megatron.core.dist_checkpointing.mapping import ShardedTensor
 
+    from adaptor.checkpoint.object_codec import dtype_from_name
     from adaptor.checkpoint.reader import CheckpointIndex
 
     iteration = (checkpoint / "latest_checkpointed_iteration.txt").read_text().strip()
@@ -85,8 +86,8 @@ def reader_only(checkpoint: Path) -> float:
         for s in shards:
             if s.flattened_range is not None:
                 continue
-            request = ShardedTensor(key, None, s.dtype, s.local_shape, s.global_shape, s.global_offset, None,
-                                    prepend_axis_num=s.prepend_axis_num)
+            request = ShardedTensor(key, None, dtype_from_name(s.dtype), s.local_shape, s.global_shape,
+                                    s.global_offset, None, prepend_axis_num=s.prepend_axis_num)
             total += index.load_tensor(request).nbytes
     return total / (time.perf_counter() - start) / 1e9
 

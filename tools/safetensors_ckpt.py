@@ -14,13 +14,14 @@ reads: without layout flags a single-file release checkpoint (any layout loads i
 online); with them, Megatron itself re-saves it at that layout (``--ckpt-convert-format``), replaying
 the training command line the checkpoint recorded. Every write goes to a hidden directory beside
 --save-dir and is renamed when complete.
+
+info reads only JSON (common.json and the safetensors headers), and merge and split check their
+directories before importing torch: those answers and errors come in a fraction of a second.
 """
 from __future__ import annotations
 
 import argparse
-import json
 import logging
-import math
 import os
 import shutil
 import subprocess
@@ -119,19 +120,41 @@ def replay_argv(recorded: list[str], layout: dict[str, int], load: Path, out: Pa
     ]
 
 
-def split(args) -> Path:
-    from adaptor.checkpoint.errors import CheckpointError
-    from adaptor.checkpoint.unified import SIDE_FILE, publish, refuse_nonempty, to_release
+def check_inputs(args) -> dict | None:
+    """merge's and split's errors in --load-dir and --save-dir, found before they import torch.
 
-    layout = {k: getattr(args, k) for k in ("tensor_model_parallel_size", "pipeline_model_parallel_size",
-                                            "expert_model_parallel_size") if getattr(args, k)}
+    Returns what split reads from its --load-dir: the merged directory's description.
+    """
+    from adaptor.checkpoint.errors import CheckpointError
+    from adaptor.checkpoint.unified_dirs import SIDE_FILE, read_side_file, refuse_nonempty, resolve
+
+    side = None
+    if args.command == "merge":
+        resolve(args.load_dir)
+    else:
+        side = read_side_file(args.load_dir)
+        if layout_of(args) and not side.get("command_line"):
+            raise CheckpointError(f"{Path(args.load_dir) / SIDE_FILE}: records no training command line to replay "
+                                  f"at a layout; split without layout flags and load that at the layout instead")
+    refuse_nonempty(Path(args.save_dir))
+    return side
+
+
+def layout_of(args) -> dict[str, int]:
+    return {k: getattr(args, k) for k in ("tensor_model_parallel_size", "pipeline_model_parallel_size",
+                                          "expert_model_parallel_size") if getattr(args, k)}
+
+
+def split(args, side: dict) -> Path:
+    from adaptor.checkpoint.errors import CheckpointError
+    from adaptor.checkpoint.unified import to_release
+    from adaptor.checkpoint.unified_dirs import publish, refuse_nonempty
+
+    layout = layout_of(args)
     save_dir = Path(args.save_dir)
     if not layout:
         return to_release(args.load_dir, save_dir)
-    recorded = json.loads((Path(args.load_dir) / SIDE_FILE).read_text()).get("command_line")
-    if not recorded:
-        raise CheckpointError(f"{Path(args.load_dir) / SIDE_FILE}: records no training command line to replay "
-                              f"at a layout; split without layout flags and load that at the layout instead")
+    recorded = side["command_line"]
     work = save_dir.with_name(f".{save_dir.name}.split")
     shutil.rmtree(work, ignore_errors=True)
     try:
@@ -151,7 +174,7 @@ def split(args) -> Path:
             reason = next((line for line in lines if line.startswith("megatron-adaptor: error:")), None) or next(
                 (line for line in reversed(lines) if "Error" in line), "no output")
             raise CheckpointError(f"re-saving at {layout} failed (exit {proc.returncode}): {reason}")
-        refuse_nonempty(save_dir)
+        refuse_nonempty(save_dir)  # again: the re-save took a while
         publish(work / "converted" / "safetensors", save_dir)
     finally:
         shutil.rmtree(work, ignore_errors=True)
@@ -159,15 +182,19 @@ def split(args) -> Path:
 
 
 def info(args) -> str:
-    from adaptor.checkpoint.unified import GlobalTensors
+    """One line from the shard table alone: no torch, no tensor data read."""
+    from adaptor.checkpoint.global_names import global_tensors
+    from adaptor.checkpoint.shard_table import ShardTable
+    from adaptor.checkpoint.unified_dirs import resolve
 
-    tensors = GlobalTensors(args.load_dir, model_only=False)
-    doc = tensors.index.doc
-    size = sum(t.dtype.itemsize * math.prod(t.shape) for t in tensors.tensors.values())
-    model = [t for t in tensors.tensors.values() if not t.key.startswith("optimizer.")]
-    return (f"{tensors.index.dir}: iteration {doc.get('iteration')}, world size {doc.get('world_size')}, "
+    table = ShardTable(resolve(args.load_dir))
+    tensors = list(global_tensors(table.shards, model_only=False).values())
+    doc = table.doc
+    size = sum(t.nbytes for t in tensors)
+    model = [t for t in tensors if not t.key.startswith("optimizer.")]
+    return (f"{table.dir}: iteration {doc.get('iteration')}, world size {doc.get('world_size')}, "
             f"layout {doc.get('parallel')}, {len(doc.get('files', []))} rank files, "
-            f"{len(model)} model tensors, {len(tensors.tensors) - len(model)} optimizer tensors, "
+            f"{len(model)} model tensors, {len(tensors) - len(model)} optimizer tensors, "
             f"{size / 1e9:.3f} GB of tensors")
 
 
@@ -176,16 +203,18 @@ def main(argv=None) -> int:
     from adaptor.checkpoint.errors import CheckpointError
 
     try:
+        if args.command == "info":
+            print(info(args))
+            return 0
+        side = check_inputs(args)
         if args.command == "merge":
             from adaptor.checkpoint.unified import merge
 
             out = merge(args.load_dir, args.save_dir, args.model_type_hf, args.max_shard_bytes)
             print(f"[{PROG}] merged {args.load_dir} into {out}")
-        elif args.command == "split":
-            out = split(args)
-            print(f"[{PROG}] split {args.load_dir} into {out}")
         else:
-            print(info(args))
+            out = split(args, side)
+            print(f"[{PROG}] split {args.load_dir} into {out}")
     except (CheckpointError, OSError, ValueError) as exc:
         print(f"{PROG}: error: {' '.join(str(exc).split())}", file=sys.stderr)
         return 2

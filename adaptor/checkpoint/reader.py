@@ -1,51 +1,25 @@
-"""Reading a safetensors checkpoint: every rank's shard table, and any requested slice of any tensor.
+"""Reading a safetensors checkpoint: any requested slice of any tensor, and its non-tensor state.
 
-A checkpoint records, for each tensor a rank wrote, its key, global shape and the box it covers
-(``global_offset`` + local shape, after ``prepend_axis_num`` unit axes), or a contiguous range of
-that box flattened (``flattened_range``: a distributed-optimizer shard in model space). A request
+What each rank saved is the torch-free :class:`adaptor.checkpoint.shard_table.ShardTable`. A request
 is the same description for the run that loads: Megatron's ShardedTensor at the new layout. The
 reader copies each overlap of the two from the memory-mapped files, so a checkpoint saved at one
 TP/PP/DP/EP layout loads at another, and each rank reads only the bytes it needs.
 """
 from __future__ import annotations
 
-import json
 import math
 from collections import defaultdict
-from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 
 from adaptor.checkpoint import files
 from adaptor.checkpoint.errors import CheckpointError
 from adaptor.checkpoint.object_codec import decode, dtype_from_name
-from adaptor.safetensors_file import SafetensorsError, SafetensorsFile
+from adaptor.checkpoint.shard_table import SavedShard, ShardTable
+from adaptor.safetensors_file import SafetensorsFile
 
 
 MAIN_PARAM_PREFIX = "optimizer.state.fp32_param."
-
-
-@dataclass(frozen=True)
-class SavedShard:
-    file: str
-    name: str
-    key: str
-    dtype: torch.dtype
-    global_shape: tuple[int, ...]
-    global_offset: tuple[int, ...]
-    local_shape: tuple[int, ...]
-    prepend_axis_num: int
-    flattened_range: tuple[int, int] | None
-
-    @property
-    def box_shape(self) -> tuple[int, ...]:
-        """The local shape with the prepended unit axes: as many dimensions as the global shape."""
-        return (1,) * self.prepend_axis_num + self.local_shape
-
-    @property
-    def box(self) -> tuple[tuple[int, ...], tuple[int, ...]]:
-        return self.global_offset, self.box_shape
 
 
 def _box_of(sh_ten) -> tuple[tuple[int, ...], tuple[int, ...]]:
@@ -66,96 +40,25 @@ def _slices(start, shape, origin):
     return tuple(slice(s - o, s - o + n) for s, n, o in zip(start, shape, origin))
 
 
-class CheckpointIndex:
-    """One finished checkpoint directory: its common state and the shard table of every rank file."""
+class CheckpointIndex(ShardTable):
+    """One finished checkpoint directory: its shard table, and the tensors and objects read from it."""
 
     def __init__(self, checkpoint_dir):
-        self.dir = Path(checkpoint_dir)
-        common_path = self.dir / files.COMMON_JSON
-        try:
-            self.doc = json.loads(common_path.read_text())
-            if self.doc.get("format") != files.FORMAT_NAME:
-                raise ValueError(f"format is {self.doc.get('format')!r}, not {files.FORMAT_NAME!r}")
-            rank_files = list(self.doc["files"])
-        except FileNotFoundError:
-            raise CheckpointError(f"{common_path}: missing; {self.dir} is not a complete safetensors checkpoint") from None
-        except (OSError, ValueError, KeyError, TypeError) as exc:
-            raise CheckpointError(f"{common_path}: not a valid checkpoint description ({exc})") from None
-        for name in rank_files:
-            if not files.is_rank_file(files.member(self.dir, name).name):
-                raise CheckpointError(f"{common_path}: {name!r} is not a rank file name")
-        self.rank_files = rank_files
+        super().__init__(checkpoint_dir)
         self._files: dict[str, SafetensorsFile] = {}
-        self._shards: dict[str, list[SavedShard]] | None = None
-        self._objects: dict[str, tuple[str, object]] = {}
 
-    @property
-    def shards(self) -> dict[str, list[SavedShard]]:
-        """Key -> saved shards, from every rank file's header (read on first use)."""
-        if self._shards is None:
-            self._shards = defaultdict(list)
-            for name in self.rank_files:
-                path = files.member(self.dir, name)
-                if not path.is_file():
-                    raise CheckpointError(f"{path}: missing (one of the {len(self.rank_files)} rank files "
-                                          f"{files.COMMON_JSON} lists); the checkpoint is incomplete")
-                self._read_rank_file(name, path)
-        return self._shards
-
-    @property
-    def objects(self) -> dict[str, tuple[str, object]]:
-        self.shards  # noqa: B018 - reads the rank files
-        return self._objects
-
-    def _open(self, name: str, path: Path) -> SafetensorsFile:
-        try:
-            file = SafetensorsFile(path)
-        except SafetensorsError as exc:
-            raise CheckpointError(str(exc)) from None
-        self._files[name] = file
-        return file
-
-    def _read_rank_file(self, name: str, path: Path) -> None:
-        file = self._open(name, path)
-        try:
-            if file.metadata.get("format") != files.FORMAT_NAME:
-                raise ValueError("not written by this format")
-            table = json.loads(file.metadata["shards"])
-            objects = json.loads(file.metadata["objects"])
-            for entry in table:
-                shard = SavedShard(
-                    file=name, name=entry["name"], key=entry["key"], dtype=dtype_from_name(entry["dtype"]),
-                    global_shape=tuple(entry["global_shape"]), global_offset=tuple(entry["global_offset"]),
-                    local_shape=tuple(entry["local_shape"]), prepend_axis_num=int(entry["prepend_axis_num"]),
-                    flattened_range=None if entry["flattened_range"] is None else tuple(entry["flattened_range"]),
-                )
-                self._check_entry(file, shard)
-                self._shards[shard.key].append(shard)
-        except CheckpointError:
-            raise
-        except (KeyError, TypeError, ValueError) as exc:
-            raise CheckpointError(f"{path}: corrupt shard table in the safetensors metadata ({exc})") from None
-        for unique_key, value in objects.items():
-            self._objects[unique_key] = (name, value)
-
-    def _check_entry(self, file: SafetensorsFile, shard: SavedShard) -> None:
-        stored = file.tensors.get(shard.name)
-        if stored is None:
-            raise CheckpointError(f"{file.path}: tensor {shard.name} ({shard.key}) is listed but not stored")
-        dtype, shape = stored[0], stored[1]
-        if shard.flattened_range is None:
-            ok = tuple(shape) == shard.local_shape
-        else:
-            ok = len(shape) == 1 and shape[0] == shard.flattened_range[1] - shard.flattened_range[0]
-        if dtype != shard.dtype or not ok or len(shard.global_offset) != len(shard.global_shape):
-            raise CheckpointError(f"{file.path}: tensor {shard.name} ({shard.key}) is stored as {list(shape)} {dtype}, "
-                                  f"its shard table says {list(shard.box_shape)} {shard.dtype}")
+    def _file(self, name: str) -> SafetensorsFile:
+        """The checkpoint's file ``name`` with its data mapped (its header was read with the table)."""
+        if name not in self._files:
+            self._files[name] = SafetensorsFile(self.headers[name])
+        return self._files[name]
 
     # ------------------------------------------------------------------ common state and objects
     def common_state(self) -> dict:
         tensors = None
         if (self.dir / files.COMMON_TENSORS).exists():
-            tensors = self._open(files.COMMON_TENSORS, files.member(self.dir, files.COMMON_TENSORS))
+            self._read_header(files.COMMON_TENSORS, files.member(self.dir, files.COMMON_TENSORS))
+            tensors = self._file(files.COMMON_TENSORS)
 
         def get(name):
             if tensors is None or name not in tensors.tensors:
@@ -182,7 +85,7 @@ class CheckpointIndex:
             raise CheckpointError(f"{self.dir}: object {sh_obj.unique_key} is not in the checkpoint "
                                   f"(saved with a different parallel layout or without it)")
         file_name, value = found
-        file = self._files[file_name]
+        file = self._file(file_name)
 
         def get(name):
             if name not in file.tensors:
@@ -203,12 +106,13 @@ class CheckpointIndex:
             # A run without fp32 main params (fp32 training without the distributed optimizer) saved
             # none: there the model weight *is* the main parameter, so it is the exact value.
             weights = self.shards.get(sh_ten.key[len(MAIN_PARAM_PREFIX):], [])
-            saved = [s for s in weights if s.dtype == torch.float32]
+            saved = [s for s in weights if s.dtype == "float32"]
         if not saved:
             raise CheckpointError(f"{self.dir}: tensor {sh_ten.key} is not in the checkpoint")
         first = saved[0]
-        if first.dtype != sh_ten.dtype:
-            raise CheckpointError(f"{self.dir / first.file}: tensor {sh_ten.key} is {first.dtype} in the checkpoint "
+        saved_dtype = dtype_from_name(first.dtype)
+        if saved_dtype != sh_ten.dtype:
+            raise CheckpointError(f"{self.dir / first.file}: tensor {sh_ten.key} is {saved_dtype} in the checkpoint "
                                   f"but the model expects {sh_ten.dtype}")
         want_shape = tuple(sh_ten.global_shape)
         if first.global_shape != want_shape and not sh_ten.allow_shape_mismatch:
@@ -244,7 +148,7 @@ class CheckpointIndex:
         for piece in pieces:
             lo, hi = max(start, piece.flattened_range[0]), min(stop, piece.flattened_range[1])
             if hi > lo:
-                src = self._files[piece.file].get(piece.name)
+                src = self._file(piece.file).get(piece.name)
                 out[lo - start:hi - start].copy_(src[lo - piece.flattened_range[0]:hi - piece.flattened_range[0]])
                 covered += hi - lo
         return out, covered
@@ -260,7 +164,7 @@ class CheckpointIndex:
             overlap = _intersect(saved_box, box)
             if all(p.flattened_range is None for p in pieces):
                 for piece in pieces:
-                    src = self._files[piece.file].get(piece.name).reshape(piece.box_shape)
+                    src = self._file(piece.file).get(piece.name).reshape(piece.box_shape)
                     out[_slices(*overlap, origin)].copy_(src[_slices(*overlap, saved_box[0])])
                     covered += math.prod(overlap[1])
                 continue
@@ -291,7 +195,7 @@ class CheckpointIndex:
         out = {}
         for key, saved in self.shards.items():
             first = saved[0]
-            out[key] = ShardedTensor(key, None, first.dtype, first.global_shape, first.global_shape,
+            out[key] = ShardedTensor(key, None, dtype_from_name(first.dtype), first.global_shape, first.global_shape,
                                      (0,) * len(first.global_shape), None)
         for unique_key in self.objects:
             obj = ShardedObject.empty_from_unique_key(unique_key)

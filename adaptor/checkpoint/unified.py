@@ -1,69 +1,28 @@
 """A sharded checkpoint seen as whole tensors, and written out as one Hub-style directory.
 
-Each key of a sharded checkpoint is one global tensor; keys whose shards carry prepended axes
-(stacked decoder layers, experts) hold one tensor per index along them. :class:`GlobalTensors`
-names every such tensor by the name Megatron's own ``state_dict()`` gives it at TP=PP=EP=1
-(``decoder.layers.3.mlp.experts.local_experts.1.linear_fc1.weight``) and assembles it from
-whichever rank files hold its pieces. :func:`merge` writes the model part as
-``model-0000x-of-0000N.safetensors`` + ``model.safetensors.index.json`` with those names, or with
-Hugging Face names for the architectures :mod:`adaptor.convert` maps, plus
-``megatron_checkpoint.json`` (iteration, arguments, name -> key/index) so the directory can be
+:class:`GlobalTensors` assembles each whole tensor of a checkpoint, named as Megatron's own
+``state_dict()`` names it at TP=PP=EP=1 (``decoder.layers.3.mlp.experts.local_experts.1.linear_fc1.weight``;
+:mod:`adaptor.checkpoint.global_names`), from whichever rank files hold its pieces. :func:`merge`
+writes the model part as ``model-0000x-of-0000N.safetensors`` + ``model.safetensors.index.json``
+with those names, or with Hugging Face names for the architectures :mod:`adaptor.convert` maps,
+plus ``megatron_checkpoint.json`` (iteration, arguments, name -> key/index) so the directory can be
 split into a parallel layout again.
 """
 from __future__ import annotations
 
 import functools
-import itertools
 import json
-import re
-from dataclasses import dataclass
+import shutil
 from pathlib import Path
 
 import torch
 
 from adaptor.checkpoint import files
 from adaptor.checkpoint.errors import CheckpointError
+from adaptor.checkpoint.global_names import GlobalTensor, global_tensors
+from adaptor.checkpoint.object_codec import dtype_from_name
 from adaptor.checkpoint.reader import CheckpointIndex
-
-SIDE_FILE = "megatron_checkpoint.json"
-
-
-@dataclass(frozen=True)
-class GlobalTensor:
-    name: str
-    key: str
-    index: tuple[int, ...]  # position along the prepended axes
-    shape: tuple[int, ...]
-    dtype: torch.dtype
-
-
-def global_name(key: str, index: tuple[int, ...]) -> str:
-    """Megatron's TP=PP=EP=1 state-dict name for ``key`` at ``index`` of its prepended axes."""
-    name, rest = key, list(index)
-    if rest and re.match(r"decoder\.layers\.(?!\d)", name):
-        name = name.replace("decoder.layers.", f"decoder.layers.{rest.pop(0)}.", 1)
-    if rest and ".experts.experts." in name:
-        name = name.replace(".experts.experts.", f".experts.local_experts.{rest.pop(0)}.", 1)
-    if rest:
-        return f"{key}@{','.join(map(str, index))}"  # a stacking this naming does not know
-    return re.sub(r"^mtp\.layers\.(\d+)\.transformer_layer\.", r"mtp.layers.\1.mtp_model_layer.", name)
-
-
-def resolve(path) -> Path:
-    """A checkpoint directory from ``path``: an iteration directory, or a --save directory with a tracker."""
-    path = Path(path)
-    if files.is_safetensors_checkpoint(path):
-        return path
-    tracker = path / files.TRACKER
-    if tracker.is_file():
-        text = tracker.read_text().strip()
-        name = files.tracked_dir_name(text)
-        if name is None:
-            raise CheckpointError(f"{tracker}: does not name an iteration ({text!r})")
-        if files.is_safetensors_checkpoint(path / name):
-            return path / name
-        raise CheckpointError(f"{path / name}: not a safetensors checkpoint (named by {tracker})")
-    raise CheckpointError(f"{path}: neither a safetensors checkpoint nor a --save directory with {files.TRACKER}")
+from adaptor.checkpoint.unified_dirs import SIDE_FILE, partial_dir, publish, read_side_file, resolve
 
 
 class GlobalTensors:
@@ -71,15 +30,7 @@ class GlobalTensors:
 
     def __init__(self, checkpoint_dir, model_only: bool = True):
         self.index = CheckpointIndex(resolve(checkpoint_dir))
-        self.tensors: dict[str, GlobalTensor] = {}
-        for key, shards in sorted(self.index.shards.items()):
-            if model_only and key.startswith("optimizer."):
-                continue
-            first = shards[0]
-            prepend = first.prepend_axis_num
-            for index in itertools.product(*(range(n) for n in first.global_shape[:prepend])):
-                name = global_name(key, index)
-                self.tensors[name] = GlobalTensor(name, key, index, first.global_shape[prepend:], first.dtype)
+        self.tensors: dict[str, GlobalTensor] = global_tensors(self.index.shards, model_only)
 
     def request(self, name: str):
         """A ShardedTensor asking for the whole tensor ``name`` (what a TP=PP=EP=1 rank would hold)."""
@@ -87,8 +38,8 @@ class GlobalTensors:
 
         t = self.tensors[name]
         global_shape = (*self.index.shards[t.key][0].global_shape,)
-        return ShardedTensor(t.key, None, t.dtype, t.shape, global_shape, (*t.index, *(0,) * len(t.shape)),
-                             None, prepend_axis_num=len(t.index))
+        return ShardedTensor(t.key, None, dtype_from_name(t.dtype), t.shape, global_shape,
+                             (*t.index, *(0,) * len(t.shape)), None, prepend_axis_num=len(t.index))
 
     def get(self, name: str) -> torch.Tensor:
         if name not in self.tensors:
@@ -97,7 +48,7 @@ class GlobalTensors:
 
     def meta(self, name: str) -> torch.Tensor:
         t = self.tensors[name]
-        return torch.empty(t.shape, dtype=t.dtype, device="meta")
+        return torch.empty(t.shape, dtype=dtype_from_name(t.dtype), device="meta")
 
     def common_state(self) -> dict:
         return self.index.common_state()
@@ -117,41 +68,15 @@ def module_name(name: str) -> str:
     return name
 
 
-def refuse_nonempty(save_dir: Path) -> None:
-    if save_dir.exists() and (not save_dir.is_dir() or any(save_dir.iterdir())):
-        raise CheckpointError(f"--save-dir {save_dir} exists and is not empty (refusing to overwrite)")
-
-
-def _atomic_dir(save_dir: Path):
-    refuse_nonempty(save_dir)
-    save_dir.parent.mkdir(parents=True, exist_ok=True)
-    temp = save_dir.with_name(f".{save_dir.name}.partial")
-    if temp.exists():
-        import shutil
-
-        shutil.rmtree(temp)
-    temp.mkdir()
-    return temp
-
-
-def publish(temp: Path, save_dir: Path) -> None:
-    """Rename a finished directory onto ``save_dir`` (which may exist, empty)."""
-    if save_dir.exists():
-        save_dir.rmdir()
-    temp.rename(save_dir)
-
-
 def merge(load, save_dir, model_type_hf: str | None = None, max_shard_bytes: int = 5 * 2**30) -> Path:
     """Write the model of a sharded checkpoint as whole tensors (Megatron or Hugging Face names)."""
-    import shutil
-
     from adaptor.convert.hf_directory import write_safetensors_checkpoint
 
     source = GlobalTensors(load)
     common = source.common_state()
     args = common.get("args")
     save_dir = Path(save_dir)
-    temp = _atomic_dir(save_dir)
+    temp = partial_dir(save_dir)
     try:
         if model_type_hf is None:
             names = list(source.tensors)
@@ -207,17 +132,8 @@ def to_release(unified_dir, save_dir) -> Path:
     from adaptor.checkpoint.writer import FilePayload, rank_metadata, write_payload
 
     unified_dir, save_dir = Path(unified_dir), Path(save_dir)
-    side_path = unified_dir / SIDE_FILE
-    try:
-        side = json.loads(side_path.read_text())
-        if side.get("names") != "megatron":
-            raise ValueError("it was merged with Hugging Face names; load those with --hf-load-dir "
-                             "or tools/convert_ckpt.py")
-        entries = side["tensors"]
-    except FileNotFoundError:
-        raise CheckpointError(f"{side_path}: missing (not a directory written by safetensors_ckpt.py merge)") from None
-    except (ValueError, KeyError, TypeError) as exc:
-        raise CheckpointError(f"{side_path}: {exc}") from None
+    side = read_side_file(unified_dir)
+    entries = side["tensors"]
     source = _MergedTensors(unified_dir)
     counts: dict[str, list[int]] = {}
     for entry in entries.values():
@@ -235,7 +151,7 @@ def to_release(unified_dir, save_dir) -> Path:
                        "global_offset": index + [0] * tensor.dim(), "local_shape": list(tensor.shape),
                        "prepend_axis_num": len(index), "flattened_range": None})
         tensors.append((name, tensor))
-    temp = _atomic_dir(save_dir)
+    temp = partial_dir(save_dir)
     try:
         release = temp / "release"
         staging = files.prepare_staging(release)
@@ -250,8 +166,6 @@ def to_release(unified_dir, save_dir) -> Path:
         (temp / files.TRACKER).write_text("release")
         publish(temp, save_dir)
     finally:
-        import shutil
-
         shutil.rmtree(temp, ignore_errors=True)
     return save_dir
 

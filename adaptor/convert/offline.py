@@ -295,7 +295,7 @@ def sharded_key(name: str, stacked: bool, fused_norms: bool) -> tuple[str, tuple
     axis when all layers are alike (``stacked``; a ``--moe-layer-freq`` list makes them one key
     each), experts stacked on the next axis, the local spec's norms under Transformer Engine's
     fused names in layers with ``linear_qkv`` (``fused_norms``), an MTP layer's
-    ``mtp_model_layer`` saved as ``transformer_layer``. :func:`adaptor.checkpoint.unified.global_name`
+    ``mtp_model_layer`` saved as ``transformer_layer``. :func:`adaptor.checkpoint.global_names.global_name`
     is the inverse.
     """
     index: list[int] = []

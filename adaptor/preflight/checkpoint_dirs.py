@@ -70,7 +70,7 @@ def _check_torch_dist(directory: Path, flag: str) -> None:
 
 def _check_safetensors(directory: Path, flag: str) -> None:
     from adaptor.checkpoint import files
-    from adaptor.safetensors_file import SafetensorsError, SafetensorsFile
+    from adaptor.safetensors_header import SafetensorsError, read_header
 
     common = directory / files.COMMON_JSON
     try:
@@ -90,7 +90,7 @@ def _check_safetensors(directory: Path, flag: str) -> None:
         if not path.is_file():
             raise ArgumentError(f"{flag}: {path} is missing ({common} lists it)")
         try:
-            SafetensorsFile(path).close()
+            read_header(path)
         except SafetensorsError as exc:
             raise ArgumentError(f"{flag}: {exc}") from None
 
