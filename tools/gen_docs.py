@@ -360,6 +360,5 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":  # the tool's own quiet: a test calling main() keeps its environment as it is
-    os.environ["ADAPTOR_PATCH"] = "0"  # reads tables and the registry; patches nothing
     warnings.filterwarnings("ignore")
     sys.exit(main())

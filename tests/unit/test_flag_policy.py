@@ -136,7 +136,7 @@ def test_flag_reference_pages_are_current():
 
 def test_flag_pages_are_written_without_torch():
     """The environment and flag pages come from tables and the committed parser snapshot: a fresh
-    interpreter writes them without importing torch or Megatron, as the tool runs (ADAPTOR_PATCH=0)."""
+    interpreter writes them without importing torch or Megatron, as the tool runs."""
     code = textwrap.dedent("""
         import json, sys
         sys.path.insert(0, "tools")
@@ -145,6 +145,6 @@ def test_flag_pages_are_written_without_torch():
             build()
         print("FACTS " + json.dumps(sorted(m for m in ("torch", "megatron") if m in sys.modules)))
     """)
-    proc = processes.run_child(code, env=dict(os.environ, ADAPTOR_PATCH="0"), timeout=120, warm=False)
+    proc = processes.run_child(code, env=dict(os.environ), timeout=120, warm=False)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert processes.tagged_json(proc.stdout) == [], "a table page imported torch or Megatron"

@@ -115,7 +115,7 @@ print("FACTS" + json.dumps(facts))
 
 def test_npu_standin_copies_are_real_and_use_a_side_stream():
     """On the stand-in, npu tensors are CPU tensors: the host buffers must still be their own storage."""
-    out = run_child(NPU_CHILD, env=standin_env(ADAPTOR_PATCH="0", ADAPTOR_BACKEND="npu"), timeout=120)
+    out = run_child(NPU_CHILD, env=standin_env(ADAPTOR_BACKEND="npu"), timeout=120)
     assert out.returncode == 0, out.stderr[-3000:]
     facts = tagged_json(out.stdout)
     assert facts["equal"] and facts["separate"], facts
