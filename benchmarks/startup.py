@@ -12,7 +12,9 @@ median of ``--repeats`` fresh processes, measured in the same run, so rows compa
   initialisation (seeds, JIT warm-up), model and optimizer, data iterators, the first step;
 * the same phases read from ``import adaptor`` against a bare ``import megatron.training`` and GPT model;
 * the time until the one-line error of a misspelt flag, a missing dataset and an unwritable ``--save``;
-* ``tools/preprocess_data.py`` start-up: a one-document input with a ``tokenizer.json``.
+* ``tools/preprocess_data.py`` start-up: a one-document input with a ``tokenizer.json``;
+* the other tools that read files only: ``safetensors_ckpt.py info`` on the tiny model's checkpoint,
+  a library import (``import adaptor.checkpoint.files``: no run set up), ``gen_docs.py --check``.
 
 The probe (``--probe``) times the phases in-process by wrapping Megatron's functions for the length
 of the run; it changes no computation.
@@ -174,6 +176,18 @@ def main() -> None:
                 str(ROOT / "examples" / "data" / "tokenizer"), "--append-eod", "--workers", "1"]
         rows["tools/preprocess_data.py, one document, tokenizer.json"] = median_of(
             args.repeats, lambda: wall(tool, env=env_one_thread())[0])
+        save = Path(tmp) / "ckpt"
+        _, out = wall([py, script, *TINY_QWEN3, "--mock-data", "--save", str(save), "--save-interval", "1",
+                       "--ckpt-format", "safetensors"])
+        if not (save / "latest_checkpointed_iteration.txt").is_file():
+            raise SystemExit(f"the run that saves a checkpoint failed:\n{out[-3000:]}")
+        info = [py, str(ROOT / "tools" / "safetensors_ckpt.py"), "info", "--load-dir", str(save)]
+        rows["tools/safetensors_ckpt.py info, tiny model's checkpoint"] = median_of(
+            args.repeats, lambda: wall(info, want="iteration 1")[0])
+    rows["library: python -c 'import adaptor.checkpoint.files'"] = median_of(
+        args.repeats, lambda: wall([py, "-c", "import adaptor.checkpoint.files"])[0])
+    rows["tools/gen_docs.py --check (the reference page imports the features)"] = median_of(
+        args.repeats, lambda: wall([py, str(ROOT / "tools" / "gen_docs.py"), "--check"])[0])
 
     import torch
 
