@@ -19,9 +19,9 @@ mask's. Learned absolute position embeddings read ``--reset-position-ids``'s pos
 """
 from __future__ import annotations
 
+from adaptor.batch_format import batch_format
 from adaptor.features import ArgumentError, Feature
 from adaptor.log import notice_once
-from adaptor.packed_sequences import packs_documents
 
 
 class PackedSequences(Feature):
@@ -32,7 +32,7 @@ class PackedSequences(Feature):
     )
 
     def set_defaults(self, args, ctx) -> None:
-        if packs_documents(args) and args.create_attention_mask_in_dataloader:
+        if batch_format(args).thd and args.create_attention_mask_in_dataloader:
             notice_once("packed documents: attention gets their boundaries (THD), so the dataloader builds "
                         "no [s, s] attention mask")
             args.create_attention_mask_in_dataloader = False
