@@ -27,11 +27,12 @@ from megatron.training.argument_utils import pretrain_cfg_container_from_args
 from megatron.training.arguments import core_transformer_config_from_args, parse_and_validate_args
 from megatron.training.utils import get_blend_and_blend_per_split, is_first_or_last_pipeline_stage
 
-from adaptor.finetune.batches import finetune_batch, uses_boundaries
+from adaptor.batch_format import batch_format
+from adaptor.finetune.batches import finetune_batch
 from adaptor.finetune.instruction_dataset import InstructionDataset
 from adaptor.layer_specs import gpt_layer_spec, gpt_mtp_block_spec
-from adaptor.packed_sequences import lengths_from_cu_seqlens, lengths_from_eod, pack, packs_documents
 from adaptor.lm_loss import masked_lm_loss
+from adaptor.packed_sequences import lengths_from_cu_seqlens, lengths_from_eod, pack
 
 BATCH_KEYS = ("tokens", "labels", "loss_mask", "attention_mask", "position_ids")
 
@@ -76,20 +77,19 @@ def mtp_on_this_stage(vp_stage=None) -> bool:
 def get_batch(data_iterator, vp_stage=None):
     """Next micro-batch: read on TP rank 0, broadcast over the TP group, split for CP.
 
-    With packed documents (``adaptor.packed_sequences.packs_documents``) the batch becomes one
-    stream of documents with its boundaries, split per document for CP, and the sixth element is
-    the PackedSeqParams attention reads them from. Fine-tuning data (``--is-instruction-dataset``,
-    ``--sft``) carries conversation boundaries in every row: ``adaptor.finetune.batches`` turns them
-    into that stream or into a dense mask. A stage holding MTP layers needs tokens and positions
-    too, wherever it sits in the pipeline.
+    ``adaptor.batch_format.batch_format`` says what the batch gives attention. Where attention
+    takes THD, the batch becomes one stream of documents with its boundaries, split per document
+    for CP, and the sixth element is the PackedSeqParams attention reads them from. Fine-tuning
+    data (``--is-instruction-dataset``, ``--sft``) carries conversation boundaries in every row:
+    ``adaptor.finetune.batches`` turns them into that stream or into a dense mask. A stage holding
+    MTP layers needs tokens and positions too, wherever it sits in the pipeline.
     """
     args = get_args()
     mtp_here = mtp_on_this_stage(vp_stage)
     if not (is_first_or_last_pipeline_stage(vp_stage) or mtp_here):
         return None, None, None, None, None, None
+    fmt = batch_format(args)
     tp_rank = mpu.get_tensor_model_parallel_rank()
-    inter_document = bool(args.dataloader_inter_document_masking)
-    finetuning = uses_boundaries(args)
     batch, raw = {}, {}
     if tp_rank == 0:
         raw = next(data_iterator)
@@ -99,7 +99,7 @@ def get_batch(data_iterator, vp_stage=None):
         batch,
         has_cu_seqlens=False,
         is_hybrid_cp=False,
-        create_attention_mask_in_dataloader=args.create_attention_mask_in_dataloader and not finetuning,
+        create_attention_mask_in_dataloader=args.create_attention_mask_in_dataloader and not fmt.finetuning,
         broadcast_src_rank=mpu.get_tensor_model_parallel_src_rank(),
         broadcast_group=mpu.get_tensor_model_parallel_group(),
         cp_size=args.context_parallel_size,
@@ -111,25 +111,18 @@ def get_batch(data_iterator, vp_stage=None):
         is_pipeline_first_stage=mpu.is_pipeline_first_stage(),
         is_pipeline_last_stage=mpu.is_pipeline_last_stage(),
     )
-    if finetuning:
-        device = torch.cuda.current_device()
-        src, group = mpu.get_tensor_model_parallel_src_rank(), mpu.get_tensor_model_parallel_group()
-        cu_seqlens = raw["cu_seqlens"].to(device) if tp_rank == 0 else torch.empty(
-            args.micro_batch_size, args.seq_length + 1, dtype=torch.int32, device=device)
-        torch.distributed.broadcast(cu_seqlens, src, group=group)
+    cu_seqlens = None
+    if fmt.reads_cu_seqlens:
+        cu_seqlens = broadcast_from_tp_rank_0(raw.get("cu_seqlens"), (args.micro_batch_size, args.seq_length + 1),
+                                              torch.int32)
+    if fmt.finetuning:
         num_tokens = None
         if not args.sft:  # instruction datasets give each row's real length
-            num_tokens = raw["num_tokens"].to(device) if tp_rank == 0 else torch.empty(
-                args.micro_batch_size, dtype=torch.int64, device=device)
-            torch.distributed.broadcast(num_tokens, src, group=group)
+            num_tokens = broadcast_from_tp_rank_0(raw.get("num_tokens"), (args.micro_batch_size,), torch.int64)
         return finetune_batch(batch, cu_seqlens, num_tokens, args, cp_rank=mpu.get_context_parallel_rank(),
                               cp_group=mpu.get_context_parallel_group())
-    if packs_documents(args):
-        if inter_document:
-            cu_seqlens = raw["cu_seqlens"].to(torch.cuda.current_device()) if tp_rank == 0 else torch.empty(
-                args.micro_batch_size, args.seq_length + 1, dtype=torch.int32, device=torch.cuda.current_device())
-            torch.distributed.broadcast(cu_seqlens, mpu.get_tensor_model_parallel_src_rank(),
-                                        group=mpu.get_tensor_model_parallel_group())
+    if fmt.thd:
+        if cu_seqlens is not None:
             lengths = lengths_from_cu_seqlens(cu_seqlens, args.seq_length)
         else:
             lengths = lengths_from_eod(batch["tokens"], get_tokenizer().eod)
@@ -139,6 +132,18 @@ def get_batch(data_iterator, vp_stage=None):
         return packed.tokens, packed.labels, packed.loss_mask, None, packed.position_ids, packed.params
     batch = get_batch_on_this_cp_rank(batch, is_hybrid_cp=False, cp_group=mpu.get_context_parallel_group())
     return (*(batch.get(k) for k in BATCH_KEYS), None)
+
+
+def broadcast_from_tp_rank_0(tensor, shape, dtype):
+    """``tensor`` (given on TP rank 0) on every rank of the TP group; ``shape``/``dtype`` size the others'."""
+    device = torch.cuda.current_device()
+    if mpu.get_tensor_model_parallel_rank() == 0:
+        tensor = tensor.to(device)
+    else:
+        tensor = torch.empty(shape, dtype=dtype, device=device)
+    torch.distributed.broadcast(tensor, mpu.get_tensor_model_parallel_src_rank(),
+                                group=mpu.get_tensor_model_parallel_group())
+    return tensor
 
 
 def forward_step(data_iterator, model: GPTModel):
@@ -167,7 +172,7 @@ def gpt_dataset_config(args) -> GPTDatasetConfig:
         reset_position_ids=args.reset_position_ids,
         reset_attention_mask=args.reset_attention_mask,
         eod_mask_loss=args.eod_mask_loss,
-        create_attention_mask=args.create_attention_mask_in_dataloader and not uses_boundaries(args),
+        create_attention_mask=args.create_attention_mask_in_dataloader and not batch_format(args).finetuning,
         mid_level_dataset_surplus=args.mid_level_dataset_surplus,
         allow_ambiguous_pad_tokens=args.allow_ambiguous_pad_tokens,
         inter_document_masking=bool(args.dataloader_inter_document_masking),

@@ -11,7 +11,8 @@ upstream builder produces it, then swap modules in that data:
 * then the features' ``module_swaps`` (a declared attribute of each
   feature, see :mod:`adaptor.features`): each row replaces one upstream module
   class with ours wherever it occurs in the spec (attention, MLA, MoE and MTP
-  layers alike), when its argument is on. A feature owns the swaps its flag
+  layers alike), when its gate is on (an argument, or a decision such as
+  the batch format's, see :func:`row_is_on`). A feature owns the swaps its flag
   causes; where two rows replace the same class, the later feature in the
   registry wins (MLA + ``--use-flash-attn``: flash attention).
 """
@@ -31,6 +32,8 @@ from megatron.core.models.gpt.gpt_layer_specs import (
 )
 from megatron.core.transformer.spec_utils import ModuleSpec
 from megatron.core.transformer.transformer_config import TransformerConfig
+
+from adaptor.batch_format import batch_format
 
 
 def _load(path: str):
@@ -52,10 +55,18 @@ def swap_rows(features=None) -> list[tuple[str, str, str]]:
     return [row for feature in features for row in feature.module_swaps]
 
 
+# Gates named ``source.field`` read a decision made from the arguments rather than one argument.
+_GATE_SOURCES = {"batch_format": batch_format}
+
+
 def row_is_on(args, gate: str) -> bool:
-    """A row's gate: an argument that is on (``use_flash_attn``) or above a size (``context_parallel_size>1``)."""
+    """A row's gate: an argument that is on (``use_flash_attn``) or above a size (``context_parallel_size>1``),
+    or a field of the run's batch format (``batch_format.thd``: attention takes THD), a decision of several
+    arguments that :func:`adaptor.batch_format.batch_format` alone makes."""
     name, _, threshold = gate.partition(">")
-    value = getattr(args, name, None)
+    source, _, field = name.rpartition(".")
+    holder = _GATE_SOURCES[source](args) if source else args
+    value = getattr(holder, field, None)
     return bool(value) if not threshold else (value or 0) > int(threshold)
 
 

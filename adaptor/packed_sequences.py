@@ -3,7 +3,8 @@
 ``--reset-attention-mask`` and ``--dataloader-inter-document-masking`` mean: a token attends only
 to earlier tokens of its own document. Megatron's dataset expresses that as a dense [s, s] mask
 (or as ``cu_seqlens`` rows); the fused kernels want boundaries instead (``cu_seqlens``, THD).
-:func:`pack` turns a micro-batch into that form:
+:func:`pack` turns a micro-batch into that form, in the runs where
+:func:`adaptor.batch_format.batch_format` says attention takes THD:
 
 * the rows are flattened into one stream [1, b*s] and their documents' lengths concatenated;
 * with context parallelism each document is padded at its end to a multiple of 2 x CP and split
@@ -24,22 +25,6 @@ from typing import Optional, Sequence
 import torch
 
 from megatron.core.packed_seq_params import PackedSeqParams
-
-
-def packs_documents(args) -> bool:
-    """Whether pretrain_gpt.py passes document boundaries to attention for this run.
-
-    Only the adaptor's core attention (``--use-flash-attn``, context parallelism, or inter-document
-    masking, which swaps it in) reads them; megatron-core's unfused attention keeps the dense mask,
-    and so does a pipeline of several stages (its middle stages receive no batch to read
-    boundaries from; the dense mask reaches them through the attention mask Megatron passes).
-    """
-    if args.transformer_impl == "transformer_engine":
-        return False
-    if getattr(args, "dataloader_inter_document_masking", False):
-        return True
-    fused = args.use_flash_attn or (args.context_parallel_size or 1) > 1
-    return bool(args.reset_attention_mask and fused and args.pipeline_model_parallel_size == 1)
 
 
 @dataclass

@@ -4,10 +4,10 @@ Instruction datasets (:mod:`adaptor.finetune.instruction_dataset`) and Megatron'
 ``SFTDataset`` both hand over rows of several conversations with their boundaries
 (``cu_seqlens``). Attention must not cross them:
 
-* where the adaptor's core attention runs with one pipeline stage (``--use-flash-attn`` or context
-  parallelism), the rows become one THD stream (:func:`adaptor.packed_sequences.pack`);
-* otherwise megatron-core's attention gets a dense [b, 1, s, s] mask, causal inside each
-  conversation.
+* where attention takes THD (:func:`adaptor.batch_format.batch_format`: the adaptor's core
+  attention on one pipeline stage), the rows become one THD stream
+  (:func:`adaptor.packed_sequences.pack`);
+* otherwise attention gets a dense [b, 1, s, s] mask, causal inside each conversation.
 
 ``--variable-seq-lengths`` (MindSpeed-LLM's ``--no-pad-to-seq-lengths``) drops the padding after
 the micro-batch's longest sample: THD streams leave the padding document out; dense rows are cut
@@ -18,22 +18,11 @@ from __future__ import annotations
 
 import torch
 
+from adaptor.batch_format import batch_format
 from adaptor.finetune.instruction_dataset import dense_mask_from_cu_seqlens
 from adaptor.packed_sequences import lengths_from_cu_seqlens, pack
 
 PAD_MULTIPLE = 8
-
-
-def uses_boundaries(args) -> bool:
-    """Whether the run's data carries conversation boundaries (``cu_seqlens``) in every batch."""
-    return bool(getattr(args, "sft", False) or getattr(args, "is_instruction_dataset", False))
-
-
-def uses_thd(args) -> bool:
-    """Boundaries go to attention as THD: the adaptor's core attention, one pipeline stage."""
-    if args.transformer_impl == "transformer_engine" or args.pipeline_model_parallel_size != 1:
-        return False
-    return bool(args.use_flash_attn or (args.context_parallel_size or 1) > 1)
 
 
 def variable_lengths(args) -> bool:
@@ -58,7 +47,7 @@ def finetune_batch(batch: dict, cu_seqlens: torch.Tensor, num_tokens: torch.Tens
         batch["labels"] = torch.where(loss_mask.bool(), batch["labels"], torch.zeros_like(batch["labels"]))
     tp_multiple = args.tensor_model_parallel_size if args.sequence_parallel else 1
     cut = variable_lengths(args) and num_tokens is not None
-    if uses_thd(args):
+    if batch_format(args).thd:
         rows = lengths_from_cu_seqlens(cu_seqlens, seq)
         if cut:
             rows = [_real_documents(r, int(n)) for r, n in zip(rows, num_tokens.tolist())]

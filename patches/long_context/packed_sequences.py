@@ -3,10 +3,11 @@
 Upstream: with ``--reset-attention-mask`` megatron-core's ``GPTDataset`` builds a [1, s, s] mask
 per sample and ``DotProductAttention`` applies it, so every document pair of a sequence costs
 s x s memory; ``--dataloader-inter-document-masking`` makes the dataset return ``cu_seqlens``
-rows, which Megatron-LM hands only to Transformer Engine. Here, whenever the adaptor's core
-attention runs (``--use-flash-attn``, context parallelism, or inter-document masking, whose
-``module_swaps`` row swaps it in), ``pretrain_gpt.py``'s ``get_batch`` turns the micro-batch into
-one stream of documents (``adaptor.packed_sequences.pack``) with ``PackedSeqParams``:
+rows, which Megatron-LM hands only to Transformer Engine. Here, wherever
+``adaptor.batch_format.batch_format`` says attention takes THD (the adaptor's core attention:
+``--use-flash-attn``, context parallelism, or inter-document masking, whose ``module_swaps`` row
+swaps it in), ``pretrain_gpt.py``'s ``get_batch`` turns the micro-batch into one stream of
+documents (``adaptor.packed_sequences.pack``) with ``PackedSeqParams``:
 ``npu_fusion_attention`` runs TND with ``actual_seq_qlen/kvlen``, CUDA and CPU run one fused call
 per document, and context parallelism splits each document over the CP ranks. The dataloader
 then builds no dense mask. With megatron-core's unfused ``DotProductAttention`` (no
@@ -19,20 +20,21 @@ mask's. Learned absolute position embeddings read ``--reset-position-ids``'s pos
 """
 from __future__ import annotations
 
+from adaptor.batch_format import batch_format
 from adaptor.features import ArgumentError, Feature
 from adaptor.log import notice_once
-from adaptor.packed_sequences import packs_documents
 
 
 class PackedSequences(Feature):
     name = "packed_sequences"
     module_swaps = (
-        ("dataloader_inter_document_masking", "megatron.core.transformer.dot_product_attention:DotProductAttention",
+        # attention takes THD (adaptor.batch_format): inter-document masking needs no --use-flash-attn
+        ("batch_format.thd", "megatron.core.transformer.dot_product_attention:DotProductAttention",
          "adaptor.ops.flash_attention:FlashAttention"),
     )
 
     def set_defaults(self, args, ctx) -> None:
-        if packs_documents(args) and args.create_attention_mask_in_dataloader:
+        if batch_format(args).thd and args.create_attention_mask_in_dataloader:
             notice_once("packed documents: attention gets their boundaries (THD), so the dataloader builds "
                         "no [s, s] attention mask")
             args.create_attention_mask_in_dataloader = False

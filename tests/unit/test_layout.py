@@ -113,7 +113,7 @@ def test_layer_spec_swaps_are_declared_by_the_features_that_cause_them():
     assert owners == {"multi_latent_attention": "mla", "use_fused_rmsnorm": "rmsnorm",
                       "use_flash_attn": "flash_attention", "moe_grouped_gemm": "grouped_matmul",
                       "context_parallel_size>1": "context_parallel",
-                      "dataloader_inter_document_masking": "packed_sequences", "lora_r": "lora"}
+                      "batch_format.thd": "packed_sequences", "lora_r": "lora"}
     from megatron.core.transformer.dot_product_attention import DotProductAttention
 
     from adaptor.ops.flash_attention import FlashAttention
