@@ -41,8 +41,8 @@ def batch_format(args) -> BatchFormat:
     Fine-tuning data always carries conversation boundaries. Pretraining documents reach attention
     as THD with the adaptor's core attention; inter-document masking swaps that attention in, so it
     is always THD without Transformer Engine. With Transformer Engine nothing is packed: the
-    dataset's dense ``--reset-attention-mask`` mask is all attention gets (Megatron builds none
-    with inter-document masking).
+    dataset's dense ``--reset-attention-mask`` mask is all attention gets (inter-document masking
+    is refused there by the packed_sequences feature).
     """
     if _on(args, "sft") or _on(args, "is_instruction_dataset"):
         return BatchFormat(Boundaries.CONVERSATIONS, thd=_thd_attention(args))

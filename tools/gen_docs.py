@@ -267,7 +267,7 @@ def reference_page() -> str:
         if f.upstream_flags:
             lines += [f"Megatron flags it reacts to: {', '.join(f'`{x}`' for x in f.upstream_flags)}.", ""]
         if f.module_swaps:
-            lines += ["Layer-spec swaps (local spec, when the argument is on):", ""]
+            lines += ["Layer-spec swaps (local spec, when the gate holds: an argument that is on, or a field of adaptor.batch_format):", ""]
             lines += [f"- `{arg}`: `{old}` -> `{new}`" for arg, old, new in f.module_swaps] + [""]
         by_backend = _patches_by_backend(f, registry)
         distinct = {tuple(v) for v in by_backend.values()}

@@ -40,7 +40,13 @@ class PackedSequences(Feature):
             args.create_attention_mask_in_dataloader = False
 
     def validate(self, args, ctx) -> None:
-        if args.transformer_impl == "transformer_engine" or args.pipeline_model_parallel_size == 1:
+        if args.transformer_impl == "transformer_engine":
+            if getattr(args, "dataloader_inter_document_masking", False):
+                raise ArgumentError("--dataloader-inter-document-masking with --transformer-impl transformer_engine: "
+                                    "get_batch hands document boundaries to the local attention only, so Transformer "
+                                    "Engine's would attend across documents; use --transformer-impl local")
+            return
+        if args.pipeline_model_parallel_size == 1:
             return
         if getattr(args, "dataloader_inter_document_masking", False):
             raise ArgumentError("--dataloader-inter-document-masking needs --pipeline-model-parallel-size 1: middle "

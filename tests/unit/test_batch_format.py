@@ -108,6 +108,20 @@ def test_swap_gates_agree(features):
         assert swapped == (before and not changed), combo
 
 
+def test_inter_document_masking_with_transformer_engine_is_refused(features):
+    """Transformer Engine's attention would get no boundaries from this get_batch: one line, not a run
+    that silently attends across documents."""
+    from adaptor.features import ArgumentError
+
+    packed = next(f for f in features if f.name == "packed_sequences")
+    args = Namespace(transformer_impl="transformer_engine", dataloader_inter_document_masking=True,
+                     pipeline_model_parallel_size=1, reset_attention_mask=False, context_parallel_size=1)
+    with pytest.raises(ArgumentError, match="--transformer-impl local"):
+        packed.validate(args, None)
+    args.dataloader_inter_document_masking = False
+    packed.validate(args, None)
+
+
 def test_dataloader_mask_default_agrees(features):
     """Attention that takes THD never reads the dense mask, so the dataloader builds none; CP turns it
     off too. Otherwise the command line's choice stands."""
