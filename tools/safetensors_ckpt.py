@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -145,6 +146,24 @@ def layout_of(args) -> dict[str, int]:
                                           "expert_model_parallel_size") if getattr(args, k)}
 
 
+# The re-saving run's own reason, whichever rank printed it ("[rank1]: " prefixed once its process
+# group exists): a one-line error (ours, or an argument parser's "<prog>: error:"), else the first
+# exception a rank raised; torchrun's ChildFailedError, printed last, only says that a rank failed.
+_RANK = r"^(?:\[rank\d+\]:\s*)?"
+_ERROR_LINE = re.compile(_RANK + r"((?:megatron-adaptor|\S+\.py): error: .*)$")
+_EXCEPTION_LINE = re.compile(_RANK + r"((?!\S*ChildFailedError)(?:[A-Za-z_][\w.]*)?(?:Error|Exception|Exit): .*)$")
+
+
+def child_reason(output: str) -> str:
+    """Why the re-saving run failed, in one line of its output."""
+    lines = output.splitlines()
+    for pattern in (_ERROR_LINE, _EXCEPTION_LINE):
+        found = next((m.group(1) for m in map(pattern.match, lines) if m), None)
+        if found:
+            return found
+    return next((line for line in reversed(lines) if line.strip()), "no output")
+
+
 def split(args, side: dict) -> Path:
     from adaptor.checkpoint.errors import CheckpointError
     from adaptor.checkpoint.unified import to_release
@@ -170,9 +189,7 @@ def split(args, side: dict) -> Path:
         env = dict(os.environ, ADAPTOR_QUIET="1")
         proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True)
         if proc.returncode != 0 or not (work / "converted" / "safetensors").is_dir():
-            lines = (proc.stdout + proc.stderr).splitlines()
-            reason = next((line for line in lines if line.startswith("megatron-adaptor: error:")), None) or next(
-                (line for line in reversed(lines) if "Error" in line), "no output")
+            reason = child_reason(proc.stdout + proc.stderr)
             raise CheckpointError(f"re-saving at {layout} failed (exit {proc.returncode}): {reason}")
         refuse_nonempty(save_dir)  # again: the re-save took a while
         publish(work / "converted" / "safetensors", save_dir)

@@ -6,7 +6,9 @@ Resumes at the same layout must reproduce it bit for bit: the printed losses to 
 and every tensor of the final checkpoint exactly (same numbers in the same order of operations).
 Loads at another layout are checked exactly too, on the tensors: the model and the Adam moments a
 run loads at TP=2, PP=2 or on one process, saved again unchanged, equal the source checkpoint's.
-A damaged checkpoint is named in one error. The flags' own checks: tests/unit/test_safetensors_checkpoint.py.
+A damaged checkpoint is named in one error. tools/safetensors_ckpt.py merges the reference into whole
+tensors (Megatron or Hugging Face names) and splits them back, at its layout or TP=2, to the same values.
+The flags' own checks: tests/unit/test_safetensors_checkpoint.py.
 """
 from __future__ import annotations
 
@@ -20,6 +22,8 @@ import torch
 
 from helpers.megatron_runs import TINY_DEEPSEEK_V3, TINY_QWEN3, LiveRun, run_pretrain, tail
 from helpers.one_line_errors import error_lines
+from helpers.paths import ROOT
+from helpers.processes import child_env, run_tool
 from helpers.prefetch import prefetched
 
 ITERS = 8
@@ -320,3 +324,63 @@ def test_bad_checkpoint_ends_the_run_in_one_line_and_is_left_as_it_was(reference
     assert {p.name: p.read_bytes() for p in (load / "iter_0000004").iterdir()} == before
     assert (load / "latest_checkpointed_iteration.txt").read_text() == "4"
     assert sorted(p.name for p in load.iterdir()) == ["iter_0000004", "latest_checkpointed_iteration.txt"]
+
+
+# ---------------------------------------------------------------------------------- merge and split
+def tool(*argv):
+    """tools/safetensors_ckpt.py as a user runs it: (exit status, output)."""
+    proc = run_tool("safetensors_ckpt.py", *argv, cwd=ROOT, timeout=600, env=child_env())
+    return proc.returncode, proc.output
+
+
+def read_merged(directory) -> dict[str, torch.Tensor]:
+    from safetensors.torch import load_file
+
+    out = {}
+    for path in sorted(Path(directory).glob("*.safetensors")):
+        out.update(load_file(path))
+    return out
+
+
+def test_merge_and_split_round_trip(reference, tmp_path):
+    """merge -> whole tensors under Megatron names (sharded into several files); split back -> a release
+    checkpoint of the same values; split at TP=2 -> Megatron re-saves it and the values are the same."""
+    ref_save, _ = reference
+    expected = global_tensors(ref_save / "iter_0000008", model_only=True)
+    code, out = tool("merge", "--load-dir", ref_save, "--save-dir", tmp_path / "merged", "--max-shard-size", "200KB")
+    assert code == 0, out
+    index = json.loads((tmp_path / "merged" / "model.safetensors.index.json").read_text())
+    assert len(set(index["weight_map"].values())) > 1
+    merged = read_merged(tmp_path / "merged")
+    assert "decoder.layers.3.self_attention.linear_qkv.weight" in merged
+    assert_same_tensors(expected, merged)
+    code, out = tool("split", "--load-dir", tmp_path / "merged", "--save-dir", tmp_path / "release")
+    assert code == 0, out
+    assert (tmp_path / "release" / "latest_checkpointed_iteration.txt").read_text() == "release"
+    assert_same_tensors(expected, global_tensors(tmp_path / "release", model_only=True))
+    code, out = tool("split", "--load-dir", tmp_path / "merged", "--save-dir", tmp_path / "tp2",
+                     "--tensor-model-parallel-size", "2")
+    assert code == 0, out
+    assert json.loads((tmp_path / "tp2" / "iter_0000000" / "common.json").read_text())["parallel"][
+        "tensor_model_parallel_size"] == 2
+    assert_same_tensors(expected, global_tensors(tmp_path / "tp2", model_only=True))
+    code, out = tool("merge", "--load-dir", ref_save, "--save-dir", tmp_path / "merged")
+    assert code == 2 and "exists and is not empty" in out, out
+
+
+def test_merge_with_hugging_face_names_loads_in_transformers(reference, tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    ref_save, _ = reference
+    code, out = tool("merge", "--load-dir", ref_save, "--save-dir", tmp_path / "hf", "--model-type-hf", "qwen3")
+    assert code == 0, out
+    model, info = AutoModelForCausalLM.from_pretrained(tmp_path / "hf", output_loading_info=True)
+    assert not info["missing_keys"] and not info["unexpected_keys"], info
+    ours = global_tensors(ref_save / "iter_0000008", model_only=True)
+    state = model.state_dict()
+    assert torch.equal(state["model.embed_tokens.weight"], ours["embedding.word_embeddings.weight"])
+    assert torch.equal(state["model.layers.2.post_attention_layernorm.weight"],
+                       ours["decoder.layers.2.mlp.linear_fc1.layer_norm_weight"])
+    gate, up = ours["decoder.layers.1.mlp.linear_fc1.weight"].chunk(2)
+    assert torch.equal(state["model.layers.1.mlp.gate_proj.weight"], gate)
+    assert torch.equal(state["model.layers.1.mlp.up_proj.weight"], up)

@@ -1,4 +1,5 @@
-"""tools/safetensors_ckpt.py as a user starts it: info, and merge's and split's input errors, without torch.
+"""tools/safetensors_ckpt.py as a user starts it: info, and merge's and split's input errors, without torch;
+and the one line a failed re-save at a layout is reported by.
 
 Each case runs the tool in a fresh interpreter under ``-X importtime``, so every module it imported is
 on record: torch (seconds to import) must not be among them. The checkpoint is the shared tiny
@@ -78,3 +79,22 @@ def test_input_errors_come_before_torch(checkpoint, tmp_path, case):
     assert "Traceback" not in proc.stderr
     assert "torch" not in imported, "the error came after torch was imported"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["full"] and [p.name for p in full.iterdir()] == ["kept"]
+
+
+@pytest.mark.parametrize("output, reason", [
+    ("usage: pretrain_gpt.py [-h]\npretrain_gpt.py: error: argument --num-layers: invalid int value: 'x'\n",
+     "pretrain_gpt.py: error: argument --num-layers: invalid int value: 'x'"),
+    ("[rank1]: megatron-adaptor: error: --hidden-size 63 is not divisible\nTraceback (most recent call last):\n"
+     "torch.distributed.elastic.multiprocessing.errors.ChildFailedError: \n",
+     "megatron-adaptor: error: --hidden-size 63 is not divisible"),
+    ("  error_injection_type ...... transient_error\n[rank0]: Traceback (most recent call last):\n"
+     "[rank0]: Exception: either train-iters or train-samples should be provided.\nTraceback (most recent call last):\n"
+     "torch.distributed.elastic.multiprocessing.errors.ChildFailedError: \n=====\n",
+     "Exception: either train-iters or train-samples should be provided."),
+    ("", "no output"),
+])
+def test_a_failed_resave_is_reported_by_the_child_reason(output, reason):
+    """split at a layout names the re-saving run's own error, not torchrun's summary of it."""
+    from helpers.processes import import_tool
+
+    assert import_tool("safetensors_ckpt").child_reason(output) == reason
