@@ -95,19 +95,42 @@ def tensor_bytes(tensor: torch.Tensor):
     return flat.view(torch.uint8).numpy() if flat.numel() else b""
 
 
-def write_file(path, tensors: list[tuple[str, torch.Tensor]], metadata: dict[str, str] | None = None) -> int:
+def planned(specs, tensors):
+    """``tensors`` as they come, each checked against its plan in ``specs`` ((name, meta tensor), same order):
+    a writer that wrote a header from ``specs`` first must get exactly those names, shapes and dtypes."""
+    source = iter(tensors)
+    for name, meta in specs:
+        got_name, tensor = next(source, (None, None))
+        if got_name != name or tuple(tensor.shape) != tuple(meta.shape) or tensor.dtype != meta.dtype:
+            got = None if got_name is None else f"{got_name} {list(tensor.shape)} {tensor.dtype}"
+            raise SafetensorsError(f"internal: expected tensor {name} {list(meta.shape)} {meta.dtype}, got {got}")
+        yield name, tensor
+        del tensor
+    leftover = next(source, None)
+    if leftover is not None:
+        raise SafetensorsError(f"internal: tensor {leftover[0]} was not planned")
+
+
+def write_file(path, tensors, metadata: dict[str, str] | None = None, specs=None) -> int:
     """Write one safetensors file atomically: a hidden temporary beside ``path``, fsync, rename.
 
-    A reader therefore sees either no file or the whole file. Returns the bytes written.
+    A reader therefore sees either no file or the whole file. ``tensors``: a list of (name, tensor); or,
+    with ``specs`` (name, meta tensor) giving the header first, a stream of them, written one at a time
+    and checked against the plan (:func:`planned`). Returns the bytes written.
     """
     path = Path(path)
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    header = header_bytes(((n, t.dtype, tuple(t.shape)) for n, t in tensors), metadata)
+    if specs is None:
+        specs = tensors
+    else:
+        tensors = planned(specs, tensors)
+    header = header_bytes(((n, t.dtype, tuple(t.shape)) for n, t in specs), metadata)
     try:
         with open(tmp, "wb") as out:
             out.write(header)
             for _, tensor in tensors:
                 out.write(tensor_bytes(tensor))
+                del tensor
             out.flush()
             os.fsync(out.fileno())
             written = out.tell()

@@ -127,7 +127,8 @@ def check_inputs(args) -> dict | None:
     Returns what split reads from its --load-dir: the merged directory's description.
     """
     from adaptor.checkpoint.errors import CheckpointError
-    from adaptor.checkpoint.unified_dirs import SIDE_FILE, read_side_file, refuse_nonempty, resolve
+    from adaptor.checkpoint.files import refuse_nonempty
+    from adaptor.checkpoint.unified_dirs import SIDE_FILE, read_side_file, resolve
 
     side = None
     if args.command == "merge":
@@ -166,8 +167,8 @@ def child_reason(output: str) -> str:
 
 def split(args, side: dict) -> Path:
     from adaptor.checkpoint.errors import CheckpointError
+    from adaptor.checkpoint.files import staged_directory
     from adaptor.checkpoint.unified import to_release
-    from adaptor.checkpoint.unified_dirs import publish, refuse_nonempty
 
     layout = layout_of(args)
     save_dir = Path(args.save_dir)
@@ -191,11 +192,29 @@ def split(args, side: dict) -> Path:
         if proc.returncode != 0 or not (work / "converted" / "safetensors").is_dir():
             reason = child_reason(proc.stdout + proc.stderr)
             raise CheckpointError(f"re-saving at {layout} failed (exit {proc.returncode}): {reason}")
-        refuse_nonempty(save_dir)  # again: the re-save took a while
-        publish(work / "converted" / "safetensors", save_dir)
+        with staged_directory(save_dir) as temp:  # refused again if filled during the re-save
+            for entry in (work / "converted" / "safetensors").iterdir():
+                entry.rename(temp / entry.name)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     return save_dir
+
+
+def merge(args) -> Path:
+    """Megatron names (adaptor.checkpoint), or Hugging Face names (the conversion library, which imports torch)."""
+    from adaptor.checkpoint.errors import CheckpointError
+
+    if not args.model_type_hf:
+        from adaptor.checkpoint.unified import merge as merge_megatron_names
+
+        return merge_megatron_names(args.load_dir, args.save_dir, args.max_shard_bytes)
+    from adaptor.convert.errors import ConversionError
+    from adaptor.convert.offline import merge_to_hf
+
+    try:
+        return merge_to_hf(args.load_dir, args.save_dir, args.model_type_hf, args.max_shard_bytes)
+    except ConversionError as exc:
+        raise CheckpointError(str(exc)) from None
 
 
 def info(args) -> str:
@@ -225,9 +244,7 @@ def main(argv=None) -> int:
             return 0
         side = check_inputs(args)
         if args.command == "merge":
-            from adaptor.checkpoint.unified import merge
-
-            out = merge(args.load_dir, args.save_dir, args.model_type_hf, args.max_shard_bytes)
+            out = merge(args)
             print(f"[{PROG}] merged {args.load_dir} into {out}")
         else:
             out = split(args, side)

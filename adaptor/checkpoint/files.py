@@ -15,14 +15,19 @@ Writes go to the hidden sibling ``.iter_0000100.partial/``; when every rank has 
 fsynced its files, rank 0 writes the marker and renames the directory into place (an older
 directory of the same name is moved aside first and deleted after). A run killed at any moment
 therefore leaves either the old checkpoint or the new one, never a mixture.
+
+:func:`staged_directory` does the same for the directories written whole beside a training run:
+merged and split checkpoints, Hugging Face directories, PEFT adapters.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
 import shutil
 from pathlib import Path
+from typing import Iterator
 
 from adaptor.checkpoint.errors import CheckpointError
 
@@ -146,3 +151,31 @@ def commit(checkpoint_dir) -> None:
     fsync_dir(final.parent)
     if old is not None:
         shutil.rmtree(old, ignore_errors=True) if old.is_dir() and not old.is_symlink() else old.unlink()
+
+
+def refuse_nonempty(target, flag: str = "--save-dir", error=CheckpointError) -> None:
+    target = Path(target)
+    if target.exists() and (not target.is_dir() or any(target.iterdir())):
+        raise error(f"{flag} {target} exists and is not empty (refusing to overwrite)")
+
+
+@contextlib.contextmanager
+def staged_directory(target, flag: str = "--save-dir", error=CheckpointError) -> Iterator[Path]:
+    """Write the directory ``target`` (new, or empty) all or nothing: yields an empty hidden sibling to fill,
+    renamed onto ``target`` when the block ends, deleted if it raises. A non-empty ``target`` is refused
+    (``error``, naming ``flag``) first, and again before the rename: the write may have taken a while."""
+    target = Path(target)
+    refuse_nonempty(target, flag, error)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    temp = target.with_name(f".{target.name}.partial-{os.getpid()}")
+    shutil.rmtree(temp, ignore_errors=True)
+    temp.mkdir()
+    try:
+        yield temp
+        refuse_nonempty(target, flag, error)
+        if target.exists():
+            target.rmdir()
+        temp.rename(target)
+        fsync_dir(target.parent)
+    finally:
+        shutil.rmtree(temp, ignore_errors=True)

@@ -1,13 +1,12 @@
 """The directories ``tools/safetensors_ckpt.py`` reads and writes, checked without torch.
 
-Which checkpoint a --load-dir names, the description a merged directory carries, and a --save-dir
-that is written under a hidden name and renamed when complete. Apart from :mod:`adaptor.checkpoint.unified`
+Which checkpoint a --load-dir names, and the description a merged directory carries (the --save-dir
+refusal is :func:`adaptor.checkpoint.files.refuse_nonempty`). Apart from :mod:`adaptor.checkpoint.unified`
 so that the tool reports a wrong --load-dir or a non-empty --save-dir before importing torch.
 """
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 
 from adaptor.checkpoint import files
@@ -48,26 +47,3 @@ def read_side_file(unified_dir) -> dict:
     except (AttributeError, TypeError, ValueError) as exc:  # not JSON, not an object, not ours
         raise CheckpointError(f"{side_path}: {exc}") from None
     return side
-
-
-def refuse_nonempty(save_dir: Path) -> None:
-    if save_dir.exists() and (not save_dir.is_dir() or any(save_dir.iterdir())):
-        raise CheckpointError(f"--save-dir {save_dir} exists and is not empty (refusing to overwrite)")
-
-
-def partial_dir(save_dir: Path) -> Path:
-    """An empty hidden directory beside ``save_dir`` to write into; :func:`publish` puts it in place."""
-    refuse_nonempty(save_dir)
-    save_dir.parent.mkdir(parents=True, exist_ok=True)
-    temp = save_dir.with_name(f".{save_dir.name}.partial")
-    if temp.exists():
-        shutil.rmtree(temp)
-    temp.mkdir()
-    return temp
-
-
-def publish(temp: Path, save_dir: Path) -> None:
-    """Rename a finished directory onto ``save_dir`` (which may exist, empty)."""
-    if save_dir.exists():
-        save_dir.rmdir()
-    temp.rename(save_dir)

@@ -24,6 +24,13 @@ class Layout:
     def expert_tp(self) -> int:
         return self.tp if self.etp is None else self.etp
 
+    @classmethod
+    def of(cls, args) -> Layout:
+        """The layout of a run's (or a saved checkpoint's) arguments."""
+        tp, etp = args.tensor_model_parallel_size, getattr(args, "expert_tensor_parallel_size", None)
+        return cls(tp, args.pipeline_model_parallel_size, getattr(args, "expert_model_parallel_size", 1),
+                   None if etp in (None, tp) else etp)
+
     def rank_keys(self):
         """(tp_rank, pp_rank, ep_rank) of every checkpoint file."""
         return [(t, p, e) for p in range(self.pp) for e in range(self.ep) for t in range(self.tp)]

@@ -14,12 +14,13 @@ reverse holds only when the projections' A's are equal; an adapter trained with 
 projection is refused (it is not a rank-r adapter of the fused linear).
 
 * :func:`lora_mapping`: the adapter's tensors as a :class:`~adaptor.convert.mapping.ModelMapping`,
-  so :func:`~adaptor.convert.hf_tensors_from_megatron` (export) and
-  :func:`~adaptor.convert.megatron_rank_tensors` (import) place them at any TP/PP layout;
+  so :func:`~adaptor.convert.tensors.hf_tensors_from_megatron` (export) and
+  :func:`~adaptor.convert.tensors.megatron_rank_tensors` (import) place them at any TP/PP layout;
 * :func:`merge_lora_state`: a rank's state dict with every adapted weight replaced by
   ``W + scaling * B @ A`` and the adapter tensors dropped (a plain model, exported as usual);
 * :func:`write_peft_adapter` / :class:`PeftAdapter`: the PEFT directory (``adapter_config.json`` +
-  ``adapter_model.safetensors``) written from, and read into, Megatron rank states.
+  ``adapter_model.safetensors``) written from (all or nothing, as :mod:`adaptor.convert.hf_writer`
+  writes), and read into, Megatron rank states.
 """
 from __future__ import annotations
 
@@ -218,15 +219,17 @@ def _check_linears(mapping: LoraMapping, settings: LoraSettings) -> None:
 
 
 def write_peft_adapter(get, has, save_dir, model_type: str, hf_config: dict, layout: Layout,
-                       settings: LoraSettings, base_model: str | None = None) -> list[str]:
-    """Write adapter_config.json + adapter_model.safetensors into `save_dir` from Megatron rank states.
+                       settings: LoraSettings, base_model: str | None = None, flag: str = "--save-dir") -> list[str]:
+    """Write the directory `save_dir` (empty or new): adapter_config.json + adapter_model.safetensors
+    from Megatron rank states.
 
     `get((tp, pp, ep), name)` reads a rank's tensor and `has((tp, pp, ep), name)` says whether that rank
     holds it; linears of the target types the model does not adapt (MLA's, say) are left out. Returns
     the PEFT tensor names.
     """
+    from adaptor.checkpoint.files import staged_directory
     from adaptor.convert.models import model_mapping
-    from adaptor.convert.offline import hf_tensors_from_megatron
+    from adaptor.convert.tensors import hf_tensors_from_megatron
     from adaptor.safetensors_file import write_file
 
     base = model_mapping(model_type, hf_config)
@@ -246,29 +249,22 @@ def write_peft_adapter(get, has, save_dir, model_type: str, hf_config: dict, lay
     names = [name for name, _ in tensors]
     all_weights = [h for p in base.params(base.vocab_size) if p.to_hf for h in p.hf]
     config = adapter_config(settings, target_modules(names, all_weights), base_model)
-    save_dir = Path(save_dir)
-    write_file(save_dir / WEIGHTS_FILE, tensors, {"format": "pt"})
-    (save_dir / CONFIG_FILE).write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+    with staged_directory(save_dir, flag, ConversionError) as temp:
+        write_file(temp / WEIGHTS_FILE, tensors, {"format": "pt"})
+        (temp / CONFIG_FILE).write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
     return names
 
 
 def peft_adapter_from_rank_files(iteration_dir, save_dir, model_type: str, hf_config: dict, layout: Layout,
-                                 settings: LoraSettings, base_model: str | None = None) -> list[str]:
-    """:func:`write_peft_adapter` from the legacy (``--ckpt-format torch``) rank files of one iteration
-    directory (``mp_rank_TT[_PPP][_EEE]/model_optim_rng.pt``, memory-mapped, ``weights_only``) at `layout`."""
-    from adaptor.convert.torch_legacy import CHECKPOINT_FILE, rank_dir_name, read_model_state
+                                 settings: LoraSettings, base_model: str | None = None,
+                                 flag: str = "--save-dir") -> list[str]:
+    """:func:`write_peft_adapter` from the rank files of one iteration directory at `layout`
+    (:class:`~adaptor.convert.torch_legacy.RankStates`: legacy torch files or safetensors)."""
+    from adaptor.convert.torch_legacy import RankStates
 
-    states: dict = {}
-
-    def state(key):
-        if key not in states:
-            tp_rank, pp_rank, ep_rank = key
-            states[key] = read_model_state(Path(iteration_dir) / rank_dir_name(
-                tp_rank, pp_rank, ep_rank, layout.pp, layout.ep) / CHECKPOINT_FILE)
-        return states[key]
-
-    return write_peft_adapter(lambda key, name: state(key)[name], lambda key, name: name in state(key), save_dir,
-                              model_type, hf_config, layout, settings, base_model)
+    states = RankStates(iteration_dir, layout)
+    return write_peft_adapter(states.get, states.has, save_dir, model_type, hf_config, layout, settings, base_model,
+                              flag)
 
 
 def is_peft_adapter(path) -> bool:
@@ -385,7 +381,7 @@ def peft_rank_tensors(adapter: PeftAdapter, model_type: str, hf_config: dict, la
     adapter tensor must have a place on some rank (checked against all params of the model).
     """
     from adaptor.convert.models import model_mapping
-    from adaptor.convert.offline import megatron_rank_tensors
+    from adaptor.convert.tensors import megatron_rank_tensors
 
     adapter.check_settings(settings)
     base = model_mapping(model_type, hf_config)

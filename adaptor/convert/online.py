@@ -1,17 +1,17 @@
 """Online conversion: fill a live Megatron model from a Hugging Face directory, and write one from it.
 
 Used by ``--hf-load-dir`` / ``--hf-save-dir`` (patches/hf/online_conversion.py) and tools/check_hf_parity.py.
-Loading reads, on each rank, only the tensors that rank holds (:func:`megatron_rank_tensors`, mmap);
-saving writes each rank's state as a temporary legacy checkpoint, which rank 0 converts tensor by
-tensor (:func:`convert_megatron_to_hf`). With LoRA layers, loading leaves the adapters alone, and saving
-writes either the adapters alone (a PEFT directory) or each rank's weights with them merged
+Loading reads, on each rank, only the tensors that rank holds (:func:`megatron_rank_tensors`, mmap).
+Saving hands each rank's state over as one safetensors file in a hidden directory beside the target
+(no pickle); rank 0 reads them back tensor by tensor into the one HF writer
+(:func:`adaptor.convert.hf_writer.write_hf_dir`). With LoRA layers, loading leaves the adapters alone,
+and saving writes either the adapters alone (a PEFT directory) or each rank's weights with them merged
 (:mod:`adaptor.convert.lora`); :func:`load_peft_adapter` reads a PEFT directory into the adapters.
 """
 from __future__ import annotations
 
 import json
 import math
-import os
 import shutil
 from pathlib import Path
 
@@ -23,14 +23,6 @@ def _unwrapped(model):
     from megatron.core.utils import unwrap_model
 
     return unwrap_model(model if isinstance(model, list) else [model])
-
-
-def _layout(args):
-    from adaptor.convert.layout import Layout
-
-    tp, etp = args.tensor_model_parallel_size, getattr(args, "expert_tensor_parallel_size", None)
-    return Layout(tp=tp, pp=args.pipeline_model_parallel_size, ep=args.expert_model_parallel_size,
-                  etp=None if etp in (None, tp) else etp)
 
 
 def copy_into(module, tensors, what: str, select=None) -> int:
@@ -65,17 +57,16 @@ def load_hf_weights(model, args) -> int:
     from megatron.core import mpu
 
     from adaptor.convert.errors import ConversionError
-
     from adaptor.convert.hf_directory import HfCheckpoint
-
-    from adaptor.convert.offline import megatron_rank_tensors
+    from adaptor.convert.layout import Layout
+    from adaptor.convert.tensors import megatron_rank_tensors
 
     chunks = _unwrapped(model)
     if len(chunks) != 1:
         raise ConversionError("virtual pipeline stages are not supported by --hf-load-dir")
     hf = HfCheckpoint(args.hf_load_dir)
     tensors = megatron_rank_tensors(
-        hf, args.model_type_hf, _layout(args), mpu.get_tensor_model_parallel_rank(),
+        hf, args.model_type_hf, Layout.of(args), mpu.get_tensor_model_parallel_rank(),
         mpu.get_pipeline_model_parallel_rank(), mpu.get_expert_model_parallel_rank(),
         padded_vocab_size=args.padded_vocab_size)
     # LoRA adapters keep their own start (or --lora-load's): the base checkpoint has none.
@@ -91,6 +82,7 @@ def load_peft_adapter(model, args, adapter_dir) -> int:
     from megatron.core import mpu
 
     from adaptor.convert.errors import ConversionError
+    from adaptor.convert.layout import Layout
     from adaptor.convert.lora import PeftAdapter, peft_rank_tensors, settings_from_args
 
     chunks = _unwrapped(model)
@@ -99,14 +91,9 @@ def load_peft_adapter(model, args, adapter_dir) -> int:
     settings = settings_from_args(args)
     if settings is None:
         raise ConversionError("a PEFT adapter needs LoRA layers (--lora-r)")
-    if args.hf_load_dir is not None:
-        hf_config = json.loads((Path(args.hf_load_dir) / "config.json").read_text())
-    elif getattr(args, "model_type_hf", None):
-        hf_config = hf_config_from_args(args)
-    else:
-        raise ConversionError("the base architecture is unknown: pass --model-type-hf qwen3")
+    hf_config = _hf_config(args)
     wanted = {n for n in chunks[0].state_dict() if is_lora_name(n)}
-    tensors = peft_rank_tensors(PeftAdapter(adapter_dir), args.model_type_hf, hf_config, _layout(args),
+    tensors = peft_rank_tensors(PeftAdapter(adapter_dir), args.model_type_hf, hf_config, Layout.of(args),
                                 mpu.get_tensor_model_parallel_rank(), mpu.get_pipeline_model_parallel_rank(),
                                 mpu.get_expert_model_parallel_rank(), settings, wanted)
     return copy_into(chunks[0], tensors, "this rank's LoRA adapter", select=is_lora_name)
@@ -136,17 +123,18 @@ def load_peft_lora(model, optimizer, args) -> None:
     notice(f"rank 0 loaded its {count} LoRA tensors from PEFT adapter {args.lora_load}")
 
 
-def write_rank_state(model, args, legacy_dir: Path, iteration: int, lora: str | None = None) -> None:
-    """This rank's model state as one file of a legacy ``--ckpt-format torch`` release checkpoint.
+def write_rank_state(model, args, directory: Path, lora: str | None = None) -> None:
+    """This rank's model state as ``directory/mp_rank_TT[_PPP][_EEE]/model.safetensors`` (Megatron's rank
+    directory names; :class:`~adaptor.convert.torch_legacy.RankStates` reads them back).
 
     ``lora="merged"``: adapted weights are written merged (``W + scaling * B @ A``), without the adapter
     tensors; ``lora="adapter"``: only the adapter tensors are written.
     """
-    import torch
     from megatron.core import mpu
-    from megatron.training.checkpointing import get_checkpoint_name
 
     from adaptor.convert.lora import merge_lora_state
+    from adaptor.convert.torch_legacy import STATE_FILE, rank_dir_name
+    from adaptor.safetensors_file import write_file
 
     chunk = _unwrapped(model)[0]
     state = {name: tensor.detach().cpu() for name, tensor in chunk.state_dict().items()
@@ -155,13 +143,11 @@ def write_rank_state(model, args, legacy_dir: Path, iteration: int, lora: str | 
         state = merge_lora_state(state, lora_scalings(chunk))
     elif lora == "adapter":
         state = {name: tensor for name, tensor in state.items() if is_lora_name(name)}
-    path = get_checkpoint_name(
-        str(legacy_dir), iteration, release=True,
-        pipeline_parallel=args.pipeline_model_parallel_size > 1,
-        tensor_rank=mpu.get_tensor_model_parallel_rank(), pipeline_rank=mpu.get_pipeline_model_parallel_rank(),
-        expert_parallel=args.expert_model_parallel_size > 1, expert_rank=mpu.get_expert_model_parallel_rank())
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    torch.save({"model": state, "checkpoint_version": 3.0, "iteration": iteration}, path)
+    rank_dir = directory / rank_dir_name(
+        mpu.get_tensor_model_parallel_rank(), mpu.get_pipeline_model_parallel_rank(),
+        mpu.get_expert_model_parallel_rank(), args.pipeline_model_parallel_size, args.expert_model_parallel_size)
+    rank_dir.mkdir(parents=True, exist_ok=True)
+    write_file(rank_dir / STATE_FILE, list(state.items()))
 
 
 def _get_mscale(scale: float, mscale: float) -> float:
@@ -227,18 +213,36 @@ def hf_config_from_args(args) -> dict:
             "rope_theta": float(args.rotary_base), "rope_parameters": rope}
 
 
+def _hf_config(args) -> dict:
+    """The config.json of the model: --hf-load-dir's, else written from the flags (--model-type-hf)."""
+    from adaptor.convert.errors import ConversionError
+
+    if args.hf_load_dir is not None:
+        return json.loads((Path(args.hf_load_dir) / "config.json").read_text())
+    if getattr(args, "model_type_hf", None):
+        return hf_config_from_args(args)
+    raise ConversionError("the base architecture is unknown: pass --model-type-hf qwen3")
+
+
 def save_hf_dir(model, args, iteration: int) -> None:
-    """Gather the model from all ranks and write ``--hf-save-dir`` (rank 0), all or nothing."""
+    """Gather the model from all ranks and write ``--hf-save-dir`` (rank 0), all or nothing.
+
+    The ranks (expert-data-parallel rank 0 of each model part) write their states into a hidden
+    directory beside ``--hf-save-dir``, on a filesystem they share; a failure on any rank is one error
+    line, and the hidden directory is removed whatever happens.
+    """
     import torch
     from megatron.core import mpu
 
-    from adaptor.convert.offline import convert_megatron_to_hf
-    from adaptor.convert.lora import settings_from_args
+    from adaptor.convert.hf_writer import write_hf_dir
+    from adaptor.convert.layout import Layout
+    from adaptor.convert.lora import peft_adapter_from_rank_files, settings_from_args
+    from adaptor.convert.torch_legacy import RankStates
 
     lora = settings_from_args(args)
     mode = (getattr(args, "hf_save_lora", None) or "adapter") if lora else None
     final = Path(args.hf_save_dir).absolute()
-    work = final.parent / f".{final.name}.megatron-partial"
+    work = final.parent / f".{final.name}.ranks-partial"
     rank = torch.distributed.get_rank()
     if rank == 0:
         shutil.rmtree(work, ignore_errors=True)
@@ -247,7 +251,7 @@ def save_hf_dir(model, args, iteration: int) -> None:
     error = None
     try:
         if mpu.get_expert_data_parallel_rank() == 0:
-            write_rank_state(model, args, work / "megatron", iteration, lora=mode)
+            write_rank_state(model, args, work, lora=mode)
     except Exception as exc:  # noqa: BLE001  (reported once, by rank 0, below)
         error = f"rank {rank}: {type(exc).__name__}: {exc}"
     errors = [None] * torch.distributed.get_world_size()
@@ -256,17 +260,14 @@ def save_hf_dir(model, args, iteration: int) -> None:
     if rank == 0:
         try:
             if error is None:
-                (work / "megatron" / "latest_checkpointed_iteration.txt").write_text("release")
-                config_dir = args.hf_load_dir
-                if config_dir is None:
-                    config_dir = work / "config"
-                    config_dir.mkdir()
-                    (config_dir / "config.json").write_text(json.dumps(hf_config_from_args(args), indent=2) + "\n")
+                layout, hf_config = Layout.of(args), _hf_config(args)
                 if mode == "adapter":
-                    write_adapter_dir(work / "megatron", final, args, config_dir, lora)
+                    peft_adapter_from_rank_files(work, final, args.model_type_hf, hf_config, layout, lora,
+                                                 None if args.hf_load_dir is None else str(args.hf_load_dir),
+                                                 flag="--hf-save-dir")
                 else:
-                    convert_megatron_to_hf(work / "megatron", final, args.model_type_hf, hf_config_dir=config_dir,
-                                           layout=_layout(args))
+                    write_hf_dir(final, RankStates(work, layout), args.model_type_hf, hf_config, layout,
+                                 args.padded_vocab_size, side_files=args.hf_load_dir, flag="--hf-save-dir")
         except Exception as exc:  # noqa: BLE001
             error = f"{type(exc).__name__}: {exc}"
         finally:
@@ -281,18 +282,3 @@ def save_hf_dir(model, args, iteration: int) -> None:
         what = {"adapter": "PEFT LoRA adapter", "merged": "Hugging Face directory (LoRA merged)"}.get(
             mode, "Hugging Face directory")
         print(f"> wrote {what} {final} (iteration {iteration})", flush=True)
-
-
-def write_adapter_dir(legacy_dir: Path, final: Path, args, config_dir, lora) -> None:
-    """A PEFT adapter directory at ``final`` from the adapter-only rank files under ``legacy_dir``."""
-    from adaptor.convert.lora import peft_adapter_from_rank_files
-    from adaptor.convert.offline import _publish, _temp_beside
-
-    hf_config = json.loads((Path(config_dir) / "config.json").read_text())
-    temp = _temp_beside(final)
-    try:
-        peft_adapter_from_rank_files(legacy_dir / "release", temp, args.model_type_hf, hf_config, _layout(args), lora,
-                                     base_model=None if args.hf_load_dir is None else str(args.hf_load_dir))
-        _publish(temp, final)
-    finally:
-        shutil.rmtree(temp, ignore_errors=True)

@@ -1,4 +1,5 @@
-"""Megatron's legacy ``--ckpt-format torch`` files, written one tensor at a time.
+"""Megatron's per-rank model files (``mp_rank_TT[_PPP][_EEE]/``): legacy ``--ckpt-format torch`` files,
+written one tensor at a time, and :class:`RankStates`, which reads those or their safetensors twin.
 
 ``torch.save`` needs every tensor in memory at once. The file is a zip (PyTorch's
 format): ``data.pkl`` (the object, whose tensors are ``_rebuild_tensor_v2`` calls on
@@ -22,10 +23,12 @@ from typing import Iterable
 import torch
 
 from adaptor.convert.errors import ConversionError
+from adaptor.safetensors_file import SafetensorsError, SafetensorsFile, planned
 
 CHECKPOINT_VERSION = 3.0
 TRACKER_FILE = "latest_checkpointed_iteration.txt"
 CHECKPOINT_FILE = "model_optim_rng.pt"
+STATE_FILE = "model.safetensors"  # a rank's model state without pickle (--hf-save-dir's hand-over)
 
 
 def rank_dir_name(tp_rank: int, pp_rank: int, ep_rank: int, pp: int, ep: int) -> str:
@@ -88,12 +91,8 @@ def write_model_file(path, specs: list[tuple[str, torch.Tensor | None]],
     writer.write_record(".format_version", "1", 1)
     writer.write_record(".storage_alignment", "64", 2)
     writer.write_record("byteorder", sys.byteorder, len(sys.byteorder))
-    source = iter(tensors)
-    for name, meta, key in order:
-        got_name, tensor = next(source, (None, None))
-        if got_name != name or tuple(tensor.shape) != tuple(meta.shape) or tensor.dtype != meta.dtype:
-            got = None if got_name is None else f"{got_name} {list(tensor.shape)} {tensor.dtype}"
-            raise ConversionError(f"internal: expected tensor {name} {list(meta.shape)} {meta.dtype}, got {got}")
+    # planned() first in zip: its last step checks that nothing is left over
+    for (_, tensor), (_, _, key) in zip(planned([(name, meta) for name, meta, _ in order], tensors), order):
         tensor = tensor.detach().contiguous()
         nbytes = tensor.numel() * tensor.element_size()
         offset = tensor.storage_offset() * tensor.element_size()
@@ -102,29 +101,83 @@ def write_model_file(path, specs: list[tuple[str, torch.Tensor | None]],
             storage = storage[offset:offset + nbytes]  # the tensor's bytes within a larger storage, not a copy
         writer.write_record(f"data/{key}", storage, nbytes)
         del tensor
-    leftover = next(source, None)
-    if leftover is not None:
-        raise ConversionError(f"internal: tensor {leftover[0]} was not planned")
     writer.write_end_of_file()
 
 
-def read_model_state(path) -> dict:
-    """The "model" state dict of one rank file, memory-mapped."""
+def load_rank_file(path) -> dict:
+    """A legacy rank file, memory-mapped and unpickled with ``weights_only`` (:mod:`adaptor.safe_load`)."""
     path = Path(path)
     if not path.is_file():
         raise ConversionError(f"{path}: missing Megatron checkpoint file")
     from adaptor.safe_load import RefusedPickle, torch_load
 
     try:
-        state = torch_load(path, map_location="cpu", mmap=True)
+        return torch_load(path, map_location="cpu", mmap=True)
     except RefusedPickle as exc:
         raise ConversionError(str(exc)) from None
     except Exception as exc:  # torch raises RuntimeError/EOFError/UnpicklingError for damaged files
-        raise ConversionError(f"{path}: cannot read the checkpoint ({str(exc).splitlines()[0]})") from exc
+        raise ConversionError(f"{path}: cannot read the checkpoint ({str(exc).splitlines()[0]})") from None
+
+
+def read_model_state(path) -> dict:
+    """The "model" state dict of one rank file, memory-mapped."""
+    state = load_rank_file(path)
     if "model" not in state:
         raise ConversionError(f"{path}: no 'model' state dict (virtual pipeline checkpoints are not supported)")
     return state["model"]
 
+
+class RankStates:
+    """The model state of each rank of one iteration directory at ``layout``, tensor by tensor.
+
+    A rank's directory holds Megatron's legacy ``model_optim_rng.pt`` (memory-mapped, unpickled with
+    ``weights_only=True``; tools/convert_ckpt.py reads real checkpoints) or ``model.safetensors`` (what
+    ``--hf-save-dir``'s ranks hand over: no pickle). Used pages can be given back (:meth:`release`).
+    """
+
+    def __init__(self, iteration_dir, layout):
+        self.path, self.layout = Path(iteration_dir), layout
+        self._states: dict = {}
+        self._release: dict = {}
+
+    def file(self, key: tuple[int, int, int]) -> Path:
+        tp_rank, pp_rank, ep_rank = key
+        rank_dir = self.path / rank_dir_name(tp_rank, pp_rank, ep_rank, self.layout.pp, self.layout.ep)
+        return rank_dir / STATE_FILE if (rank_dir / STATE_FILE).is_file() else rank_dir / CHECKPOINT_FILE
+
+    def state(self, key) -> dict:
+        """Every tensor of rank ``key`` = (tp, pp, ep) by its state-dict name (``_extra_state`` entries None)."""
+        if key not in self._states:
+            path = self.file(key)
+            if path.name == STATE_FILE:
+                try:
+                    file = SafetensorsFile(path)
+                except SafetensorsError as exc:
+                    raise ConversionError(str(exc)) from None
+                self._states[key] = {name: file.get(name) for name in file.tensors}
+                self._release[key] = lambda name, file=file: file.release(name)
+            else:
+                self._states[key] = read_model_state(path)
+                ranges = mapped_ranges(path)
+                self._release[key] = lambda name, state=self._states[key]: drop_pages(state[name], ranges)
+        return self._states[key]
+
+    def has(self, key, name: str) -> bool:
+        return name in self.state(key)
+
+    def get(self, key, name: str) -> torch.Tensor:
+        state = self.state(key)
+        if name not in state:
+            raise ConversionError(f"{self.file(key)}: tensor {name} missing")
+        return state[name]
+
+    def get_meta(self, key, name: str) -> torch.Tensor:
+        return self.get(key, name).to("meta")
+
+    def release(self, key, name: str) -> None:
+        """Give back the memory-mapped pages of a tensor already used (unchanged pages, re-read on demand)."""
+        if self._states.get(key, {}).get(name) is not None:
+            self._release[key](name)
 
 
 _LIBC = ctypes.CDLL(None, use_errno=True)

@@ -10,11 +10,11 @@ Upstream functions wrapped:
   main params / distributed-optimizer shards; training starts at iteration 0. A ``--load``
   checkpoint that exists wins (resume).
 * ``megatron.training.training.train`` runs the training loop. After it returns, every rank with
-  expert-data-parallel rank 0 writes its model state to a temporary legacy (``--ckpt-format
-  torch``) checkpoint beside ``--hf-save-dir``; rank 0 converts it tensor by tensor
-  (:func:`adaptor.convert.convert_megatron_to_hf`, i.e. ``hf_tensors_from_megatron``) into
-  config.json + safetensors shards (+ index) and renames the finished directory into place; a
-  failure leaves nothing at ``--hf-save-dir``. The ranks must share a filesystem for this
+  expert-data-parallel rank 0 writes its model state as a temporary safetensors file beside
+  ``--hf-save-dir``; rank 0 maps them tensor by tensor (``hf_tensors_from_megatron``) into the one
+  HF writer (:func:`adaptor.convert.hf_writer.write_hf_dir`): config.json + safetensors shards (+
+  index), the finished directory renamed into place; a failure on any rank is one line and leaves
+  nothing at ``--hf-save-dir``. The ranks must share a filesystem for this
   directory. config.json (and tokenizer files) come from ``--hf-load-dir``, or are written from
   the flags (``--model-type-hf`` names the architecture). With ``--bf16`` the saved tensors are
   the bf16 model weights, and loading copies into them (the fp32 main params are then refreshed
@@ -32,8 +32,7 @@ Upstream functions wrapped:
   error.
 * Defaults: a run given ``--hf-load-dir`` or ``--hf-save-dir`` that saves checkpoints (``--save``)
   without ``--ckpt-format`` saves them as ``safetensors`` (no pickle) instead of Megatron's
-  ``torch_dist``; the start-up log says so. The temporary per-rank files of ``--hf-save-dir`` are
-  legacy torch files this process writes and reads back with ``weights_only=True``.
+  ``torch_dist``; the start-up log says so.
 * ``megatron.training.arguments.validate_args``: after Megatron derives its values, the HF config
   must describe the model the flags build (layers, hidden, heads, query groups, kv channels, MLA
   dims, experts, ...): the flags :func:`adaptor.convert.megatron_args_from_hf_config` gives are

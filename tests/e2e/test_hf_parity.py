@@ -7,7 +7,8 @@ from tests/helpers/hf_fixtures.py, saved by transformers as the Hub publishes th
   and TP2/PP2/EP2 and compares them with transformers' (fp32, eager attention);
 * pretrain_gpt.py --hf-load-dir trains from the HF weights (the same losses as a run that
   --load's the offline-converted checkpoint), and --hf-save-dir writes a directory that
-  transformers loads and whose tensors are the Megatron weights at the end;
+  transformers loads and whose tensors are the Megatron weights at the end, and whose failure (on
+  any rank) is one line that leaves nothing behind;
 * a config.json that does not match the flags is one line naming the flag, whether it comes with
   --hf-load-dir or inside a checkpoint tools/convert_ckpt.py wrote (RoPE scaling included);
 * Qwen3 with YaRN ``rope_scaling`` (transformers' default attention factor, and an explicit one
@@ -147,6 +148,27 @@ def test_deepseek_v3_trains_from_hf_dir_and_saves_one(hf_dirs, tmp_path):
     original = HfCheckpoint(source)
     assert not torch.equal(saved.get("model.embed_tokens.weight"), original.get("model.embed_tokens.weight"))
     assert not list(tmp_path.glob(".*partial*"))
+
+
+@pytest.mark.parametrize("fail_at", ["rank1", "writer"])
+def test_hf_save_dir_failure_is_one_line_and_leaves_nothing(hf_dirs, tmp_path, fail_at):
+    """TP=2: a rank that cannot hand its state over, or rank 0's writer failing after the last shard, ends the
+    run in one line, with nothing at --hf-save-dir or beside it; the ranks handed their states over as
+    safetensors, not pickles."""
+    source, out = hf_dirs["qwen3_tied"], tmp_path / "out" / "hf"
+    out.parent.mkdir()
+    flags = model_flags(source, "qwen3") + TRAIN[:-6] + ["--train-iters", "1", "--tensor-model-parallel-size", "2"]
+    run = run_pretrain(flags + ["--hf-load-dir", str(source), "--hf-save-dir", str(out)], nproc=2,
+                       env={"FAIL_AT": fail_at}, script="tests/scripts/pretrain_gpt_failing_hf_save.py")
+    assert run.returncode != 0, tail(run.output)
+    who = "rank 1: " if fail_at == "rank1" else ""
+    assert run.error_lines() == [f"megatron-adaptor: error: --hf-save-dir {out}: {who}OSError: No space left on "
+                                 f"device (injected)"], tail(run.output)
+    assert child_frames(run.output) == [], tail(run.output)
+    assert list((tmp_path / "out").iterdir()) == []
+    if fail_at == "writer":
+        handed_over = json.loads(next(line for line in run.output.splitlines() if line.startswith("HANDOVER "))[9:])
+        assert handed_over == ["mp_rank_00/model.safetensors", "mp_rank_01/model.safetensors"], handed_over
 
 
 def test_hf_load_dir_run_saves_safetensors_unless_told(hf_dirs, tmp_path):
