@@ -32,7 +32,6 @@ or the snapshot differs from the installed megatron-core's parser.
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 import types
 import warnings

@@ -128,7 +128,7 @@ def check_inputs(args) -> dict | None:
     """
     from adaptor.checkpoint.errors import CheckpointError
     from adaptor.checkpoint.files import refuse_nonempty
-    from adaptor.checkpoint.unified_dirs import SIDE_FILE, read_side_file, resolve
+    from adaptor.checkpoint.consolidated_dirs import SIDE_FILE, read_side_file, resolve
 
     side = None
     if args.command == "merge":
@@ -168,7 +168,7 @@ def child_reason(output: str) -> str:
 def split(args, side: dict) -> Path:
     from adaptor.checkpoint.errors import CheckpointError
     from adaptor.checkpoint.files import staged_directory
-    from adaptor.checkpoint.unified import to_release
+    from adaptor.checkpoint.consolidated import to_release
 
     layout = layout_of(args)
     save_dir = Path(args.save_dir)
@@ -205,7 +205,7 @@ def merge(args) -> Path:
     from adaptor.checkpoint.errors import CheckpointError
 
     if not args.model_type_hf:
-        from adaptor.checkpoint.unified import merge as merge_megatron_names
+        from adaptor.checkpoint.consolidated import merge as merge_megatron_names
 
         return merge_megatron_names(args.load_dir, args.save_dir, args.max_shard_bytes)
     from adaptor.convert.errors import ConversionError
@@ -221,7 +221,7 @@ def info(args) -> str:
     """One line from the shard table alone: no torch, no tensor data read."""
     from adaptor.checkpoint.global_names import global_tensors
     from adaptor.checkpoint.shard_table import ShardTable
-    from adaptor.checkpoint.unified_dirs import resolve
+    from adaptor.checkpoint.consolidated_dirs import resolve
 
     table = ShardTable(resolve(args.load_dir))
     tensors = list(global_tensors(table.shards, model_only=False).values())

@@ -3,7 +3,7 @@
 Each key of a sharded checkpoint is one global tensor; keys whose shards carry prepended axes
 (stacked decoder layers, experts) hold one tensor per index along them. Derived from the shard
 table alone, without torch: ``tools/safetensors_ckpt.py info`` counts and sizes them in a fraction
-of a second, and :class:`adaptor.checkpoint.unified.GlobalTensors` assembles them.
+of a second, and :class:`adaptor.checkpoint.consolidated.GlobalTensors` assembles them.
 """
 from __future__ import annotations
 

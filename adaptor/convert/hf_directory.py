@@ -1,7 +1,7 @@
 """Hugging Face safetensors directories, read with zero copies.
 
 The Hub's directory layout (one ``model.safetensors``, or shards plus ``model.safetensors.index.json``)
-is read by :class:`adaptor.checkpoint.unified.ShardedTensors`; a Hugging Face directory adds config.json.
+is read by :class:`adaptor.checkpoint.consolidated.ShardedTensors`; a Hugging Face directory adds config.json.
 They are written by :mod:`adaptor.convert.hf_writer`.
 """
 from __future__ import annotations
@@ -9,13 +9,13 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from adaptor.checkpoint.unified import ShardedTensors
+from adaptor.checkpoint.consolidated import ShardedTensors
 from adaptor.convert.errors import ConversionError
 
 
 class HfCheckpoint(ShardedTensors):
     """A Hub-style directory with config.json (:attr:`config`): model.safetensors, or shards +
-    model.safetensors.index.json, read as :class:`~adaptor.checkpoint.unified.ShardedTensors` reads them."""
+    model.safetensors.index.json, read as :class:`~adaptor.checkpoint.consolidated.ShardedTensors` reads them."""
 
     error, confined = ConversionError, False
 

@@ -17,7 +17,7 @@ import shutil
 from pathlib import Path
 
 from adaptor.checkpoint.files import staged_directory
-from adaptor.checkpoint.unified import write_shards
+from adaptor.checkpoint.consolidated import write_shards
 from adaptor.convert.errors import ConversionError
 from adaptor.convert.layout import Layout
 from adaptor.convert.models import model_mapping

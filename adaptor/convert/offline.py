@@ -34,7 +34,7 @@ class WholeTensors:
     """A safetensors checkpoint (any saved layout) as the state of one TP=PP=EP=1 rank, by module name."""
 
     def __init__(self, path):
-        from adaptor.checkpoint.unified import GlobalTensors, module_name
+        from adaptor.checkpoint.consolidated import GlobalTensors, module_name
 
         try:
             self.source = GlobalTensors(path)
@@ -176,7 +176,7 @@ def sharded_key(name: str, stacked: bool, fused_norms: bool) -> tuple[str, tuple
 
 def _write_safetensors_release(release: Path, hf: HfCheckpoint, mapping: ModelMapping, padded: int) -> None:
     """One rank file of whole tensors (``release``): Megatron loads it at any layout, resharding on load."""
-    from adaptor.checkpoint.unified import write_whole_release
+    from adaptor.checkpoint.consolidated import write_whole_release
 
     specs = list(megatron_rank_tensors(hf, mapping, Layout(), padded_vocab_size=padded, meta=True))
     dense_qkv = any(".self_attention.linear_qkv.weight" in name for name, _ in specs)
@@ -244,8 +244,8 @@ def merge_to_hf(load, save_dir, model_type: str, max_shard_bytes: int = 5 * 2**3
     Unlike :func:`convert_megatron_to_hf` it needs no config.json: that is written from the arguments
     the run saved. ``megatron_checkpoint.json`` records where the tensors came from, as merge does.
     """
-    from adaptor.checkpoint.unified import merged_description
-    from adaptor.checkpoint.unified_dirs import SIDE_FILE
+    from adaptor.checkpoint.consolidated import merged_description
+    from adaptor.checkpoint.consolidated_dirs import SIDE_FILE
     from adaptor.convert.online import hf_config_from_args
 
     whole = WholeTensors(load)

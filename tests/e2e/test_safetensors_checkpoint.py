@@ -36,7 +36,7 @@ def train_args(save, *extra, iters=ITERS, interval=4):
 
 
 def global_tensors(checkpoint, model_only=False) -> dict[str, torch.Tensor]:
-    from adaptor.checkpoint.unified import GlobalTensors
+    from adaptor.checkpoint.consolidated import GlobalTensors
 
     g = GlobalTensors(checkpoint, model_only=model_only)
     return {name: g.get(name) for name in g.tensors}

@@ -39,7 +39,7 @@ def checkpoint(hf_models, tmp_path_factory):
 
 
 def test_info_reads_the_shard_table_without_torch(checkpoint, tmp_path):
-    from adaptor.checkpoint.unified import GlobalTensors
+    from adaptor.checkpoint.consolidated import GlobalTensors
 
     proc, imported = run_tool(tmp_path, "info", "--load-dir", checkpoint)
     assert proc.returncode == 0, proc.stderr

@@ -1,7 +1,7 @@
 """The directories ``tools/safetensors_ckpt.py`` reads and writes, checked without torch.
 
 Which checkpoint a --load-dir names, and the description a merged directory carries (the --save-dir
-refusal is :func:`adaptor.checkpoint.files.refuse_nonempty`). Apart from :mod:`adaptor.checkpoint.unified`
+refusal is :func:`adaptor.checkpoint.files.refuse_nonempty`). Apart from :mod:`adaptor.checkpoint.consolidated`
 so that the tool reports a wrong --load-dir or a non-empty --save-dir before importing torch.
 """
 from __future__ import annotations
@@ -32,9 +32,9 @@ def resolve(path) -> Path:
     raise CheckpointError(f"{path}: neither a safetensors checkpoint nor a --save directory with {files.TRACKER}")
 
 
-def read_side_file(unified_dir) -> dict:
+def read_side_file(merged_dir) -> dict:
     """The description of a Megatron-named merged directory (what split reads back)."""
-    side_path = Path(unified_dir) / SIDE_FILE
+    side_path = Path(merged_dir) / SIDE_FILE
     try:
         side = json.loads(side_path.read_text())
         if side.get("names") != "megatron":

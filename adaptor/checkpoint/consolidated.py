@@ -23,7 +23,7 @@ from adaptor.checkpoint.errors import CheckpointError
 from adaptor.checkpoint.global_names import GlobalTensor, global_tensors
 from adaptor.checkpoint.object_codec import dtype_from_name
 from adaptor.checkpoint.reader import CheckpointIndex
-from adaptor.checkpoint.unified_dirs import SIDE_FILE, read_side_file, resolve
+from adaptor.checkpoint.consolidated_dirs import SIDE_FILE, read_side_file, resolve
 from adaptor.safetensors_file import SafetensorsError, SafetensorsFile, write_file
 
 INDEX_FILE = "model.safetensors.index.json"
@@ -235,21 +235,21 @@ def write_whole_release(release, specs, where: dict, tensors, source: str, comma
     files.commit(release)
 
 
-def to_release(unified_dir, save_dir) -> Path:
+def to_release(merged_dir, save_dir) -> Path:
     """A weights-only checkpoint (``release``, one rank file) from a Megatron-named merged directory.
 
     Megatron loads it at any layout (``--load``; resharded on load); ``tools/safetensors_ckpt.py
     split`` saves it again at a given layout.
     """
-    unified_dir, save_dir = Path(unified_dir), Path(save_dir)
-    side = read_side_file(unified_dir)
-    source = ShardedTensors(unified_dir)
+    merged_dir, save_dir = Path(merged_dir), Path(save_dir)
+    side = read_side_file(merged_dir)
+    source = ShardedTensors(merged_dir)
     missing = [name for name in side["tensors"] if name not in source]
     if missing:
-        raise CheckpointError(f"{unified_dir}: tensor {missing[0]} listed in {SIDE_FILE} is missing")
+        raise CheckpointError(f"{merged_dir}: tensor {missing[0]} listed in {SIDE_FILE} is missing")
     tensors = [(name, source.get(name)) for name in side["tensors"]]
     where = {name: (entry["key"], list(entry["index"])) for name, entry in side["tensors"].items()}
     with files.staged_directory(save_dir) as temp:
-        write_whole_release(temp / "release", tensors, where, tensors, str(unified_dir), side.get("command_line"))
+        write_whole_release(temp / "release", tensors, where, tensors, str(merged_dir), side.get("command_line"))
         (temp / files.TRACKER).write_text("release")
     return save_dir
