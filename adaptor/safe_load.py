@@ -8,7 +8,9 @@ hold beside those (the argument namespace, the RNG states, its enums and rerun s
 explicitly, so ``TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD`` cannot turn it off.
 
 Used by the conversion library (``adaptor.convert``) and by the ``safe_torch_load`` feature,
-which routes every ``torch.load`` of a training run through :func:`load`.
+which routes every ``torch.load`` of a training run through :func:`load`. It reads pickles others
+wrote (Megatron's ``--ckpt-format torch``); :mod:`adaptor.checkpoint.object_codec` is the other
+half, the format our own checkpoints write, which has no pickle to read at all.
 """
 from __future__ import annotations
 

@@ -5,6 +5,11 @@ describe files before importing it); this module maps the data as tensors and wr
 Both the Hugging Face conversion (``adaptor.convert``) and the sharded training checkpoints
 (``adaptor.checkpoint``) read and write through it. Nothing here unpickles: a file is a JSON
 header and raw little-endian bytes.
+
+Why not ``safetensors.safe_open``: the reader hands out zero-copy views of the mapping and gives
+their pages back once used (streaming a model larger than memory through a conversion), and a bad
+header is one line naming the file; the writer streams planned tensors under a header written
+first and fsyncs before the rename. safe_open offers neither page release nor streamed writes.
 """
 from __future__ import annotations
 

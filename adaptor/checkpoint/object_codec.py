@@ -18,6 +18,9 @@ Encoded forms (JSON):
 * ``{"__dtype__": "float32"}``, ``{"__namespace__": {...}}`` (argparse), ``{"__simplenamespace__": {...}}``,
   ``{"__enum__": "module.Class", "name": member}`` (decoded when that module is already imported,
   which Megatron's are; nothing is imported on the checkpoint's say), ``{"__path__": "..."}``.
+
+Files others wrote as pickles (Megatron's ``--ckpt-format torch``) are read by
+:mod:`adaptor.safe_load` instead: this codec is for the files we write.
 """
 from __future__ import annotations
 
