@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import difflib
 import importlib.util
+import os
 import sys
 from pathlib import Path
 
@@ -100,8 +101,11 @@ def check(argv: list[str]) -> None:
     from adaptor.preflight.checkpoint_dirs import check_load_inputs
     from adaptor.preflight.data_sources import check_data_sources
     from adaptor.preflight.output_dirs import check_output_dirs
+    from adaptor.preflight.parallel_layout import check_parallel_layout
 
-    try:  # the order of the preflight features (patches/preflight), so the first error is the run's
+    args.world_size = int(os.environ.get("WORLD_SIZE", "1"))  # as Megatron's parse_args sets it
+    try:  # the order of the features (argument_checks, then patches/preflight): the first error is the run's
+        check_parallel_layout(args)
         check_data_sources(args)
         check_load_inputs(args)
         check_output_dirs(args)
