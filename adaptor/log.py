@@ -23,7 +23,7 @@ _said: set[str] = set()
 def notice(text: str) -> None:
     """Print one line on rank 0."""
     if is_rank0():
-        print(f"{PREFIX} {text}", flush=True)
+        every_rank(text)
 
 
 def every_rank(text: str) -> None:

@@ -47,13 +47,6 @@ def _cell(text: str) -> str:
     return " ".join(str(text).split()).replace("|", "\\|")
 
 
-def _registry():
-    """Every feature in registry order, none set up: what a run registers, without the run."""
-    from adaptor.bootstrap import all_features
-
-    return all_features()
-
-
 def _committed_rows() -> list[dict]:
     """The committed parser snapshot's rows; without them the flag page cannot be written."""
     from adaptor.command_line import parser_snapshot
@@ -237,7 +230,9 @@ def _patches_by_backend(feature, registry) -> dict[str, list[tuple[str, str]]]:
 
 
 def reference_page() -> str:
-    registry = _registry()
+    from adaptor.bootstrap import all_features
+
+    registry = all_features()
     lines = [
         "# Features and patches",
         "",
@@ -304,9 +299,10 @@ def environment_page() -> str:
 
 def parser_snapshot() -> str:
     """The committed snapshot with our features' rows rewritten; Megatron's change only with ``--parser``."""
+    from adaptor.bootstrap import all_features
     from adaptor.command_line import parser_snapshot as snap
 
-    ours = _registry().add_arguments(argparse.ArgumentParser(add_help=False, allow_abbrev=False))
+    ours = all_features().add_arguments(argparse.ArgumentParser(add_help=False, allow_abbrev=False))
     return snap.dumps(_megatron_rows(_committed_rows()) + snap.snapshot(ours))
 
 
@@ -314,10 +310,11 @@ def live_parser_snapshot() -> str:
     """Megatron's parser with our features' flags, as the early command-line check rebuilds it."""
     from megatron.training.arguments import add_megatron_arguments
 
+    from adaptor.bootstrap import all_features
     from adaptor.command_line import parser_snapshot as snap
 
     parser = add_megatron_arguments(argparse.ArgumentParser(allow_abbrev=False))
-    return snap.dumps(snap.snapshot(_registry().add_arguments(parser)))
+    return snap.dumps(snap.snapshot(all_features().add_arguments(parser)))
 
 
 #: Written from the tables and the committed snapshot alone: neither torch nor Megatron.
