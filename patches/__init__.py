@@ -56,6 +56,7 @@ def all_features():
     from patches.preflight.checkpoint_inputs import CheckpointInputs
     from patches.preflight.data_files import DataFiles
     from patches.preflight.output_dirs import OutputDirs
+    from patches.upstream_fixes.disable_jit_fuser import DisableJitFuser
     from patches.upstream_fixes.distributed_optimizer_resume import DistributedOptimizerResume
     from patches.upstream_fixes.empty_dataset_split import EmptyDatasetSplit
     from patches.upstream_fixes.first_iteration_log import FirstIterationLog
@@ -89,6 +90,7 @@ def all_features():
         SupervisedFineTuning(),
         # Upstream fixes that hold on every backend.
         FirstIterationLog(),
+        DisableJitFuser(),
         DistributedOptimizerResume(),
         SequenceParallelTorchNorm(),
         ResumeRngState(),

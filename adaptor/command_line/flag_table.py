@@ -820,9 +820,7 @@ MEGATRON_FLAGS = {
     "flight_recorder_include_stack_trace": HONOURED,  # flight-recorder environment variable, as above
     "flight_recorder_include_only_active": HONOURED,  # flight-recorder environment variable, as above
     "flight_recorder_extra_dump_on_exec": HONOURED,  # flight-recorder environment variable, as above
-    "disable_jit_fuser": Refused(
-        "the fused functions are compiled when their modules are imported, before this flag is read, so "
-        "it turns nothing off; set TORCH_COMPILE_DISABLE=1 to run them uncompiled"),
+    "disable_jit_fuser": Honoured("torch.compile is off for the run (patches/upstream_fixes/disable_jit_fuser)"),
     "pipeline_model_parallel_layout": HONOURED,  # pretrain_gpt.py places MTP and data by the layout
     "model_parallel_size": Refused(
         "an old spelling Megatron no longer accepts; pass --tensor-model-parallel-size instead"),

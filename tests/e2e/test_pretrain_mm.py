@@ -45,7 +45,9 @@ import pytest
 import torch
 
 from helpers.megatron_runs import train_from as _train_from
-from helpers.megatron_runs import ROOT, SAMPLE_TOKENIZER, free_port, losses_of, run_pretrain, tail, worst_relative_gap
+from helpers.megatron_runs import (
+    ROOT, SAMPLE_TOKENIZER, UNCOMPILED, free_port, losses_of, run_pretrain, tail, worst_relative_gap,
+)
 from helpers.one_line_errors import assert_one_line_error
 from helpers.one_line_errors import run_python as run_script
 from helpers.prefetch import prefetched
@@ -60,7 +62,7 @@ TRAIN = [
     "--tokenizer-type", "HuggingFaceTokenizer", "--tokenizer-model", str(SAMPLE_TOKENIZER), "--seq-length", "48",
     "--micro-batch-size", "4", "--global-batch-size", "8", "--lr", "1e-3", "--min-lr", "1e-4",
     "--lr-decay-style", "cosine", "--clip-grad", "1.0", "--seed", "1234",
-    "--log-interval", "1", "--eval-iters", "0", "--eval-interval", "100000",
+    "--log-interval", "1", "--eval-iters", "0", "--eval-interval", "100000", *UNCOMPILED,
 ]
 
 

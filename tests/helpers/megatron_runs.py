@@ -13,6 +13,11 @@ from helpers.warm_launcher import TORCHRUN, Launched, base_env, finish_cold_repo
 
 # A Qwen3-shaped model small enough for two CPU cores: GQA, qk-layernorm,
 # kv-channels != hidden/heads, RMSNorm, SwiGLU, RoPE base 1e6, tied embeddings.
+# Megatron's torch.compile'd fusions run as plain Python in the tiny test models: compiling them costs
+# each rank one to two seconds of inductor per run, and what the tests prove (layouts, checkpoints,
+# our kernels) does not depend on it. The compiled path runs in the example scripts' tests, the
+# MindSpeed-LLM command lines and tests/unit/test_disable_jit_fuser.py.
+UNCOMPILED = ["--disable-jit-fuser"]
 TINY_QWEN3 = [
     "--num-layers", "4", "--hidden-size", "64", "--ffn-hidden-size", "192",
     "--num-attention-heads", "4", "--group-query-attention", "--num-query-groups", "2",
@@ -23,6 +28,7 @@ TINY_QWEN3 = [
     "--micro-batch-size", "2", "--global-batch-size", "8",
     "--lr", "1e-3", "--min-lr", "1e-4", "--lr-decay-style", "cosine", "--clip-grad", "1.0",
     "--seed", "1234", "--log-interval", "1", "--eval-iters", "0", "--eval-interval", "100000",
+    *UNCOMPILED,
 ]
 TINY_QWEN3_MODEL = list(TINY_QWEN3)  # without data: for runs on real datasets
 TINY_QWEN3 += ["--mock-data", "--tokenizer-type", "NullTokenizer", "--vocab-size", "512"]
@@ -51,7 +57,7 @@ TINY_DEEPSEEK_V3 = [
     "--micro-batch-size", "2", "--global-batch-size", "8",
     "--lr", "1e-3", "--min-lr", "1e-4", "--lr-decay-style", "cosine", "--clip-grad", "1.0",
     "--seed", "1234", "--log-interval", "1", "--eval-iters", "0", "--eval-interval", "100000",
-    "--mock-data", "--tokenizer-type", "NullTokenizer", "--vocab-size", "512",
+    "--mock-data", "--tokenizer-type", "NullTokenizer", "--vocab-size", "512", *UNCOMPILED,
 ]
 
 # One logged iteration's lm loss (and MTP loss) in Megatron's training log.
