@@ -74,15 +74,16 @@ _CONVERSION_TOOL = ("import runpy, sys\n"
 def fresh_interpreters():
     """Each import order in a fresh interpreter (that is the point), two at a time."""
     jobs = {
-        "feature module alone": lambda: _python("import sys\nimport patches.fusions.rmsnorm as m\n"
-                                                "from adaptor import bootstrap, run_state\n"
-                                                "assert m.RmsNormFusion.name == 'rmsnorm'\n"
-                                                "print(run_state.is_set_up(), len(bootstrap.patch_manager))"),
+        # One interpreter imports a feature module, then a library, then runs the conversion tool:
+        # none of them may set the run up, so each later step also checks the earlier ones.
+        "feature and library modules": lambda: _python(
+            "import sys\nimport patches.fusions.rmsnorm as m\nfrom adaptor import bootstrap, run_state\n"
+            "assert m.RmsNormFusion.name == 'rmsnorm'\n"
+            "print('feature module:', run_state.is_set_up(), len(bootstrap.patch_manager))\n"
+            "from adaptor.convert import Layout\n" + _CONVERSION_TOOL + _LIBRARY_CHECK),
         "library without torch": lambda: _python("import sys\nimport adaptor.checkpoint.files, adaptor.run_state\n"
                                                  "import adaptor.command_line.early_check\n"
                                                  "print(sorted(m for m in ('torch', 'megatron') if m in sys.modules))"),
-        "library mode": lambda: _python("from adaptor.convert import Layout\n" + _LIBRARY_CHECK),
-        "conversion tool": lambda: _python(_CONVERSION_TOOL + _LIBRARY_CHECK),
         "training process": lambda: _python("import adaptor\nfrom adaptor import bootstrap\nassert len(bootstrap.patch_manager) > 10"),
     }
     return dict(zip(jobs, side_by_side(*jobs.values())))
@@ -91,18 +92,17 @@ def fresh_interpreters():
 def test_importing_a_module_of_ours_sets_nothing_up_and_library_modules_need_no_torch(fresh_interpreters):
     """Only the statement ``import adaptor`` sets a run up: a feature module or a library module
     imported on its own changes nothing, and the torch-free libraries stay torch-free."""
-    proc = fresh_interpreters["feature module alone"]
+    proc = fresh_interpreters["feature and library modules"]
     assert proc.returncode == 0, proc.stderr[-2000:]
-    assert proc.stdout.split()[-2:] == ["False", "0"], proc.stdout
+    assert "feature module: False 0" in proc.stdout.splitlines(), proc.stdout
     proc = fresh_interpreters["library without torch"]
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert proc.stdout.strip().splitlines()[-1] == "[]", proc.stdout
 
 
 def test_library_mode_and_the_conversion_tool_patch_nothing(fresh_interpreters):
-    for name in ("library mode", "conversion tool"):
-        proc = fresh_interpreters[name]
-        assert proc.returncode == 0 and "unpatched" in proc.stdout, (name, proc.stderr[-2000:])
+    proc = fresh_interpreters["feature and library modules"]
+    assert proc.returncode == 0 and proc.stdout.splitlines()[-1] == "unpatched", (proc.stdout, proc.stderr[-2000:])
     # Control: a training process is patched.
     assert fresh_interpreters["training process"].returncode == 0, fresh_interpreters["training process"].stderr[-2000:]
 
