@@ -56,6 +56,7 @@ def all_features():
     from patches.preflight.checkpoint_inputs import CheckpointInputs
     from patches.preflight.data_files import DataFiles
     from patches.preflight.output_dirs import OutputDirs
+    from patches.upstream_fixes.atomic_tracker import AtomicTracker
     from patches.upstream_fixes.disable_jit_fuser import DisableJitFuser
     from patches.upstream_fixes.distributed_optimizer_resume import DistributedOptimizerResume
     from patches.upstream_fixes.empty_dataset_split import EmptyDatasetSplit
@@ -91,6 +92,7 @@ def all_features():
         # Upstream fixes that hold on every backend.
         FirstIterationLog(),
         DisableJitFuser(),
+        AtomicTracker(),
         DistributedOptimizerResume(),
         SequenceParallelTorchNorm(),
         ResumeRngState(),

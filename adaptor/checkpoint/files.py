@@ -125,14 +125,42 @@ def discard_staging(checkpoint_dir) -> None:
         pass
 
 
+class ReplacingFile:
+    """A text file written under a hidden temporary name and renamed over ``path`` when closed without
+    an error: a reader, or a process killed meanwhile, finds the old content or the new, never a part."""
+
+    def __init__(self, path) -> None:
+        self.path = Path(path)
+        self._tmp = self.path.with_name(f".{self.path.name}.tmp")
+        self._file = open(self._tmp, "w")
+
+    def write(self, text: str) -> int:
+        return self._file.write(text)
+
+    def close(self, keep: bool = True) -> None:
+        if self._file.closed:
+            return
+        if keep:
+            self._file.flush()
+            os.fsync(self._file.fileno())
+        self._file.close()
+        if keep:
+            os.replace(self._tmp, self.path)
+            fsync_dir(self.path.parent)
+        else:
+            self._tmp.unlink(missing_ok=True)
+
+    def __enter__(self) -> ReplacingFile:
+        return self
+
+    def __exit__(self, exc_type, *exc) -> None:
+        self.close(keep=exc_type is None)
+
+
 def write_json(path: Path, doc: dict, **dump_kwargs) -> None:
-    """Write a JSON document durably under a hidden temporary name, then rename it into place."""
-    tmp = path.with_name(f".{path.name}.tmp")
-    with open(tmp, "w") as out:
+    """Write a JSON document durably in place of ``path`` (:class:`ReplacingFile`)."""
+    with ReplacingFile(path) as out:
         json.dump(doc, out, **dump_kwargs)
-        out.flush()
-        os.fsync(out.fileno())
-    os.replace(tmp, path)
 
 
 def commit(checkpoint_dir) -> None:

@@ -96,3 +96,27 @@ def test_flat_pieces_of_another_chunk_are_reassembled(tmp_path):
     assert torch.equal(whole, full)
     rows_2_to_6 = ShardedTensor("w", None, torch.float32, (4, 6), (8, 6), (2, 0), None)
     assert torch.equal(index.load_tensor(rows_2_to_6), full[2:6])
+
+
+def test_megatrons_tracker_write_replaces_the_file_and_never_empties_it(tmp_path, cpu_training_process):
+    """save_checkpoint's ``with maybe_msc.open(tracker, 'w') as f: f.write(...)``, as Megatron runs it:
+    until the block ends the old tracker is intact (a kill there keeps it), a failing block keeps it,
+    and other files open as plain files."""
+    from megatron.training import checkpointing
+
+    tracker = tmp_path / files.TRACKER
+    tracker.write_text("3")
+    with checkpointing.maybe_msc.open(str(tracker), "w") as f:
+        f.write("6")
+        assert tracker.read_text() == "3"
+    assert tracker.read_text() == "6"
+    with pytest.raises(RuntimeError):
+        with checkpointing.maybe_msc.open(str(tracker), "w") as f:
+            f.write("9")
+            raise RuntimeError("killed")
+    assert tracker.read_text() == "6" and sorted(p.name for p in tmp_path.iterdir()) == [files.TRACKER]
+    other = tmp_path / "progress.txt"
+    with checkpointing.maybe_msc.open(str(other), "w") as f:
+        f.write("x")
+        assert isinstance(f, io.TextIOWrapper)
+    assert other.read_text() == "x" and checkpointing.maybe_msc.os.path.isfile(str(other))
