@@ -7,12 +7,14 @@ with TP), PP2 and EP2 layouts, context parallelism with EP (CP2 x EP2: ring atte
 head dims, experts across the CP ranks), the allgather dispatcher and the grouped experts must
 reproduce the single-process curves of both the lm loss and the MTP loss.
 
-Tolerance: the layouts add the same numbers in other orders, so curves agree to fp32 rounding.
-Measured maximum relative gaps over 10 iterations (lm / MTP loss): TP2+SP 6.6e-6 / 5.4e-6 (the
-most reordering: attention, shared and routed experts split over TP, sequence-parallel
-reduce-scatters), PP2 1.7e-7 / 1.6e-7, EP2 1.7e-7 / 1.7e-7, allgather and grouped experts 0.
-RTOL = 3e-5 is 4.5x above the largest and 250x below the 7.7e-3 gap of a run whose learning
-rate differs by 10% (``test_tolerance_detects_a_wrong_run``).
+Tolerance: the layouts add the same numbers in other orders, so curves agree to fp32 rounding,
+amplified where a reordered sum moves a token's top-2 experts. Measured maximum relative gaps over 10
+iterations (lm / MTP loss): TP2+SP, the most reordering (attention, shared and routed experts split
+over TP, sequence-parallel reduce-scatters), depends on the initial weights: 3.0e-5 / 2.6e-5 at
+--seed 1234 and 7.5e-6 to 6.1e-5 / 2.9e-6 to 1.5e-5 at seeds 1 to 6 (the same compiled or not);
+PP2 0, EP2 and CP2xEP2 1.8e-7 / 1.6e-7, allgather and grouped experts 0. RTOL = 2e-4 is 3.3x
+above the largest and 38x below the 7.7e-3 gap of a run whose learning rate differs by 10%
+(``test_tolerance_detects_a_wrong_run``).
 
 Also here: megatron's uneven sequence-parallel gather on two gloo processes, and the YaRN flags in the
 MLA config. The layer spec and MLA's core attention on their own: tests/unit/test_deepseek_v3.py.
@@ -29,7 +31,7 @@ from helpers.paths import ROOT
 from helpers.prefetch import prefetched
 from helpers.processes import tagged_json
 ITERS = 10
-RTOL = 3e-5
+RTOL = 2e-4
 
 
 @prefetched
