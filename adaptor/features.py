@@ -1,24 +1,14 @@
 """Features: the unit in which the adaptor changes Megatron.
 
-A feature is one class that owns one concern end to end:
+A feature is one class that owns one concern end to end: ``add_arguments(group)`` (its flags, in
+Megatron's parser), ``enabled(ctx)`` (from the backend and the pre-parsed command line),
+``register_patches(pm, ctx)`` (nothing is patched by defining a feature), ``module_swaps`` (rows of
+(argument, upstream class, our class) that ``adaptor.layer_specs`` applies in registry order),
+``set_defaults(args, ctx)`` (only values not in ``ctx.explicit``) and ``validate(args, ctx)`` (an
+:class:`ArgumentError` of one sentence).
 
-* ``add_arguments(group)`` puts its command-line flags into Megatron's own
-  parser (they show in ``--help`` beside Megatron's);
-* ``enabled(ctx)`` says, from the backend and the pre-parsed command line,
-  whether it applies to this run at all;
-* ``register_patches(pm, ctx)`` registers its patches (by dotted path) with
-  the patch manager — nothing is patched by merely defining a feature;
-* ``module_swaps`` declares the layer-spec changes the feature causes: rows of
-  (argument, upstream class, our class), collected by ``adaptor.layer_specs``
-  from the registered features in registry order, each row gated by its argument;
-* ``set_defaults(args, ctx)`` fills values the user did not give explicitly
-  (``ctx.explicit`` holds the dests the user did give: those always win);
-* ``validate(args, ctx)`` checks the parsed arguments and raises
-  :class:`ArgumentError` with one readable sentence.
-
-Features are enabled at ``import adaptor`` time from a pre-parse of
-``sys.argv`` that knows only the features' own flags; defaults and validation
-run inside Megatron's argument parsing, before Megatron validates.
+Features are enabled at ``import adaptor`` from a pre-parse of ``sys.argv`` that knows only their own
+flags; defaults and validation run inside Megatron's argument parsing, before Megatron validates.
 """
 from __future__ import annotations
 

@@ -1,20 +1,11 @@
 """Layer specs for GPTModel, chosen per backend and feature in one place.
 
-megatron-core describes a layer as data (``ModuleSpec``); we decide which
-upstream builder produces it, then swap modules in that data:
-
-* ``--transformer-impl transformer_engine`` (CUDA with Transformer Engine
-  installed): megatron-core's TE spec, unchanged.
-* otherwise (NPU, CPU, or CUDA without TE): megatron-core's local spec, built
-  from plain torch modules. The backend defaults pick ``local`` by themselves
-  when TE cannot run, so users pass the same flags everywhere.
-* then the features' ``module_swaps`` (a declared attribute of each
-  feature, see :mod:`adaptor.features`): each row replaces one upstream module
-  class with ours wherever it occurs in the spec (attention, MLA, MoE and MTP
-  layers alike), when its gate is on (an argument, or a decision such as
-  the batch format's, see :func:`row_is_on`). A feature owns the swaps its flag
-  causes; where two rows replace the same class, the later feature in the
-  registry wins (MLA + ``--use-flash-attn``: flash attention).
+``--transformer-impl transformer_engine`` (CUDA with TE) takes megatron-core's TE spec unchanged;
+otherwise its local spec of plain torch modules (backend defaults pick ``local`` when TE cannot run,
+so flags are the same everywhere). Then each feature's ``module_swaps`` row (:mod:`adaptor.features`)
+replaces an upstream class with ours wherever it occurs, when its gate is on (:func:`row_is_on`);
+where two rows replace one class the later feature in the registry wins (MLA + ``--use-flash-attn``:
+flash attention).
 """
 from __future__ import annotations
 

@@ -1,20 +1,12 @@
 """Packed documents for the attention kernels: a micro-batch as one THD stream with its boundaries.
 
-``--reset-attention-mask`` and ``--dataloader-inter-document-masking`` mean: a token attends only
-to earlier tokens of its own document. Megatron's dataset expresses that as a dense [s, s] mask
-(or as ``cu_seqlens`` rows); the fused kernels want boundaries instead (``cu_seqlens``, THD).
-:func:`pack` turns a micro-batch into that form, in the runs where
-:func:`adaptor.batch_format.batch_format` says attention takes THD:
-
-* the rows are flattened into one stream [1, b*s] and their documents' lengths concatenated;
-* with context parallelism each document is padded at its end to a multiple of 2 x CP and split
-  into 2 x CP chunks, this rank keeping chunks r and 2CP-1-r (the balanced split Transformer
-  Engine and megatron-core's THD RoPE use). Pad tokens carry no loss and, sitting after their
-  document's last token under a causal mask, change no real token's output;
-* with ``--sequence-parallel`` a final pad document makes the local length divisible by TP.
-
-The result is the batch in [1, t_local] tensors and the ``PackedSeqParams`` the model passes
-down to attention and RoPE.
+``--reset-attention-mask`` / ``--dataloader-inter-document-masking`` mean a token attends only within
+its document; fused kernels want boundaries (``cu_seqlens``), not Megatron's dense mask. Where
+:func:`adaptor.batch_format.batch_format` says attention takes THD, :func:`pack` flattens the rows into
+one [1, b*s] stream; under CP each document is padded to 2 x CP and split into the balanced chunks r
+and 2CP-1-r (as TE and megatron-core's THD RoPE do; pads carry no loss and change no real output);
+under ``--sequence-parallel`` a pad document makes the length divisible by TP. It returns [1, t_local]
+tensors and the ``PackedSeqParams`` for attention and RoPE.
 """
 from __future__ import annotations
 

@@ -1,24 +1,16 @@
 """Explicit, reversible monkey patches addressed by dotted path.
 
-Why a manager instead of bare ``setattr``: a patch layer over a library that
-we do not own must be able to say exactly what it changed, undo it, and refuse
-two features silently fighting over one function. Three properties matter:
+A patch layer over a library we do not own must say exactly what it changed, undo it, and refuse two
+features fighting over one function; bare ``setattr`` does none of that:
 
-* **Stale aliases.** ``from megatron.core.utils import f`` copies ``f`` into
-  the importing module. Patching only ``megatron.core.utils.f`` would leave
-  that copy pointing at the original, so every loaded module that holds the
-  original object under any name is rebound (and restored on removal).
-* **Ordering.** A target takes at most one replacement; any number of
-  wrappers stack on top of it in registration order (the first registered is
-  innermost). Wrappers use wrapt's signature, written ``(wrapped, instance, call_args, kwargs)``
-  signature, so methods, classmethods and staticmethods bind correctly.
-* **Conflicts are errors.** A second replacement of one target raises
+* **Stale aliases.** ``from megatron.core.utils import f`` copies ``f``; every loaded module holding
+  the original under any name is rebound (and restored on removal).
+* **Ordering.** One replacement per target; wrappers (wrapt's ``(wrapped, instance, args, kwargs)``
+  signature) stack in registration order, the first innermost. A second replacement raises
   :class:`PatchConflictError` naming both registrants.
-* **Lazy where it can be.** A target whose module is not imported yet is patched the moment that
-  module finishes importing (wrapt's post-import hook), not imported to be patched: a run that
-  never loads Megatron's Hugging Face tokenizers or vision models does not pay for importing them
-  (transformers alone is about a second), and ``import adaptor`` costs what Megatron's own import
-  costs. Nobody can hold the unpatched object in between: it does not exist before its module does.
+* **Lazy.** A target whose module is not imported yet is patched when it finishes importing (wrapt's
+  post-import hook), so ``import adaptor`` costs what Megatron's import costs, and nobody can hold
+  the unpatched object.
 """
 from __future__ import annotations
 

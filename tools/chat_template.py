@@ -1,32 +1,19 @@
 """Chat templates for tools/preprocess_data.py's instruction datasets: render, tokenize, mask the loss.
 
-A conversation (a list of ``{"role", "content", ...}`` messages) becomes token ids and labels:
+* **Rendering.** The tokenizer's own template (``chat_template.jinja``, else
+  ``tokenizer_config.json``'s ``chat_template``, transformers' order), else ``--prompt-type``'s
+  built-in one, in a Jinja2 environment set up as transformers' ``apply_chat_template`` (sandboxed,
+  same extensions, filters, globals and variables, special tokens, extra kwargs such as
+  ``enable_thinking``).
+* **Tokenizing.** The text is encoded in one piece without added special tokens, as
+  ``apply_chat_template(tokenize=True)`` does with a fast tokenizer, so the ids are transformers'.
+* **Loss mask.** A token is in the loss when its character span overlaps an assistant turn: after the
+  prompt type's ``marker`` through its ``end`` token (a newline after it excluded). What the
+  generation prompt writes after the marker (Qwen3's empty ``<think>`` block) is prompt. The turns
+  found must equal the assistant messages, else :class:`RecordError`.
 
-* **Rendering.** The template is the tokenizer's own when it has one (``chat_template.jinja``
-  beside ``tokenizer.json``, else ``tokenizer_config.json``'s ``chat_template``, the order
-  transformers reads them in), otherwise the built-in template of ``--prompt-type``. It runs in a
-  Jinja2 environment set up as transformers sets up ``apply_chat_template``'s: sandboxed and
-  immutable, ``trim_blocks`` and ``lstrip_blocks``, the ``loopcontrols`` extension, a
-  ``{% generation %}`` block that renders its body, ``raise_exception``, ``strftime_now``, a
-  ``tojson`` filter that keeps non-ASCII text, and the variables ``messages``, ``tools``,
-  ``documents``, ``add_generation_prompt``, the tokenizer's special tokens (``bos_token``,
-  ``eos_token``, ... from ``tokenizer_config.json``) and extra keyword arguments such as
-  ``enable_thinking``.
-* **Tokenizing.** The rendered text is encoded in one piece by the ``tokenizers`` library without
-  added special tokens, which is what ``apply_chat_template(tokenize=True)`` does with a fast
-  tokenizer, so the ids are the ones transformers gives.
-* **Loss mask.** Each prompt type names the text that opens an assistant turn (``marker``) and the
-  token that ends it (``end``). A token is in the loss when its character span (the encoding's
-  offsets) overlaps an assistant turn: from just after the marker through the end token, the end
-  token included and the newline some templates write after it excluded. What the template's
-  generation prompt writes after the marker (Qwen3's empty ``<think>\\n\\n</think>\\n\\n`` with
-  ``enable_thinking=False``; found by rendering a probe conversation with and without
-  ``add_generation_prompt``) is prompt, not loss, where a turn starts with it. The number of
-  assistant turns found must equal the number of assistant messages; otherwise the conversation is
-  a bad record (:class:`RecordError`).
-
-Problems with the template or the tokenizer as a whole raise :class:`ChatTemplateError`; both
-messages are one line. Needs ``jinja2`` and ``tokenizers``; transformers is not used.
+Template or tokenizer problems raise :class:`ChatTemplateError`; messages are one line. Needs
+``jinja2`` and ``tokenizers``, not transformers.
 """
 from __future__ import annotations
 

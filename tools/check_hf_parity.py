@@ -4,20 +4,11 @@
     python tools/check_hf_parity.py --hf-dir tiny_dsv3 --model-type deepseek3 --tp 2 --pp 2 --ep 2
     python tools/check_hf_parity.py --hf-dir /models/Qwen3-0.6B --lora-dir my_adapter --tp 2
 
-Computes the logits of one fixed random batch twice, in fp32:
-
-* with transformers (``AutoModelForCausalLM``, eager attention), in this process;
-* with Megatron's GPTModel built by ``pretrain_gpt.model_provider`` from the flags
-  ``adaptor.convert.megatron_args_from_hf_config`` gives, at the layout asked for, loaded by the
-  same per-rank loader as ``pretrain_gpt.py --hf-load-dir`` (``patches.hf.online_conversion``), run under
-  torchrun (``ADAPTOR_BACKEND``, default cpu/gloo) through Megatron's pipeline schedule; logits
-  are gathered over TP (vocabulary-parallel) on the last pipeline stage and the vocabulary padding
-  is stripped.
-
-With ``--lora-dir`` (a PEFT LoRA adapter directory) both sides add the adapter: transformers through
-``peft.PeftModel.from_pretrained``, Megatron through LoRA layers (``--lora-r``/``--lora-alpha``/
-``--lora-target-modules`` from adapter_config.json) filled by ``adaptor.convert.online.load_peft_adapter``;
-the line also says how far the adapter moves transformers' logits.
+One fixed random batch, fp32, twice: transformers (``AutoModelForCausalLM``, eager attention) here,
+and Megatron's GPTModel (``pretrain_gpt.model_provider``, flags from
+``adaptor.convert.megatron_args_from_hf_config``, loaded as ``--hf-load-dir`` loads) under torchrun
+(``ADAPTOR_BACKEND``, default cpu/gloo), logits gathered over TP, padding stripped. ``--lora-dir``
+adds a PEFT adapter on both sides (``peft.PeftModel``, ``adaptor.convert.online.load_peft_adapter``).
 
 Prints the max abs logit difference and exits 1 past ``--tolerance``; bad input is one line
 ``check_hf_parity.py: error: ...`` and exit 2.

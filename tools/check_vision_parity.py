@@ -3,14 +3,10 @@
     python tools/check_vision_parity.py --hf-dir /models/clip-vit-large-patch14-336 --tp 2
     python tools/check_vision_parity.py --hf-dir tiny_siglip
 
-Computes the tower's output for one fixed random image batch twice, in fp32:
-
-* with transformers (``CLIPVisionModel`` / ``SiglipVisionModel``, eager attention): its
-  ``last_hidden_state``, in this process;
-* with megatron-core's ``CLIPViTModel`` built as pretrain_mm.py builds it
-  (:func:`adaptor.mm.model.build_vision_tower`, the local ViT spec) at ``--tp`` and filled by the same
-  per-rank loader as model.json's ``vision_encoder.ckpt_path`` (:mod:`adaptor.mm.weights`), under
-  torchrun (``ADAPTOR_BACKEND``, default cpu/gloo).
+One fixed random image batch, fp32: transformers' ``last_hidden_state`` (``CLIPVisionModel`` /
+``SiglipVisionModel``, eager) here, and megatron-core's ``CLIPViTModel`` built as pretrain_mm.py does
+(:func:`adaptor.mm.model.build_vision_tower`) at ``--tp``, loaded by :mod:`adaptor.mm.weights`, under
+torchrun (``ADAPTOR_BACKEND``, default cpu/gloo).
 
 Prints the max abs difference and exits 1 past ``--tolerance``; bad input is one line
 ``check_vision_parity.py: error: ...`` and exit 2.

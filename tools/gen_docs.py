@@ -6,28 +6,13 @@
     python tools/gen_docs.py --parser          # the same, Megatron's rows of the parser snapshot included
     python tools/gen_docs.py --parser --check  # the same check, the snapshot against the live parser too
 
-* docs/reference.md: every feature (``patches.all_features()``, in registry order) with its flags,
-  backends, layer-spec swaps, the upstream code it patches on each backend, and its docstring;
-* docs/environment.md: every ``ADAPTOR_*`` variable (``adaptor/env.py``);
-* docs/flags-megatron.md: every flag of megatron-core's parser with its policy
-  (``adaptor/command_line/flag_table.py``), in the parser's groups as the snapshot records them;
-* docs/flags-mindspeed-llm.md: every MindSpeed-LLM flag we accept and what it becomes
-  (``adaptor/command_line/mindspeed_llm.py``);
-* adaptor/command_line/megatron_parser.json: Megatron's parser with our flags, for the command-line
-  check that runs before torch is imported (``adaptor/command_line/parser_snapshot.py``).
+Pages: docs/reference.md (every feature, from its registration and docstring), docs/environment.md
+(``adaptor/env.py``), docs/flags-megatron.md (``adaptor/command_line/flag_table.py``),
+docs/flags-mindspeed-llm.md (``adaptor/command_line/mindspeed_llm.py``), and
+adaptor/command_line/megatron_parser.json, the parser snapshot for the pre-torch command-line check.
 
-Megatron's parser (``megatron.training.arguments``) imports torch and most of Megatron, and its
-options change only with megatron-core: only ``--parser`` reads it, to write or check the
-snapshot's Megatron rows, and the flag page is written from the committed snapshot. The rows of
-our features' flags change with our code, so every run writes (or checks) them.
-
-The environment and flag pages need neither torch nor Megatron. docs/reference.md and our rows of
-the snapshot need the features themselves: a dozen feature modules import torch for the patches
-they define, and what a feature registers can depend on what is installed (Transformer Engine's
-kernels in Megatron, ``torch.npu``), so listing its patches calls its registration.
-
-One source of truth: a test runs ``--parser --check``, which fails when a committed page is stale
-or the snapshot differs from the installed megatron-core's parser.
+Megatron's parser imports torch and most of Megatron and changes only with megatron-core, so only
+``--parser`` reads it; our features' rows are written every run. A test runs ``--parser --check``.
 """
 from __future__ import annotations
 

@@ -11,17 +11,10 @@ The format is what ``megatron.core.datasets.indexed_dataset`` reads and what its
   document indices (int64, ``0, 1, ..., n`` here: one sequence per document,
   as Megatron-LM's preprocess_data.py writes without ``--split-sentences``).
 
-Unlike the builder, which keeps every length in a Python list, this writer
-spills the lengths to a temporary file and builds the index from it in
-blocks, so memory stays flat however many documents there are.
-
-Output safety: everything is written under hidden temporary names next to the
-outputs (``.{name}.bin.{host}.{pid}.tmp``), which never look like a dataset.
-:meth:`IndexedDatasetWriter.publish` swaps them in by removing the old
-``.idx`` first, then renaming ``.bin``, then ``.idx``: a crash at any point
-leaves either the old pair, or a ``.bin`` without an ``.idx`` — never a new
-``.bin`` beside an old ``.idx``. :meth:`abort` removes the temporary files.
-Only numpy and the standard library are needed.
+Lengths spill to a temporary file (the builder keeps a list), so memory stays flat. Outputs are
+written under hidden names (``.{name}.bin.{host}.{pid}.tmp``); :meth:`IndexedDatasetWriter.publish`
+removes the old ``.idx``, renames ``.bin`` then ``.idx``, so a crash never leaves a new ``.bin``
+beside an old ``.idx``. Needs only numpy and the standard library.
 """
 from __future__ import annotations
 

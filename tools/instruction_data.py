@@ -1,19 +1,14 @@
 """Instruction (chat) records for tools/preprocess_data.py: MindSpeed-LLM's handlers, reading, packing.
 
-* **Handlers** turn a record into a conversation (a list of messages, plus tool schemas):
-  ``AlpacaStyleInstructionHandler`` (``instruction``/``input``/``output``, optional ``system``
-  and ``history``) and ``SharegptStyleInstructionHandler`` (``conversations`` of
-  ``{"from", "value"}`` turns, or OpenAI-style ``messages`` of ``{"role", "content"}``).
-  ``--map-keys`` renames the columns and tags as MindSpeed-LLM's (and LLaMA-Factory's) dataset
-  attributes do; :func:`parse_map_keys` lists them.
-* **Reading**: JSON lines (``.jsonl``/``.json``/``.ndjson``), a ``.json`` file holding one JSON array
-  of records, or parquet (nested columns included, through pyarrow); ``.gz``/``.bz2``/``.xz``
-  are decompressed.
-* **Packing**: :class:`Packer` puts whole conversations into samples of at most ``capacity``
-  tokens, best fit among a bounded number of open samples, so memory stays flat.
+* **Handlers**: ``AlpacaStyleInstructionHandler`` (``instruction``/``input``/``output``, optional
+  ``system``, ``history``) and ``SharegptStyleInstructionHandler`` (``conversations`` of ``{"from",
+  "value"}`` or ``messages`` of ``{"role", "content"}``); ``--map-keys`` renames as MindSpeed-LLM's
+  (and LLaMA-Factory's) dataset attributes do (:func:`parse_map_keys`).
+* **Reading**: JSON lines, a ``.json`` array, or parquet (pyarrow); ``.gz``/``.bz2``/``.xz`` decompressed.
+* **Packing**: :class:`Packer` best-fits whole conversations into samples of ``capacity`` tokens
+  among a bounded number of open samples.
 
-Problems with a record raise :class:`chat_template.RecordError`; problems with the run as a whole
-raise :class:`InstructionError`. Both messages are one line.
+Record problems raise :class:`chat_template.RecordError`, run problems :class:`InstructionError`; one line each.
 """
 from __future__ import annotations
 

@@ -4,30 +4,17 @@
         --tokenizer-type HuggingFaceTokenizer --tokenizer-model examples/data/tokenizer \\
         --append-eod --workers 2
 
-Megatron-LM's argument names. The tokenizer is built exactly as training
-builds it: ``import adaptor`` (its patches, quietly), Megatron's own tokenizer
-flags (``_add_tokenizer_args``) and ``build_tokenizer(args)``, so
-``--tokenizer-type HuggingFaceTokenizer --tokenizer-model <tokenizer.json or a
-directory holding one>`` goes through the ``tokenizers`` library, and any
-other Megatron tokenizer type works too. When the built tokenizer's library
-object offers ``encode_batch`` (adaptor/tokenizer_json.py's TokenizerJson), whole
-batches are encoded at once; otherwise each document goes through
-``tokenizer.tokenize``.
+Megatron-LM's argument names. The tokenizer is built exactly as training builds it (``import adaptor``,
+Megatron's ``_add_tokenizer_args`` and ``build_tokenizer``), so every Megatron tokenizer type works;
+batches are encoded at once when the tokenizer offers ``encode_batch`` (adaptor/tokenizer_json.py).
+Input formats: tools/text_readers.py; output: tools/indexed_writer.py, renamed into place only when
+complete, streamed a few ``--batch-size`` chunks at a time. Every problem is one line
+``preprocess_data.py: error: ...`` and a non-zero exit, leaving an existing dataset untouched.
 
-Input: files, globs or directories (see tools/text_readers.py for formats);
-output: tools/indexed_writer.py writes the exact format of megatron-core's
-``IndexedDatasetBuilder``, under temporary names that are renamed into place
-only when every output is complete. Reading and writing stream: at most a few
-chunks of ``--batch-size`` documents are in flight, whatever the input size.
-Every problem ends the run with one line ``preprocess_data.py: error: ...`` on
-stderr and a non-zero exit status, leaving any existing dataset at the prefix
-untouched.
-
-Instruction (chat) datasets for supervised fine-tuning, with MindSpeed-LLM's
-names: ``--handler-name AlpacaStyleInstructionHandler|SharegptStyleInstructionHandler
---prompt-type qwen3 [--enable-thinking false] [--map-keys JSON] [--pack --seq-length N]``
-renders each record with the tokenizer's chat template (tools/chat_template.py),
-keeps the loss on the assistant turns, and writes
+Instruction (chat) datasets, with MindSpeed-LLM's names: ``--handler-name
+AlpacaStyleInstructionHandler|SharegptStyleInstructionHandler --prompt-type qwen3 [--enable-thinking
+false] [--map-keys JSON] [--pack --seq-length N]`` renders records with the chat template
+(tools/chat_template.py), keeps the loss on assistant turns and writes
 ``{prefix}_packed_{input_ids,labels,attention_mask}_document.bin/.idx`` and
 ``{prefix}_packed_meta.json`` (docs/data.md#instruction-datasets).
 """

@@ -6,17 +6,12 @@
     python tools/safetensors_ckpt.py split --load-dir merged --save-dir ckpt-tp2 --tensor-model-parallel-size 2
     python tools/safetensors_ckpt.py info --load-dir ckpt
 
-merge writes ``model-0000x-of-0000N.safetensors`` + ``model.safetensors.index.json`` (one
-``model.safetensors`` when it fits in --max-shard-size) and ``megatron_checkpoint.json``; with
---model-type-hf the names and config.json are Hugging Face's (transformers loads the directory).
-split turns a Megatron-named merged directory back into a checkpoint ``pretrain_gpt.py --load``
-reads: without layout flags a single-file release checkpoint (any layout loads it, resharding
-online); with them, Megatron itself re-saves it at that layout (``--ckpt-convert-format``), replaying
-the training command line the checkpoint recorded. Every write goes to a hidden directory beside
---save-dir and is renamed when complete.
-
-info reads only JSON (common.json and the safetensors headers), and merge and split check their
-directories before importing torch: those answers and errors come in a fraction of a second.
+merge writes ``model-0000x-of-0000N.safetensors`` + ``model.safetensors.index.json`` (or one
+``model.safetensors`` within --max-shard-size) and ``megatron_checkpoint.json``; --model-type-hf gives
+HF names and config.json. split makes a Megatron-named merged directory a ``--load``-able checkpoint:
+a release checkpoint any layout reshards, or with layout flags one Megatron re-saves
+(``--ckpt-convert-format``, replaying the recorded command line). Writes are staged and renamed. info,
+and merge/split's directory checks, run before importing torch.
 """
 from __future__ import annotations
 

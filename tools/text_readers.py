@@ -1,15 +1,9 @@
 """Input files for tools/preprocess_data.py: which files, in what order, cut into chunks of documents.
 
-Standard library only (pyarrow for parquet, when installed), so the reading
-side is cheap to import and to test.
-
-* :func:`resolve_inputs` turns ``--input`` values (files, globs, directories)
-  into a sorted, de-duplicated list of files.
-* :func:`iter_chunks` reads those files in order and yields :class:`Chunk`\\ s
-  of raw records (bytes for text formats, strings for parquet), a bounded
-  number of documents at a time — the parent process reads, workers parse.
-* :func:`parse_chunk` turns a chunk into the document texts for each key,
-  or into a problem report naming ``file:line``.
+Standard library only (pyarrow for parquet), so it is cheap to import and test.
+:func:`resolve_inputs` turns ``--input`` files, globs and directories into a sorted, de-duplicated
+list; :func:`iter_chunks` yields bounded :class:`Chunk`\\ s of raw records (the parent reads, workers
+parse); :func:`parse_chunk` gives each key's texts or a problem naming ``file:line``.
 
 Formats, by extension (after an optional ``.gz``/``.bz2``/``.xz``):
 ``.jsonl``/``.json``/``.ndjson``: one JSON object per line; ``.parquet``: one

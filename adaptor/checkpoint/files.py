@@ -11,13 +11,10 @@ Layout of one checkpoint (Megatron's ``<save>/iter_0000100/``; the tracker file
 * ``rank_00000.safetensors`` ... — the tensors and objects each rank owns, with every tensor's key,
   global shape and slice in the file's ``__metadata__``.
 
-Writes go to the hidden sibling ``.iter_0000100.partial/``; when every rank has written and
-fsynced its files, rank 0 writes the marker and renames the directory into place (an older
-directory of the same name is moved aside first and deleted after). A run killed at any moment
-therefore leaves either the old checkpoint or the new one, never a mixture.
-
-:func:`staged_directory` does the same for the directories written whole beside a training run:
-merged and split checkpoints, Hugging Face directories, PEFT adapters.
+Writes go to ``.iter_0000100.partial/``; once every rank has fsynced, rank 0 writes the marker and
+renames it into place (an older one moved aside, then deleted), so a killed run leaves the old or the
+new checkpoint, never a mixture. :func:`staged_directory` does the same for directories written whole
+(merged/split checkpoints, HF directories, PEFT adapters).
 """
 from __future__ import annotations
 

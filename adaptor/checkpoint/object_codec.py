@@ -1,11 +1,9 @@
 """Python objects to JSON plus named tensors, and back, without pickle.
 
-Megatron's checkpoints carry non-tensor state: the argument namespace, the scheduler, optimizer
-param groups, RNG states (Python's tuple of 625 ints, NumPy's uint32 array, torch byte tensors),
-the rerun state machine. torch_dist pickles all of that, so loading a checkpoint can run code
-chosen by whoever wrote it. Here every value becomes JSON, and every tensor or array becomes a
-named entry of a safetensors file; decoding builds only the types listed below, so a checkpoint
-can never make the loader import or call anything.
+Megatron's checkpoints carry non-tensor state (arguments, scheduler, param groups, RNG states, the
+rerun state machine) that torch_dist pickles, so loading could run code. Here values become JSON
+and tensors/arrays named safetensors entries; decoding builds only the types below, so a
+checkpoint can never make the loader import or call anything.
 
 Encoded forms (JSON):
 * ``null``, booleans, ints, strings, lists: themselves; floats too, except non-finite ones
@@ -19,8 +17,7 @@ Encoded forms (JSON):
   ``{"__enum__": "module.Class", "name": member}`` (decoded when that module is already imported,
   which Megatron's are; nothing is imported on the checkpoint's say), ``{"__path__": "..."}``.
 
-Files others wrote as pickles (Megatron's ``--ckpt-format torch``) are read by
-:mod:`adaptor.safe_load` instead: this codec is for the files we write.
+Pickles others wrote (``--ckpt-format torch``) are read by :mod:`adaptor.safe_load` instead.
 """
 from __future__ import annotations
 

@@ -1,23 +1,13 @@
 """A training command line checked before torch and Megatron are imported: its errors in a second, not ten.
 
-A misspelt flag, a flag this backend refuses or a dataset that is not there would otherwise be
-answered after the imports (torch, megatron-core and its training package: seven to ten seconds),
-and a misspelt flag with argparse's whole usage (about 770 lines) above the error. ``import adaptor``
-calls :func:`check` first, when the program is one of the entry files. It parses the command line with
+Otherwise a misspelt flag or missing dataset is answered after seven to ten seconds of imports, with
+argparse's 770-line usage. ``import adaptor`` calls :func:`check` for the entry files; it parses with
 Megatron's parser rebuilt from its snapshot (:mod:`adaptor.command_line.parser_snapshot`) and reports
-in one line, as the run itself would later:
-
-* what argparse rejects: an unknown flag (with the likely spelling), a missing value, a bad number
-  or choice;
-* a refusal of MindSpeed-LLM's command-line rewrite;
-* a flag refused on every backend (:mod:`adaptor.command_line.flag_table`: with no requirement, or
-  one whose module is not installed, and a value the snapshot reproduces exactly);
-* the preflight checks of datasets, ``--load`` and output directories (:mod:`adaptor.preflight`),
-  unless the arguments come from elsewhere too (``--use-checkpoint-args``, ``--yaml-cfg``) or name
-  instruction datasets, whose check needs Megatron's dataset classes.
-
-What it cannot decide without the backend or Megatron is left to the checks at argument validation,
-which run as before; a command line it accepts is parsed again by Megatron.
+in one line, as the run would: argparse errors (with the likely spelling), MindSpeed-LLM rewrite
+refusals, flags refused on every backend (:mod:`adaptor.command_line.flag_table`), and the preflight
+checks (:mod:`adaptor.preflight`) unless arguments also come from ``--use-checkpoint-args``,
+``--yaml-cfg`` or name instruction datasets. Anything needing the backend or Megatron is left to
+argument validation; an accepted command line is parsed again by Megatron.
 """
 from __future__ import annotations
 

@@ -1,31 +1,21 @@
 """MindSpeed-LLM's command lines in Megatron's words: the tables and the rewriting.
 
-Plain Python with no import of torch, Megatron or ``adaptor``, so the command-line tools can rewrite
-their arguments before anything slow loads; ``patches.command_line.mindspeed_llm_arguments`` is the feature that
-applies it to training. MindSpeed-LLM's launch scripts (``examples/mcore/qwen3``,
-``qwen3_moe``, ``deepseek3``) spell part of Megatron in their own words, add Ascend-only speed
-switches, and describe a few architecture choices with flags Megatron does not have. Before
-Megatron parses the command line (and before features are chosen from it), :func:`rewrite_pretrain_argv`
-turns each such flag into Megatron's, through the tables below; the run prints every rewrite
-once, so nothing happens silently:
+Plain Python (no torch, Megatron or ``adaptor``), so tools can rewrite arguments before anything slow
+loads; ``patches.command_line.mindspeed_llm_arguments`` applies it to training. MindSpeed-LLM's
+launch scripts (``examples/mcore/qwen3``, ``qwen3_moe``, ``deepseek3``) use their own names, Ascend
+speed switches and a few architecture flags Megatron lacks; :func:`rewrite_pretrain_argv` turns each
+into Megatron's before parsing, and the run prints every rewrite once:
 
-* :data:`RENAMED`: the same setting under Megatron's name (``--qk-rope-head-dim`` ->
-  ``--qk-pos-emb-head-dim``); :data:`VALUES`: a MindSpeed-LLM value of a Megatron flag
+* :data:`RENAMED` (``--qk-rope-head-dim`` -> ``--qk-pos-emb-head-dim``) and :data:`VALUES`
   (``--tokenizer-type PretrainedFromHF`` -> ``HuggingFaceTokenizer``);
-* computed from several flags, where the meaning is MindSpeed-LLM's: ``--first-k-dense-replace``
-  with ``--moe-layer-freq`` (an explicit layer pattern), ``--n-shared-experts`` (times the expert
-  width), ``--seq-aux``, ``--rope-scaling-type`` with ``--rope-scaling-factor`` (the YaRN factor
-  there, Llama-3's in Megatron), ``--noop-layers`` (identity layers: dropped, with the pipeline
-  layout that keeps the real layers on their stages), ``--enable-hf2mg-convert`` (``--load`` is a
-  Hugging Face directory: ``--hf-load-dir``), ``--spec`` naming MindSpeed-LLM's Qwen3 or
-  DeepSeek-V3 layer spec (our layer spec builds the same layers);
-* :data:`NOT_APPLIED`: Ascend speed or memory switches that do not change what is computed;
-  dropped, each named in one printed line with the reason;
+* computed from several flags with MindSpeed-LLM's meaning: ``--first-k-dense-replace``,
+  ``--n-shared-experts``, ``--seq-aux``, ``--rope-scaling-type``/``--rope-scaling-factor`` (YaRN
+  there, Llama-3's in Megatron), ``--noop-layers``, ``--enable-hf2mg-convert``, ``--spec``;
+* :data:`NOT_APPLIED`: Ascend switches that do not change what is computed, dropped with a reason;
 * :data:`REFUSED`: settings that would change the model in a way we do not compute: one line.
 
-:func:`rewrite_convert_argv` and :func:`rewrite_preprocess_argv` do the same for
-``tools/convert_ckpt.py`` and ``tools/preprocess_data.py``. The flag table in the docs is generated
-from these tables.
+:func:`rewrite_convert_argv` / :func:`rewrite_preprocess_argv` do the same for the tools; the docs'
+flag table is generated from these tables.
 """
 from __future__ import annotations
 

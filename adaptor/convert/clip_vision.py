@@ -14,14 +14,10 @@ Megatron's tower (local ViT spec) and the HF tensors it is made of, per layer ``
 ``...mlp.linear_fc1`` / ``linear_fc2``            ``mlp.fc1`` / ``mlp.fc2``
 ==============================================  =================================================
 
-(HF names under ``vision_model.``, as the Hub's checkpoints and transformers 4 write them, or
-without that prefix, as transformers 5 saves a vision model). TP splits the QKV heads, fc1 rows and the rows of their
-biases, and the input columns of ``linear_proj``/``fc2`` (whose biases every rank holds whole).
-Megatron's CLIP tower ends after its last layer, as HF's ``last_hidden_state``; CLIP's
-``post_layernorm`` (pooler only) is not part of it. A tower with fewer layers than the checkpoint
-takes the first ones (LLaVA's penultimate-layer features: one layer fewer). A full CLIP/SigLIP
-directory (text tower too, ``vision_config`` nested in config.json) works the same; the text
-tensors are not read.
+HF names with or without ``vision_model.`` (transformers 4 / 5). TP splits QKV heads and fc1 rows
+(with biases) and the input columns of ``linear_proj``/``fc2``. CLIP's ``post_layernorm`` (pooler
+only) is not part of Megatron's tower; a shorter tower takes the first layers; a full CLIP/SigLIP
+directory works, its text tensors unread.
 """
 from __future__ import annotations
 

@@ -1,26 +1,16 @@
 """LoRA adapters between Megatron's fused, tensor-parallel linears and PEFT's per-projection layout.
 
-Megatron adapts a whole linear: ``<linear>.lora_A.weight`` [r, in] and ``<linear>.lora_B.weight``
-[out, r], output ``base(x) + scaling * B(A(x))`` with ``scaling = alpha / r``. A column-parallel
-linear keeps A whole on every tensor rank and splits B's rows as it splits its weight's rows; a
-row-parallel linear splits A's columns as it splits its weight's columns and keeps B whole. PEFT
-(``peft_type: LORA``) adapts each Hugging Face projection with the same formula and scaling.
+Megatron adapts a whole linear (``lora_A`` [r, in], ``lora_B`` [out, r], split over TP as
+:mod:`adaptor.lora.layers` says); PEFT (``peft_type: LORA``) adapts each HF projection with the same
+formula. A fused linear (``linear_qkv``, ``linear_fc1``) stacks projections on the output dimension,
+so its A is every projection's ``lora_A`` and B splits by the base weight's own rule
+(:mod:`adaptor.convert.layout`); an adapter with different A's per projection is refused.
 
-A fused linear is several HF projections stacked on the output dimension (``linear_qkv`` is
-q/k/v interleaved per query group, ``linear_fc1`` is gate/up), so its one A is every projection's
-``lora_A`` and its B splits into theirs exactly as the base weight does: B is mapped by the base
-weight's own rule (:mod:`adaptor.convert.layout`) as a weight whose input dimension is r. The
-reverse holds only when the projections' A's are equal; an adapter trained with separate A's per
-projection is refused (it is not a rank-r adapter of the fused linear).
-
-* :func:`lora_mapping`: the adapter's tensors as a :class:`~adaptor.convert.mapping.ModelMapping`,
-  so :func:`~adaptor.convert.tensors.hf_tensors_from_megatron` (export) and
-  :func:`~adaptor.convert.tensors.megatron_rank_tensors` (import) place them at any TP/PP layout;
-* :func:`merge_lora_state`: a rank's state dict with every adapted weight replaced by
-  ``W + scaling * B @ A`` and the adapter tensors dropped (a plain model, exported as usual);
+* :func:`lora_mapping`: the adapter as a :class:`~adaptor.convert.mapping.ModelMapping`, placed at
+  any TP/PP layout by the usual export/import functions;
+* :func:`merge_lora_state`: a rank's state with ``W + scaling * B @ A`` and no adapter tensors;
 * :func:`write_peft_adapter` / :class:`PeftAdapter`: the PEFT directory (``adapter_config.json`` +
-  ``adapter_model.safetensors``) written from (all or nothing, as :mod:`adaptor.convert.hf_writer`
-  writes), and read into, Megatron rank states.
+  ``adapter_model.safetensors``) written (all or nothing) from, and read into, Megatron rank states.
 """
 from __future__ import annotations
 

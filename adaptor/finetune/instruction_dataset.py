@@ -1,7 +1,6 @@
 """Instruction datasets for supervised fine-tuning, read from ``tools/preprocess_data.py``'s output.
 
-``--data-path PREFIX`` (a blend of prefixes works as for pretraining) names three indexed datasets
-written by the instruction handlers, MindSpeed-LLM's layout:
+``--data-path PREFIX`` (blends work) names three indexed datasets, MindSpeed-LLM's layout:
 
 * ``PREFIX_packed_input_ids_document``: token ids, one document per sample (a conversation, or
   with ``--pack`` several conversations);
@@ -10,13 +9,10 @@ written by the instruction handlers, MindSpeed-LLM's layout:
 * ``PREFIX_packed_attention_mask_document``: the 1-based index of the conversation each token
   belongs to inside its sample.
 
-A sample becomes Megatron's batch keys: ``tokens`` (ids[:-1]), ``labels`` (ids[1:]), ``loss_mask``
-(1 where the next token is an assistant token of the same conversation), ``position_ids``
-restarting at 0 for every conversation, and ``cu_seqlens`` (the conversations' boundaries, padded
-with ``seq_length`` as megatron's own datasets pad them), so a conversation attends only to itself
-whether attention takes boundaries (THD) or a dense mask. ``num_tokens`` is the real length, for
-``--variable-seq-lengths``. Samples longer than ``--seq-length`` are cut at its end (counted in the
-log); shorter ones are padded with loss-free pad tokens.
+A sample gives Megatron's ``tokens``, ``labels``, ``loss_mask`` (next token an assistant token of the
+same conversation), ``position_ids`` restarting per conversation and ``cu_seqlens`` (padded with
+``seq_length``), so conversations attend only to themselves; ``num_tokens`` serves
+``--variable-seq-lengths``. Longer samples are cut (counted in the log), shorter padded without loss.
 """
 from __future__ import annotations
 

@@ -1,21 +1,11 @@
 """Which modules of a built model become FSDP2 units, stay replicated, or recompute activations.
 
-Names are those of ``named_modules()`` on the GPT model itself (under Megatron's
-``Float16Module`` when ``--bf16``), so a pattern reads ``decoder.layers.{*}``, not
-``module.decoder.layers.{*}``. The root is always a unit (FSDP2 requires it) and is never
-matched by a pattern; it holds every sharded parameter no other unit holds.
-
-Rules checked here, each a one-line :class:`Fsdp2ConfigError` naming the key:
-
-* a pattern the user gave must match at least one module (the defaults need not: a model
-  without MTP layers has nothing for ``mtp.layers.{*}``);
-* with tied embeddings the shared weight may not sit in a unit of its own: a unit reshards
-  after its forward, but the output layer uses that weight at the other end of the model.
-  The root unit covers both uses;
-* a recompute module may not contain another unit: its recompute would re-run that unit's
-  FSDP hooks inside the backward of its parent.
-
-Modules inside an ignored module are not wrapped (all their parameters are ignored anyway).
+Patterns match ``named_modules()`` of the GPT model itself (``decoder.layers.{*}``, not under
+``Float16Module``). The root is always a unit holding every parameter no other unit holds. Each rule
+is a one-line :class:`Fsdp2ConfigError`: a user's pattern must match something; with tied embeddings
+the shared weight may not be in its own unit (it would be resharded before the output layer uses it);
+a recompute module may not contain another unit (its hooks would re-run inside the parent's backward).
+Modules inside an ignored module are not wrapped.
 """
 from __future__ import annotations
 

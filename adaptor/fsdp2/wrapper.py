@@ -1,28 +1,18 @@
 """Megatron's ``TorchFullyShardedDataParallel`` rebuilt for every backend and for the YAML plan.
 
-Upstream (megatron-core 0.19.2) builds its device mesh as ``DeviceMesh.from_group(dp, "cuda")``,
-so it fails on CPU and NPU, wraps modules by class only, and keeps ``--bf16`` parameters in bf16
-(with fp32 copies in Megatron's Float16 optimizer). :class:`FullyShardedModel` subclasses it, so
-every ``isinstance`` check in Megatron (``unwrap_model``, checkpointing) still holds, and:
+Upstream (megatron-core 0.19.2) builds its mesh as ``DeviceMesh.from_group(dp, "cuda")`` (fails on
+CPU and NPU), wraps by class only and keeps ``--bf16`` parameters in bf16. :class:`FullyShardedModel`
+subclasses it (Megatron's ``isinstance`` checks hold) and:
 
-* builds the mesh over the same data-parallel (x context-parallel) group on the adaptor's
-  device type, with a named dimension ``dp``. With ``--tensor-model-parallel-size`` > 1 each
-  tensor-parallel rank has its own data-parallel group, so a parameter is split by Megatron's TP
-  along its TP dimension and each TP slice sharded by FSDP2 along dim 0: the 2-D layout;
-* shards the units of :func:`adaptor.fsdp2.plan.sharding_plan` (children before parents), then
-  the root, with explicit forward prefetch of the next ``num_to_forward_prefetch`` units;
-* mixed precision (``--bf16``): the sharded parameters are the fp32 master weights (the bf16
-  values ``Float16Module`` cast them to are widened back, so training starts from exactly the
-  weights Megatron's bf16 DDP starts from); FSDP2 gathers them as bf16 for compute and
-  reduce-scatters gradients in ``reduce_dtype`` (fp32) into fp32 shards. Inputs are not cast:
-  Megatron's bf16 activations arrive already bf16, and the fp32 rotary frequencies must stay fp32;
-* ``ignored_modules`` stay replicated plain tensors: their gradients are averaged over the
-  data-parallel group in :meth:`finish_grad_sync` (FSDP2 does not reduce them), counted once
-  in the gradient norm (``shared`` on every rank but the first, Megatron's own mark for a copy),
-  and under mixed precision they compute in fp32, their inputs widened and outputs narrowed
-  back to the compute dtype;
-* ``--calculate-per-token-loss``: gradients are summed, not averaged, over the data-parallel
-  group and :meth:`scale_gradients` divides them by the token count, as Megatron's DDP does.
+* meshes the data-parallel (x CP) group on the adaptor's device (dim ``dp``); with TP > 1 that gives
+  the 2-D layout, TP slices sharded along dim 0;
+* shards :func:`adaptor.fsdp2.plan.sharding_plan`'s units, then the root, prefetching
+  ``num_to_forward_prefetch`` units;
+* ``--bf16``: shards are fp32 masters (widened from ``Float16Module``'s values), gathered as bf16,
+  gradients reduce-scattered in fp32; inputs are not cast (rotary frequencies stay fp32);
+* ``ignored_modules`` stay replicated: averaged in :meth:`finish_grad_sync`, counted once in the
+  gradient norm (``shared``), fp32 compute under mixed precision;
+* ``--calculate-per-token-loss``: summed gradients divided in :meth:`scale_gradients`, as DDP does.
 """
 from __future__ import annotations
 

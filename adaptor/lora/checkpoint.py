@@ -1,20 +1,12 @@
 """A LoRA run's checkpoints: the base model in one directory, the adapters (and what trains them) in another.
 
-Megatron builds the state it saves and the state it asks a load for in one function,
-``megatron.training.checkpointing.generate_state_dict``, from each model chunk's
-``sharded_state_dict()`` (``torch_dist``, ``safetensors``) or ``state_dict_for_save_checkpoint()``
-(``torch``). :func:`views` gives it chunks whose state holds one part only:
-
-* :data:`BASE`: every tensor but the adapters (what ``--load`` gives a LoRA run);
-* :data:`ADAPTERS`: the ``lora_A`` / ``lora_B`` tensors only (what a LoRA run saves and what
-  ``--lora-load`` restores). The optimizer's state, built by Megatron from the same model state for
-  the parameters it steps, covers exactly the adapters, since nothing else trains.
-
-After a load, torch's ``load_state_dict`` finds the other part missing; :func:`after_load` (a
-post-hook on each model chunk) takes those keys off the list while a load of one part runs, so
-Megatron's strict load still checks everything the part should hold. :func:`check_load` compares a
-sharded checkpoint's adapters with the model's before anything is read, so a checkpoint of other
-targets, another rank or another base shape ends in one line naming the tensor.
+``megatron.training.checkpointing.generate_state_dict`` builds both saved and requested state from each
+chunk's ``sharded_state_dict()`` / ``state_dict_for_save_checkpoint()``; :func:`views` gives it chunks
+holding one part: :data:`BASE` (all but adapters, what ``--load`` gives) or :data:`ADAPTERS` (``lora_A`` /
+``lora_B``, what a LoRA run saves and ``--lora-load`` restores; the optimizer state then covers
+exactly them). :func:`after_load` drops the other part's keys from torch's missing list so Megatron's
+strict load still checks the rest; :func:`check_load` compares a sharded checkpoint's adapters with the
+model's first, so a mismatch is one line naming the tensor.
 """
 from __future__ import annotations
 

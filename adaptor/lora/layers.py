@@ -1,34 +1,18 @@
 """Megatron's tensor-parallel linears with LoRA adapters: ``y = base(x) + scaling * B(A(dropout(x)))``.
 
-The layer spec builds :class:`LoraColumnParallelLinear` / :class:`LoraRowParallelLinear` wherever it
-names megatron-core's ``ColumnParallelLinear`` / ``RowParallelLinear``. Megatron passes each linear a
-``tp_comm_buffer_name`` ('qkv', 'proj', 'fc1', 'fc2', MLA's 'q_down_proj', ...); a linear gets
-adapters only when that name maps (:data:`TARGETS`) to a module of the active :class:`LoraConfig`
-(:func:`building`), and otherwise behaves exactly as its base class.
+The spec builds :class:`LoraColumnParallelLinear` / :class:`LoraRowParallelLinear` for megatron-core's
+``ColumnParallelLinear`` / ``RowParallelLinear``; a linear gets adapters only when its
+``tp_comm_buffer_name`` maps (:data:`TARGETS`) to a module of the active :class:`LoraConfig`.
 
-Parallel layout (the linear's own ``tp_group``: the expert tensor-parallel group for experts):
+Parallel layout (the linear's ``tp_group``, the expert TP group for experts): column-parallel
+``lora_A [r, in]`` replicated (its gradient summed over the group), ``lora_B [out/tp, r]`` split like
+the weight; row-parallel ``lora_A [r, in/tp]`` split, ``lora_B [out, r]`` replicated, ``A x`` summed
+over the group (and split along the sequence under sequence parallelism). With
+``explicit_expert_comm`` the dispatcher does the reductions, so the adapters leave them to it.
 
-* column-parallel, weight ``[out/tp, in]``: ``lora_A`` ``[r, in]`` is replicated, ``lora_B``
-  ``[out/tp, r]`` is split like the weight's rows. The input (gathered along the sequence under
-  sequence parallelism, by a gather whose backward only splits) goes through A; the gradient of
-  A's output is summed over the group in backward, so A's gradient is complete and equal on every
-  rank; then each rank's B gives its rows.
-* row-parallel, weight ``[out, in/tp]``: ``lora_A`` ``[r, in/tp]`` is split like the weight's
-  columns, ``lora_B`` ``[out, r]`` is replicated. Each rank's partial ``A x_k`` is summed over the
-  group, B maps the sum, and under sequence parallelism the result is split along the sequence
-  (all-gathered in backward) before it is added to the base output.
-* experts whose base linear leaves the reduction to the token dispatcher (``explicit_expert_comm``):
-  the column adapter passes back only its own part of the input gradient (the dispatcher sums the
-  parts), and the row adapter's output is added on the group's first rank only (the dispatcher
-  sums the ranks' outputs); gradients of the replicated halves stay complete on every rank.
-
-Initialisation as PEFT's: A kaiming-uniform (a = sqrt(5), from the full ``[r, in]`` matrix, which
-a row-parallel rank then slices), B zeros. A linear built on its own draws A from the default
-generator; a training run redraws every A from a CPU generator keyed by ``--seed`` and the linear's
-place in the whole model (:func:`adaptor.lora.model.initialize_adapters`), so the replicated parts
-are equal on all ranks and every layout (TP, PP, EP, any device) starts from the same adapters.
-Adapters take the parameters' dtype; a bf16 run's optimizer keeps fp32 main copies of them as of
-every trainable parameter.
+Initialisation as PEFT's (A kaiming-uniform a = sqrt(5) from the full matrix, B zeros); a training
+run redraws A from ``--seed`` and the linear's place (:func:`adaptor.lora.model.initialize_adapters`)
+so every TP/PP/EP layout and device starts from the same adapters. Adapters take the parameters' dtype.
 """
 from __future__ import annotations
 

@@ -1,24 +1,13 @@
 """Activation offload: the tensors a module saves for backward wait in host memory instead.
 
-While an offloaded module runs forward, ``torch.autograd.graph.saved_tensors_hooks`` sees every
-tensor autograd saves. One of at least ``min_numel`` elements that is neither a parameter nor a
-view of one (nor any other leaf: masks, rotary tables, a pipeline stage's received input) is
-copied to host memory and autograd keeps only a :class:`_Offloaded` handle, so the device tensor
-is freed as soon as nothing else holds it. Backward copies it back when it unpacks the handle.
-
-Devices with streams (``torch.cuda``, ``torch.npu``): the host buffer is pinned and the device to
-host copy runs on a side stream, ordered after the compute that made the tensor by an event; when
-the module's forward ends, the compute stream waits for those copies and the device references
-are dropped (the caching allocator hands their memory to later work on the compute stream only).
-When backward first unpacks a module call's tensors, the tensors of the module call before it in
-the same forward pass (the previous layer's) are copied back on the side stream ahead of time.
-
-Where the device is host memory (the CPU backend), the copy still runs, so the path is the same
-one, but it frees nothing; :func:`describe` says so once.
-
-Each handle belongs to one call of one module, so micro-batches in flight (pipeline parallelism)
-never share anything. Inside backward (a recomputed forward) nothing is offloaded: the tensors
-are used at once.
+While an offloaded module runs forward, ``torch.autograd.graph.saved_tensors_hooks`` copies each
+saved tensor of at least ``min_numel`` elements that is not a leaf (parameters, masks, rotary tables,
+a stage's received input) to host memory; autograd keeps a :class:`_Offloaded` handle and backward
+copies it back. With streams (``torch.cuda``, ``torch.npu``) copies use pinned memory on a side
+stream ordered by events, and the previous layer's tensors are prefetched when backward reaches a
+module. On the CPU backend the copy runs but frees nothing (:func:`describe` says so). Handles
+belong to one module call, so pipelined micro-batches share nothing; nothing is offloaded inside
+backward (recompute).
 """
 from __future__ import annotations
 

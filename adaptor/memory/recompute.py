@@ -1,23 +1,15 @@
 """Recompute inside a transformer layer: which layers, and the activation function of the MLP.
 
-Megatron's output-discarding checkpoint (``tensor_parallel.CheckpointWithoutOutput``) runs a
-function without keeping its graph, frees the storage of its output once the next module has
-saved it, and recomputes the output in backward, from the kept input, when the gradient of a
-later tensor arrives. Upstream uses it for ``--recompute-modules layernorm``, ``moe_act`` and
-``mla_up_proj``; here it also serves MindSpeed's ``--recompute-norm`` (the same thing per
-layer) and ``--recompute-activation-function`` (every MLP of a layer: keep fc1's output, drop
-the activation's). Two upstream details need Transformer Engine, fixed for runs without it:
+Megatron's ``tensor_parallel.CheckpointWithoutOutput`` (upstream's ``--recompute-modules layernorm``,
+``moe_act``, ``mla_up_proj``) also serves MindSpeed's ``--recompute-norm`` and
+``--recompute-activation-function``. Two upstream details need Transformer Engine:
+``CheckpointWithoutOutput.__init__`` sets ``fp8 = fp8 is not None``, so ``fp8=False`` takes the FP8
+path (:func:`fp8_only_when_asked`); and the recompute restores data through a C++ extension compiled
+at first use (:func:`storage_copier` copies into the freed storage instead, as megatron-core did).
 
-* ``CheckpointWithoutOutput.__init__`` sets ``fp8 = fp8 is not None``, so the default
-  ``fp8=False`` takes the FP8 path, which calls Transformer Engine: :func:`fp8_only_when_asked`;
-* the recompute puts the recomputed data under the freed output with a C++ extension compiled at
-  first use (a compiler at run time, CUDA-era build flags): :func:`storage_copier` copies it
-  into the freed storage instead, as megatron-core did before.
-
-Layer choice, MindSpeed's rule: layers are counted within a pipeline stage (a model chunk);
-with ``--recompute-granularity full --recompute-method block`` the first ``recompute_num_layers``
-are recomputed whole and the next ``N`` take the finer recompute (all the rest when ``N`` is
-not given); without full recompute, the first ``N`` (or all).
+Layer choice, MindSpeed's rule, counted per pipeline stage: with ``--recompute-granularity full
+--recompute-method block`` the first ``recompute_num_layers`` are recomputed whole and the next ``N``
+(or all the rest) take the finer recompute; without full recompute, the first ``N`` (or all).
 """
 from __future__ import annotations
 

@@ -13,9 +13,8 @@ data.json::
                        "preprocess_parameters": {"image_size": ..., "mean": [...], "std": [...]}},
      "dataloader_param": {"shuffle": true, "num_workers": 2}}
 
-Every problem is one :class:`MMConfigError` naming the file and the JSON path
-(``model.json: image_encoder.vision_encoder.num_layers: missing``). Relative paths inside a
-file (``data_path``, ``data_folder``, ``ckpt_path``) are relative to that file's directory.
+Problems are one :class:`MMConfigError` naming file and JSON path; relative paths in a file are
+relative to its directory.
 """
 from __future__ import annotations
 

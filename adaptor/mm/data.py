@@ -7,24 +7,15 @@ LLaVA-style conversation::
     {"image": "shapes/0002.png", "conversations": [{"from": "human", "value": "<image>\\nWhat is shown?"},
                                                   {"from": "gpt", "value": "a green triangle"}]}
 
-``<image>`` marks where the image's embeddings go (one per record; a caption's image comes
-first, a conversation without the marker gets it at the start of the first human turn). The
-text is tokenized with Megatron's tokenizer piece by piece: human turns (a caption's is the
-bare image) end with a newline and carry no loss; the caption or each answer is followed by the end-of-document token, and only
-those tokens (answer and eod) carry loss. ``<image>`` becomes megatron-core's image token index
-(-200), which LLaVAModel replaces with the image's embeddings.
+``<image>`` (one per record; added at the start if missing) becomes megatron-core's image token index
+(-200), which LLaVAModel replaces with the image's embeddings. Only the caption or answers and their
+end-of-document token carry loss. A sample has ``seq_length - image_seq_len + 1`` text positions (cut
+or padded), so the language model sees exactly ``--seq-length``. Images: Pillow, RGB, resized to
+``image_size`` square (no crop), normalized with data.json's mean and std.
 
-A sample has ``text_len = seq_length - image_seq_len + 1`` text positions, so the language model
-always sees exactly ``--seq-length`` positions; longer text is cut, shorter is padded (no loss).
-Images are decoded with Pillow, converted to RGB, resized to ``image_size`` x ``image_size`` (no
-crop) and normalized with data.json's mean and std.
-
-Records are checked when the dataset is built: valid JSON, the keys, a non-empty caption or
-answer, the image file present and readable (Pillow's ``verify``: header and, for PNG, chunk
-checksums — not a full decode). A bad record is one :class:`MMDataError` with file and line, or,
-with ``--mm-skip-bad-records``, counted per reason and skipped. An image that still fails to
-decode while training (a file changed or a corrupt JPEG body) is the same error, or under the flag
-the next record takes its place with a warning.
+Records are checked when the dataset is built (JSON, keys, non-empty text, image readable by Pillow's
+``verify``); a bad one is an :class:`MMDataError` with file and line, or with
+``--mm-skip-bad-records`` skipped and counted (an image failing later is replaced by the next record).
 """
 from __future__ import annotations
 

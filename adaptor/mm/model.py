@@ -1,20 +1,12 @@
 """megatron-core's LLaVAModel, built from model.json and Megatron's arguments.
 
-The three parts are megatron-core's own modules, named as LLaVAModel names them:
-
-* ``vision_model``: ``CLIPViTModel`` (model_id ``clip``: class token, ``ln_pre``, bias-free patch
-  convolution; ``siglip``: no class token, ``ln_post``, patch bias) with the ViT layer spec
-  (``get_vit_layer_with_local_spec``, or TE's with ``--transformer-impl transformer_engine``);
-* ``vision_projection``: ``MultimodalProjector`` (``mlp``: two linears with an activation, or
-  ``affine``: one linear) from the vision width to the text decoder's;
-* ``language_model``: ``GPTModel`` with the layer spec pretrain_gpt.py uses
-  (:func:`adaptor.layer_specs.gpt_layer_spec`), configured by Megatron's arguments, which
-  model.json's ``text_decoder`` filled (patches/multimodal/mm_arguments.py).
-
-Freezing sets ``requires_grad`` through ``LLaVAModel.freeze`` before Megatron wraps the model,
-so frozen parts get no gradient buffers and no optimizer state. Sharding wrappers can leave the
-vision tower out by its class, ``megatron.core.models.vision.clip_vit_model.CLIPViTModel``, or
-by its module name ``vision_model``.
+Its parts are megatron-core's modules: ``vision_model`` a ``CLIPViTModel`` (``clip`` or ``siglip``
+variant, local or TE ViT spec), ``vision_projection`` a ``MultimodalProjector`` (``mlp`` or
+``affine``), ``language_model`` a ``GPTModel`` with :func:`adaptor.layer_specs.gpt_layer_spec`,
+configured by the arguments model.json's ``text_decoder`` filled (patches/multimodal/mm_arguments.py).
+Freezing uses ``LLaVAModel.freeze`` before Megatron wraps the model, so frozen parts get no gradient
+buffers or optimizer state. Sharding wrappers can leave the tower out by its class,
+``megatron.core.models.vision.clip_vit_model.CLIPViTModel``, or its name ``vision_model``.
 """
 from __future__ import annotations
 

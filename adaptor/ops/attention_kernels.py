@@ -1,28 +1,21 @@
 """Attention of one block of queries on one block of keys, with its log-sum-exp, forward and backward.
 
-Context parallelism computes attention in pieces (ring steps) and merges the pieces by their
-log-sum-exp (lse). The backward of a piece is the flash-attention backward run with the *merged*
-output and lse: then P = exp(scale * q.k - lse) is the piece's share of the full softmax, and the
-piece's dq, dk, dv sum to the full gradient. These kernels expose exactly that contract:
+Context parallelism merges pieces by their log-sum-exp (lse); a piece's backward is the flash
+backward run with the *merged* output and lse, so the pieces' gradients sum to the full one:
 
 * ``forward(q, k, v, causal, scale, cu_q, cu_k) -> (out, lse)``
 * ``backward(dout, q, k, v, out, lse, causal, scale, cu_q, cu_k) -> (dq, dk, dv)``
 
-Tensors are [b, heads, s, d] (k/v may have fewer heads: GQA; v may have another head dim: MLA);
-``lse`` is float32 [b, heads, s]. ``cu_q``/``cu_k`` (host lists of cumulative lengths, b == 1)
-make the call variable-length: segment i of the queries attends to segment i of the keys only,
-so packed documents never build a mask across documents. ``causal`` is top-left aligned,
-which is what the callers need (their causal blocks are square).
+Tensors are [b, heads, s, d] (GQA: fewer k/v heads; MLA: another v head dim); ``lse`` float32
+[b, heads, s]. ``cu_q``/``cu_k`` (host cumulative lengths, b == 1): segment i attends only to
+segment i. ``causal`` is top-left aligned.
 
-Per backend:
-
-* CPU: ``aten._scaled_dot_product_flash_attention_for_cpu`` and its ``_backward`` (torch's own
-  CPU flash kernel, which returns the lse); one call per segment.
-* CUDA: ``aten._scaled_dot_product_efficient_attention`` and its ``_backward``; one call per segment.
-* NPU: ``torch_npu.npu_fusion_attention`` (its ``softmax_max``/``softmax_sum`` give the lse) and
-  ``npu_fusion_attention_grad`` fed with the merged statistics (max = lse, sum = 1) and output;
-  BNSD for dense blocks, TND with ``actual_seq_qlen/kvlen`` for segments (sparse_mode 3 for
-  causal segments, 2 for a causal dense block, each with the 2048x2048 compressed mask).
+Per backend: CPU ``aten._scaled_dot_product_flash_attention_for_cpu`` (+ ``_backward``), CUDA
+``aten._scaled_dot_product_efficient_attention`` (+ ``_backward``), one call per segment; NPU
+``torch_npu.npu_fusion_attention`` (lse from ``softmax_max``/``softmax_sum``) and
+``npu_fusion_attention_grad`` fed max = lse, sum = 1; BNSD for dense blocks, TND with
+``actual_seq_qlen/kvlen`` for segments (sparse_mode 3 causal segments, 2 a causal dense block, with
+the 2048x2048 compressed mask).
 """
 from __future__ import annotations
 

@@ -1,30 +1,21 @@
 """Context-parallel attention without Transformer Engine: ring (p2p), Ulysses (a2a) and both (a2a+p2p).
 
-Megatron splits every sequence into 2 x CP chunks and gives CP rank r chunks r and 2CP-1-r
-(``get_batch_on_this_cp_rank``), so that causal work is balanced; packed documents are split the
-same way one by one (each padded to a multiple of 2 x CP, as Transformer Engine does). This module
-takes query/key/value in that layout, [b, heads, s_local, d], and returns the attention output
-in the same layout.
+Input and output are in Megatron's balanced layout (``get_batch_on_this_cp_rank``: CP rank r holds
+chunks r and 2CP-1-r; packed documents split one by one, padded to 2 x CP as TE does),
+[b, heads, s_local, d].
 
-* **Ulysses** (``a2a``, MindSpeed's ``ulysses_cp_algo``): an all-to-all trades the sequence split
-  for a head split, the full sequence is reordered into plain order, one ordinary attention call
-  runs (any kernel, packed documents included), and the reverse all-to-all restores the layout.
-  Needs local heads divisible by the Ulysses degree.
-* **Ring** (``p2p``, ``megatron_cp_algo``): key/value blocks travel around the CP ranks; each step
-  attends the local queries to the visiting block and merges by log-sum-exp. With the balanced
-  layout a step is one of three shapes: the local block (causal), a block from a lower rank (all
-  queries, first half of the keys) or from a higher rank (second half of the queries, all keys),
-  so every rank does the same work at every step. The next block's transfer runs while the
-  current one is computed. The backward sends the key/value gradients along with the blocks.
-* **Hybrid** (``a2a+p2p``, ``hybrid_cp_algo``): Ulysses inside each group of consecutive CP ranks
-  (Megatron's first hierarchical CP group), ring across the groups. After the inner all-to-all
-  a group holds chunk pairs that form, reordered, the balanced layout of a ring of CP/U ranks.
+* **Ulysses** (``a2a``, MindSpeed's ``ulysses_cp_algo``): all-to-all from sequence split to head
+  split, one ordinary attention call (any kernel, packed included), all-to-all back. Needs local
+  heads divisible by the Ulysses degree.
+* **Ring** (``p2p``, ``megatron_cp_algo``): key/value blocks circulate, each step merged by
+  log-sum-exp; the balanced layout gives every rank equal work per step, and the next transfer
+  overlaps the current compute.
+* **Hybrid** (``a2a+p2p``, ``hybrid_cp_algo``): Ulysses inside Megatron's first hierarchical CP
+  group, ring across groups.
 
-Why not torch's ``torch.distributed.tensor.experimental.context_parallel``: it shards DTensor
-buffers on a device mesh and reroutes ``F.scaled_dot_product_attention`` through its own ring;
-it takes no variable-length (packed) inputs, no torch_npu kernel, and is a private API that
-changes between the torch releases we support. Our layouts are Megatron's, so the ring is ours;
-its kernels are torch's own (``adaptor.ops.attention_kernels``).
+Not torch's ``torch.distributed.tensor.experimental.context_parallel``: a private API that changes
+between supported releases, DTensor-based, without packed inputs or torch_npu kernels. The kernels
+are torch's own (``adaptor.ops.attention_kernels``).
 """
 from __future__ import annotations
 

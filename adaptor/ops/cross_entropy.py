@@ -1,33 +1,15 @@
 """Vocabulary-parallel cross entropy, chunked over tokens.
 
-Same result as megatron-core's ``tensor_parallel.vocab_parallel_cross_entropy``
-(no label smoothing: Megatron's fused path has none), without its full-size
-fp32 buffers. Megatron upcasts the whole micro-batch's logits shard to fp32,
-keeps that softmax for backward and turns it into an fp32 gradient that
-autograd then casts to the logits' dtype: with a 151936 vocabulary and 4096
-tokens that is 2.5 GB fp32 per buffer. Here:
+Same result as megatron-core's ``tensor_parallel.vocab_parallel_cross_entropy`` (no label smoothing,
+as Megatron's fused path), without its full-size fp32 buffers (2.5 GB each for a 151936 vocabulary
+and 4096 tokens). Forward and backward run per chunk of tokens in one reused fp32 work buffer (two
+all-reduces per chunk); backward keeps only the logits, the per-token fp32 log-sum-exp, the target
+mask and local ids, recomputes the softmax and writes the gradient into the logits' own storage when contiguous
+(``ADAPTOR_CE_GRAD_IN_PLACE=0``: a separate buffer). Chunk: ``ADAPTOR_CE_CHUNK_TOKENS``, or what fits
+a 128 MiB fp32 chunk of the local vocabulary (220 tokens for 151936).
 
-* forward, per chunk of tokens: upcast into one reused fp32 work buffer, local
-  max -> all-reduce MAX over the TP group, target logit (owning rank) and sum
-  of exp -> one all-reduce SUM; the loss and the per-token log-sum-exp come out;
-* saved for backward: the logits as given (their own dtype, no copy), the
-  fp32 log-sum-exp per token, the target mask and local target ids;
-* backward, per chunk: softmax = exp(x - lse) recomputed in the work buffer,
-  minus one at the target, times the incoming gradient, written in the logits'
-  dtype into one gradient buffer.
-
-The gradient buffer is the logits' own storage when they are contiguous (as
-Megatron's fp32 path, which overwrites the logits in its forward): the logits
-are consumed by the loss, so backward needs no second logits-sized buffer.
-``ADAPTOR_CE_GRAD_IN_PLACE=0`` allocates a separate buffer instead.
-
-Chunk size: ``ADAPTOR_CE_CHUNK_TOKENS`` tokens, or by default as many tokens as
-fit a 128 MiB fp32 chunk of the local vocabulary (220 tokens for 151936).
-
-The same torch code runs on NPU, CUDA and CPU tensors. torch_npu's
-``npu_cross_entropy_loss`` needs the whole vocabulary on one device (its
-log-sum-exp cannot be all-reduced across TP ranks) and returns a full
-``log_prob``, so it is not used.
+The same torch code runs on NPU, CUDA and CPU. torch_npu's ``npu_cross_entropy_loss`` is not used: it
+needs the whole vocabulary on one device and returns a full ``log_prob``.
 """
 from __future__ import annotations
 

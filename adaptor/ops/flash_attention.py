@@ -3,25 +3,17 @@
 DotProductAttention materializes the [b, heads, sq, sk] scores (and repeats K/V for GQA);
 FlashAttention calls one fused kernel instead:
 
-* NPU: ``torch_npu.npu_fusion_attention`` — layout SBH for Megatron's [s, b, heads, dim]
-  tensors (a view, and the output is already [s, b, heads*dim]), BSND when the input is
-  batch-major, TND for packed sequences; causal through ``sparse_mode=2`` with the 2048x2048
-  compressed upper-triangular mask, other masks as ``atten_mask`` (True = masked out, as in
-  Megatron) with ``inner_precise=2`` so that fully masked rows are defined; dropout through
-  ``keep_prob``; GQA by passing K/V with fewer heads.
-* CUDA and CPU: ``torch.nn.functional.scaled_dot_product_attention`` (torch picks its flash /
-  memory-efficient kernel), ``is_causal`` instead of a mask where possible, ``enable_gqa``.
+* NPU: ``torch_npu.npu_fusion_attention``: layout SBH for Megatron's [s, b, heads, dim] (a view),
+  BSND for batch-major input, TND for packed sequences; causal via ``sparse_mode=2`` with the
+  2048x2048 compressed mask, other masks as ``atten_mask`` (True = masked) with ``inner_precise=2``;
+  dropout via ``keep_prob``; GQA with fewer K/V heads.
+* CUDA and CPU: ``torch.nn.functional.scaled_dot_product_attention`` (``is_causal`` where possible,
+  ``enable_gqa``).
 
-Semantics follow DotProductAttention: an ``attention_mask`` given is used as is (one that is
-exactly causal is recognised and run as causal), none with a causal layer means causal; scale
-``softmax_scale`` or 1/sqrt(k head dim) (``apply_query_key_layer_scaling`` divides and multiplies
-by the same layer number there, so the scale is unchanged); dropout only in training, under
-Megatron's TP RNG tracker. One difference: a query row with every key masked gives 0 here
-(DotProductAttention's -10000 fill gives the mean of V); such rows are padding and carry no loss.
-MLA passes ``k_channels``/``v_channels`` (value head dim may differ from query/key's).
-
-With ``--context-parallel-size`` > 1 each layer runs ``adaptor.ops.context_parallel`` by its
-``cp_comm_type`` (ring, Ulysses, or both), on dense rows or on packed documents (THD).
+Semantics follow DotProductAttention (mask, scale, dropout under the TP RNG tracker), except that a
+fully masked query row gives 0 instead of the mean of V; such rows are padding without loss. MLA
+passes ``k_channels``/``v_channels``. With ``--context-parallel-size`` > 1 each layer runs
+``adaptor.ops.context_parallel`` by its ``cp_comm_type``.
 """
 from __future__ import annotations
 

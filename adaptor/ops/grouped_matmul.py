@@ -1,26 +1,17 @@
 """Grouped matmul for MoE experts, and the experts module that uses it.
 
-``grouped_matmul(x, weights, counts)``: rows of ``x`` are grouped by expert
-(``counts[e]`` rows each, in order); group ``e`` is multiplied by
-``weights[e].t()`` (torch Linear layout ``[out, in]``). One call per linear
-for all local experts:
+``grouped_matmul(x, weights, counts)``: group ``e`` (``counts[e]`` rows of ``x``, in order) times
+``weights[e].t()`` (Linear layout ``[out, in]``), one call for all local experts:
 
-* NPU: ``torch_npu.npu_grouped_matmul`` (one x, one y: split_item=2,
-  group_type=0, cumulative int64 group_list); weight grads with group_type=2
-  (groups split the K axis, which is the token axis there). The kernel takes
-  fp16/bf16, and fp32 only when x, weight and y are single tensors: fp32
-  experts (training without ``--bf16``/``--fp16``, as MindSpeed keeps fp32 for
-  master weights only) take the loop below, said once in the log.
+* NPU: ``torch_npu.npu_grouped_matmul`` (split_item=2, group_type=0, cumulative int64 group_list;
+  weight grads group_type=2). fp16/bf16 only for grouped tensors, so fp32 experts take the loop
+  (said once).
 * CUDA: ``torch._grouped_mm`` (bf16, sm90+, 16-byte aligned rows), else the loop.
-* CPU: one autograd node that loops ``torch.mm`` over contiguous row blocks,
-  writing into one output (no split/cat, no per-expert module calls).
+* CPU: one autograd node looping ``torch.mm`` over row blocks into one output.
 
-``GroupedExperts`` replaces megatron's ``SequentialMLP`` (layer-spec swap for
-``--moe-grouped-gemm``). It subclasses it and keeps its parameters
-(``local_experts.{i}.linear_fc1.weight`` ...), so state dicts and
-distributed checkpoints are the same with and without the flag; only
-``forward`` changes. The activation is megatron's own ``MLP.forward`` code,
-run with the grouped linears in place of the per-expert ones.
+``GroupedExperts`` replaces megatron's ``SequentialMLP`` for ``--moe-grouped-gemm`` (a spec swap).
+It subclasses it and keeps its parameters, so checkpoints are the same with and without the flag;
+only ``forward`` changes, reusing megatron's ``MLP.forward`` activation code.
 """
 from __future__ import annotations
 

@@ -1,35 +1,16 @@
 """MoE token permute / unpermute for ``--moe-permute-fusion`` without Transformer Engine.
 
-Same results as megatron's unfused ``moe_utils.permute`` / ``unpermute``
-(tokens grouped by expert, tokens in order within an expert), computed with:
+Same results as megatron's unfused ``moe_utils.permute`` / ``unpermute``, faster: an O(E*T) cumsum +
+scatter instead of an argsort, no ``probs.T`` copy, no ``masked_select`` host sync, and on CPU with a
+fixed ``k`` experts per token gathers instead of scatter-adds. Our row id map (TE's is its own):
+``flat[i] = expert * num_tokens + token`` for permuted row ``i``.
 
-* one O(E*T) cumsum + scatter for the expert-major order instead of an
-  argsort over ``E*T`` entries, and no ``probs.T.contiguous()`` copy;
-* unpermute gathers the merging probs from the saved order (no
-  ``masked_select``, so no host sync);
-* on CPU, when every token has the same number ``k`` of experts, both
-  directions are gathers (rows of a token summed in expert order, as
-  upstream's scatter-add sums them) instead of scatter-adds.
-
-The "row id map" passed from permute to unpermute is ours, as TE's is its
-own: ``flat[i] = expert * num_tokens + token`` for permuted row ``i``.
-
-NPU: ``torch_npu.npu_moe_token_permute(tokens, indices[T, k], num_out_tokens,
-padded_mode=False)`` and ``npu_moe_token_unpermute(permuted, sorted_indices,
-probs[T, k], padded_mode=False, restore_shape)``, with ``indices`` each
-token's experts in ascending order (so the kernels' order is megatron's).
-The kernels' contract shapes what we pass:
-
-* they route a fixed ``k`` experts per token. With the alltoall dispatcher
-  every token has ``--moe-router-topk`` of them; with the allgather dispatcher
-  and EP > 1 the routing map holds only this rank's experts, so a token has 0
-  to k of them. Those calls take the index path below (said once in the log),
-  never the kernels with a wrong ``k``;
-* ``sorted_indices`` is int32 (what ``npu_moe_token_permute`` itself returns);
-* unpermute without ``probs`` takes k = 1 and returns ``T * k`` rows, so the
-  probability-free merge megatron's dispatchers ask for passes ones of shape
-  ``[T, k]``; tokens and ``probs`` go in one dtype (the promoted one, as upstream
-  multiplies them), the result back in the tokens' dtype.
+NPU: ``torch_npu.npu_moe_token_permute(tokens, indices[T, k], num_out_tokens, padded_mode=False)`` and
+``npu_moe_token_unpermute(permuted, sorted_indices, probs[T, k], padded_mode=False, restore_shape)``,
+``indices`` ascending per token (megatron's order). Their contract: a fixed ``k`` per token (the
+allgather dispatcher with EP > 1 gives 0 to k, so those calls take the index path, said once);
+``sorted_indices`` int32; unpermute without ``probs`` assumes k = 1, so the probability-free merge
+passes ones of shape ``[T, k]``; tokens and probs in the promoted dtype, the result in the tokens'.
 """
 from __future__ import annotations
 

@@ -1,28 +1,21 @@
 """Does a ``--load`` checkpoint fit the model these flags build? Its padded vocabulary, its recorded
 architecture, and one line for any tensor shape it cannot load into.
 
-A Hugging Face model's embedding often has more rows than its tokenizer has tokens (Qwen3: 151,936
-rows, 151,669 tokens). Megatron pads the *tokenizer's* size (``--make-vocab-size-divisible-by`` x
-TP), so a converted checkpoint and a model built from the real tokenizer disagree, and the load
-ended in a raw ``size mismatch`` traceback (``--ckpt-format torch``) or, worse, loaded silently
-(``torch_dist``/``safetensors`` mark vocabulary tensors ``allow_shape_mismatch``, so a checkpoint
-with fewer rows than the tokenizer has tokens left the missing rows at zero). This feature:
+An HF embedding often has more rows than the tokenizer has tokens (Qwen3: 151,936 vs 151,669), but
+Megatron pads the *tokenizer's* size, so loads failed with a raw ``size mismatch`` (``torch``) or
+silently left rows at zero (``torch_dist``/``safetensors`` allow vocabulary shape mismatches). So:
 
-* ``--padded-vocab-size`` (Megatron's flag, MindSpeed-LLM's spelling) wins as before; when it is not
-  given and ``--load`` names a checkpoint that records its padded vocabulary (``hf/conversion.json``
-  written by ``tools/convert_ckpt.py``, or the arguments in a safetensors checkpoint's
-  ``common.json``), that value is used, and the log says so;
-* ``megatron.core.tokenizers.utils.build_tokenizer._set_padded_vocab_size``: checks the result
-  is at least the tokenizer's vocabulary and divisible by TP (one line otherwise);
-* ``megatron.core.dist_checkpointing.serialization.load`` (``torch_dist`` and ``safetensors``):
-  compares every tensor's global shape with the checkpoint's before reading; a vocabulary tensor
-  may differ in padding rows only (both sizes cover the tokenizer), anything else is one line;
+* without ``--padded-vocab-size``, the value a ``--load`` checkpoint records (``hf/conversion.json``
+  from ``tools/convert_ckpt.py``, or a safetensors ``common.json``) is used and logged;
+* ``megatron.core.tokenizers.utils.build_tokenizer._set_padded_vocab_size``: the result must cover
+  the tokenizer and divide by TP;
+* ``megatron.core.dist_checkpointing.serialization.load``: every global shape is compared before
+  reading (vocabulary tensors may differ in padding rows only);
 * ``megatron.training.checkpointing.load_checkpoint`` (``torch``): torch's ``size mismatch``
-  error becomes the same one line. Each line names the tensor, both shapes and the flag to change;
-* a checkpoint written by ``tools/convert_ckpt.py`` keeps the Hugging Face config.json under
-  ``hf/``: after Megatron's ``validate_args`` the flags it implies are compared with the command
-  line, as ``--hf-load-dir`` does, so settings no tensor shape shows (RoPE base and YaRN scaling,
-  router scaling, tied embeddings) cannot silently differ from the model that was converted.
+  becomes the same line, naming the tensor, both shapes and the flag to change;
+* a converted checkpoint's ``hf/config.json`` is compared with the flags after ``validate_args``,
+  as ``--hf-load-dir`` does, so settings no shape shows (RoPE/YaRN, router scaling, tied embeddings)
+  cannot silently differ.
 """
 from __future__ import annotations
 

@@ -1,24 +1,16 @@
 """Checkpoints are unpickled with ``weights_only=True`` and an explicit allow-list, and a refused or
 unreadable file is one line.
 
-A ``--ckpt-format torch`` checkpoint (and ``torch_dist``'s ``common.pt``, and the distributed
-optimizer's parameter-state file) is a pickle: unpickled without restriction it can run any code
-its author chose. Upstream code changed:
+A ``--ckpt-format torch`` checkpoint (and ``common.pt``, and the distributed optimizer's state file)
+is a pickle that can run any code. Upstream code changed:
 
-* ``torch.load``, for the whole run: every call passes ``weights_only=True`` with the globals of
-  :data:`adaptor.safe_load.ALLOWED` (the argument namespace, RNG states, Megatron's enums and rerun
-  state), whatever the caller or ``TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD`` asked for. Megatron's own
-  loads pass nothing (``megatron.training.checkpointing._load_base_checkpoint``,
-  ``megatron.core.dist_checkpointing.strategies.common.load_common``,
-  ``DistributedOptimizer.load_parameter_state``), so they followed that variable. A file naming
-  any other global ends the run with one line naming the file and the global; nothing in it runs.
-* ``megatron.training.checkpointing._load_base_checkpoint``: for ``--ckpt-format torch`` it catches
-  every exception of ``torch.load``, prints it and calls ``sys.exit()``, which exits with status 0
-  after a traceback-free but reason-less message. A file that cannot be read while it runs (truncated,
-  not a checkpoint) is one ``megatron-adaptor: error:`` line naming it, exit status 2.
+* ``torch.load``, for the whole run: ``weights_only=True`` with :data:`adaptor.safe_load.ALLOWED`,
+  whatever the caller or ``TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD`` asks (Megatron's loads pass nothing);
+  another global ends the run with one line naming the file and the global.
+* ``megatron.training.checkpointing._load_base_checkpoint`` ends an unreadable ``torch`` file with a
+  reason-less ``sys.exit()`` (status 0); it is now one ``megatron-adaptor: error:`` line, status 2.
 
-``--ckpt-allow-unsafe-pickle`` turns the restriction off (``weights_only=False`` where the caller did
-not ask for ``True``) for checkpoints the user trusts, and says so when the run starts.
+``--ckpt-allow-unsafe-pickle`` turns the restriction off for trusted checkpoints, said at start.
 
 Remove when: Megatron's ``_load_base_checkpoint`` ends an unreadable ``--ckpt-format torch`` file
 with a non-zero status and the reason; then that wrapper and the error path it turns on go. Not

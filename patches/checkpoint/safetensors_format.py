@@ -1,41 +1,26 @@
 """``--ckpt-format safetensors``: Megatron's sharded checkpoints stored as safetensors, without pickle.
 
-Megatron's checkpointing (``megatron.training.checkpointing``) already knows how to describe a
-run's state as global tensors sliced per rank (``sharded_state_dict``), and takes that path
-whenever ``args.ckpt_format == 'torch_dist'``; it hands the result to
-``megatron.core.dist_checkpointing.save/load``, which store it with torch.distributed.checkpoint
-and pickle. We keep Megatron's path and replace only the storage:
+Megatron's ``torch_dist`` path already describes the state as global tensors sliced per rank; we keep
+that path and replace only the storage (torch.distributed.checkpoint and pickle):
 
-* ``training.checkpointing.save_checkpoint`` / ``load_checkpoint``: while they run in a
-  ``--ckpt-format safetensors`` job, ``args.ckpt_format`` reads ``torch_dist`` (restored on
-  return), so every branch Megatron has for sharded checkpoints is taken as it is. An async save
-  first waits for the previous one (one save in flight); ``--keep-checkpoint-max`` prunes after
-  the new checkpoint is complete. A bad checkpoint ends in one line naming the file and tensor.
-  A ``--ckpt-format torch`` run whose ``--load`` holds a safetensors checkpoint (such as
-  ``tools/convert_ckpt.py``'s default output) loads it the same way; its saves stay ``torch``.
-* ``dist_checkpointing.serialization.save``: inside such a save, writes through
-  :mod:`adaptor.checkpoint.serialization` (staging directory, fsync, rename; async through
-  Megatron's own checkpoint worker).
+* ``training.checkpointing.save_checkpoint`` / ``load_checkpoint``: ``args.ckpt_format`` reads
+  ``torch_dist`` while they run, so Megatron's sharded branches are taken as they are; one async
+  save in flight; ``--keep-checkpoint-max`` prunes after a complete save. A ``--ckpt-format torch``
+  run loads a safetensors ``--load`` the same way.
+* ``dist_checkpointing.serialization.save``: writes through :mod:`adaptor.checkpoint.serialization`.
 * ``dist_checkpointing.serialization.{load, load_common_state_dict, load_tensors_metadata,
-  load_sharded_metadata}``: a directory whose ``metadata.json`` names the ``safetensors`` backend
-  is read by our reader, whatever ``--ckpt-format`` says; so such checkpoints always load,
-  resharded to the run's TP/PP/DP/EP layout.
-* ``training.checkpointing._build_sharded_state_dict_metadata``: the distributed optimizer's
-  state is saved in model space as each rank's own flattened ranges (``fully_sharded_model_space``)
-  instead of Megatron's default ``dp_reshardable`` buckets: no communication at save time, each
-  rank writes only what it owns, and the state reshards across TP/PP/DP and to or from runs without
-  the distributed optimizer. ``--dist-ckpt-optim-fully-reshardable`` keeps Megatron's own choice.
+  load_sharded_metadata}``: a ``metadata.json`` naming the ``safetensors`` backend is read by our
+  reader whatever ``--ckpt-format`` says, resharded to the run's layout.
+* ``training.checkpointing._build_sharded_state_dict_metadata``: the distributed optimizer's state
+  is saved as ``fully_sharded_model_space`` (no save-time communication, reshardable anywhere)
+  unless ``--dist-ckpt-optim-fully-reshardable``.
 * ``dist_checkpointing.mapping.ShardedTensor.validate_metadata_integrity``: megatron-core 0.19.2
-  refuses flattened shards although its distributed optimizer still builds them for that layout;
-  during checkpoint operations they are accepted (the chunk is checked as before, the range against
-  it), and :mod:`adaptor.checkpoint.validation` checks that the ranges tile each chunk.
-* ``transformer.mlp.apply_swiglu_sharded_factory``: its build function splits SwiGLU's ``[W; V]``
-  rows in half, which is wrong for a flattened range; :mod:`adaptor.checkpoint.flat_shards` cuts
-  the range at the W/V boundary instead.
-* ``optimizer.distrib_optimizer.DistributedOptimizer._set_main_param_and_optimizer_states``: when
-  loading that layout it indexes the checkpoint's tensors by every state key, including torch
-  Adam's ``step``, which the layout does not store (the step comes from the param groups); such
-  keys are now skipped.
+  refuses the flattened shards its distributed optimizer still builds; they are accepted during
+  checkpoint operations and :mod:`adaptor.checkpoint.validation` checks the ranges tile each chunk.
+* ``transformer.mlp.apply_swiglu_sharded_factory`` halves SwiGLU's ``[W; V]`` rows, wrong for a
+  flattened range; :mod:`adaptor.checkpoint.flat_shards` cuts at the W/V boundary.
+* ``optimizer.distrib_optimizer.DistributedOptimizer._set_main_param_and_optimizer_states`` asks
+  for Adam's ``step``, which that layout does not store; such keys are skipped.
 
 Remove when: for the last three bullets only (the format itself is a feature): megatron-core either
 accepts flattened shards in ``ShardedTensor.validate_metadata_integrity`` or stops building them for

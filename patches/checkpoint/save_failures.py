@@ -1,21 +1,16 @@
 """A save that fails (no space, file too large, I/O error) keeps the last checkpoint and never goes unnoticed.
 
-Upstream: an ``OSError`` inside ``megatron.training.checkpointing.save_checkpoint`` ends the
-rank that hit it with a traceback while the others wait in a collective until the process
-group times out; and nothing decides between stopping and going on. Here:
+Upstream: an ``OSError`` inside ``megatron.training.checkpointing.save_checkpoint`` kills one rank
+with a traceback while the others wait until the process group times out. Here:
 
-* in a ``--ckpt-format safetensors`` run, :mod:`adaptor.checkpoint.serialization` lets every
-  rank write, then all ranks agree on the outcome; on any failure nothing is committed, the
-  staging directory is removed and the tracker keeps naming the previous checkpoint. The
-  agreed failure (``SaveFailed``) reaches ``save_checkpoint`` (sync saves) or
-  ``megatron.training.async_utils.maybe_finalize_async_save`` (``--async-save``), both wrapped here;
-* ``--save-failure-retries N`` (default 0) decides: the first failure exits with status 1
-  and one line, or up to N failures in a row are reported in one line each and training
-  goes on, saving again at the next ``--save-interval``. A failed last save of the run, or
-  one failure more than N, exits with status 1. A successful save resets the count;
-* in ``torch`` and ``torch_dist`` runs an ``OSError`` leaving ``save_checkpoint`` is one line
-  and status 1 (those formats write in place; Megatron updates the tracker only after a
-  complete save, so the previous checkpoint stays the one a resume loads).
+* ``--ckpt-format safetensors``: all ranks agree on the outcome (:mod:`adaptor.checkpoint.serialization`);
+  on failure nothing is committed and the tracker keeps the previous checkpoint. The agreed
+  ``SaveFailed`` reaches ``save_checkpoint`` or ``megatron.training.async_utils.maybe_finalize_async_save``,
+  both wrapped;
+* ``--save-failure-retries N`` (default 0): up to N failures in a row are one line each and training
+  goes on; one more, or a failed last save, exits with status 1 and one line;
+* ``torch`` / ``torch_dist``: an ``OSError`` is one line and status 1 (Megatron updates the tracker
+  only after a complete save).
 """
 from __future__ import annotations
 

@@ -1,17 +1,11 @@
 """Expert-parallel all-to-all off CUDA: split sizes as lists of ints, output on the input's device.
 
-Upstream: ``megatron.core.tensor_parallel.mappings._AllToAll.forward`` (the autograd function
-behind ``all_to_all``, which the alltoall MoE token dispatcher calls with ``--expert-model-parallel-size``
-> 1) passes ``input_split_sizes``/``output_split_sizes`` straight to
-``torch.distributed.all_to_all_single``. The dispatcher computes them as device tensors and turns
-them into numpy arrays only when they live on CUDA (``moe_utils.maybe_move_tensor_to_cpu`` checks
-``tensor.is_cuda``); on CPU and NPU they arrive as tensors, which ``all_to_all_single`` does not take
-("split sizes as tensors"). The output buffer is also allocated with
-``device=torch.cuda.current_device()``, an index that ``Tensor.new_empty`` reads as a CUDA device.
-
-The replacement forward converts split sizes (tensor, numpy array or list) to lists of ints and
-allocates the output on the input's device; everything else is upstream's, and the unchanged
-backward reuses the converted sizes. CUDA keeps upstream's code.
+Upstream: ``megatron.core.tensor_parallel.mappings._AllToAll.forward`` (used by the alltoall MoE
+dispatcher with EP > 1) passes split sizes straight to ``torch.distributed.all_to_all_single``; the
+dispatcher converts them to numpy only for CUDA tensors (``moe_utils.maybe_move_tensor_to_cpu``), so
+on CPU and NPU they arrive as tensors, which it refuses, and the output is allocated on
+``torch.cuda.current_device()``. The replacement forward converts sizes to int lists (reused by the
+unchanged backward) and allocates on the input's device; CUDA keeps upstream's code.
 
 Remove when: ``_AllToAll.forward`` allocates its output on the input's device and the dispatcher
 hands it split sizes as lists or arrays whatever device they were computed on

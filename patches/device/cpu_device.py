@@ -1,25 +1,12 @@
 """CPU backend: route Megatron's CUDA device calls to the CPU.
 
-Upstream: megatron-core and megatron.training address the accelerator as
-``torch.cuda.*`` (current_device, set_device, synchronize, RNG state, streams,
-events, memory statistics) and create tensors with ``device='cuda'`` /
-``torch.cuda.current_device()`` or move them with ``.cuda()``. On a CPU-only
-host every one of those reaches the CUDA driver and fails.
-
-Rather than patch each call site, this feature installs one general
-redirect, and only when the backend is ``cpu``:
-
-* the ``torch.cuda`` functions Megatron uses get CPU meanings — one device
-  (index 0), no-op synchronisation and streams, the CPU generator for RNG
-  state, zero for CUDA-allocator statistics;
-* tensor factories (``torch.empty``, ``zeros``, ``tensor``, ...),
-  ``Tensor.to``/``Tensor.cuda`` and ``Module.to``/``Module.cuda`` map a CUDA
-  device argument (``'cuda'``, ``'cuda:N'``, an int, ``torch.device('cuda')``)
-  to ``cpu``.
-
-``torch.cuda.is_available()`` still says False: code that asks gets the
-truth. Everything is registered through the patch manager, so it is printed
-at start and removed by ``adaptor.teardown()``.
+Upstream: megatron-core and megatron.training call ``torch.cuda.*`` and create or move tensors with
+``device='cuda'`` / ``.cuda()``, which fail on a CPU-only host. On the ``cpu`` backend one general
+redirect replaces patching each call site: the ``torch.cuda`` functions Megatron uses get CPU
+meanings (one device, no-op sync and streams, the CPU generator, zero allocator statistics), and
+CUDA device arguments of factories, ``.to``/``.cuda`` become ``cpu``. ``torch.cuda.is_available()``
+still says False. All goes through the patch manager (printed at start, undone by
+``adaptor.teardown()``).
 """
 from __future__ import annotations
 

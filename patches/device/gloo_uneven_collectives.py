@@ -1,16 +1,10 @@
 """Uneven all-gather and reduce-scatter along the first dimension on gloo.
 
 Upstream: ``megatron.core.tensor_parallel.mappings._gather_along_first_dim`` and
-``_reduce_scatter_along_first_dim`` with ``output_split_sizes``/``input_split_sizes`` call
-``torch.distributed.all_gather``/``reduce_scatter`` with tensors of different sizes per rank.
-The alltoall MoE dispatcher does so with expert parallelism combined with (expert) tensor
-parallelism, where each TP rank holds a different number of routed tokens. NCCL/HCCL take
-uneven lists; gloo refuses the uneven all-gather
-("ProcessGroupGloo::allgather: invalid tensor size").
-
-On a gloo group the wrappers do the same with even collectives: the gather pads every rank's
-rows to the largest count and trims after; the reduce-scatter all-reduces the whole input and
-keeps this rank's rows. Other backends, and even splits, run upstream's code.
+``_reduce_scatter_along_first_dim`` with split sizes pass per-rank tensors of different sizes (the
+alltoall MoE dispatcher with EP and TP); gloo refuses the uneven all-gather ("ProcessGroupGloo::allgather:
+invalid tensor size"). On gloo the gather pads to the largest count and trims, the reduce-scatter
+all-reduces and keeps this rank's rows; other backends and even splits run upstream's code.
 
 Remove when: torch's gloo backend accepts uneven ``all_gather`` lists (open:
 https://github.com/pytorch/pytorch/issues/156627), or Megatron's uneven paths stop passing lists of

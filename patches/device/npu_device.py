@@ -1,23 +1,12 @@
 """NPU backend: Megatron's CUDA calls go to torch_npu, as torch_npu's transfer_to_npu does.
 
-Upstream: megatron-core and megatron.training address the accelerator as
-``torch.cuda.*`` and ``device='cuda'``; on an Ascend host torch_npu provides
-the same API as ``torch.npu.*`` and device type ``npu``. This feature, only
-on the ``npu`` backend:
-
-* points the ``torch.cuda`` functions Megatron uses at their ``torch.npu``
-  namesakes (device, streams, events, RNG, memory statistics);
-* maps CUDA device arguments of tensor factories and ``.to()`` to ``npu``
-  (``'cuda:1'`` becomes ``npu:1``), and ``Tensor.cuda``/``Module.cuda`` to
-  ``.npu``;
-* reads and writes Megatron's tensor-parallel RNG tracker state through
-  ``torch.npu`` (upstream ``_get/_set_cuda_rng_state`` index
-  ``torch.cuda.default_generators``);
-* maps literal ``backend='nccl'`` in process-group creation to ``hccl``;
-* runs ``torch.compile``d functions eagerly (``torch._dynamo.config.disable``): Megatron's
-  ``jit_fuser`` is ``torch.compile``, already applied to its fusions at import, and inductor has
-  no Ascend target in a plain torch_npu install (Megatron's own ``--disable-jit-fuser`` only
-  affects modules imported after it is read, which is too late for those).
+Upstream: megatron-core and megatron.training address the accelerator as ``torch.cuda.*`` and
+``device='cuda'``; torch_npu offers the same API as ``torch.npu.*``. On the ``npu`` backend only:
+the ``torch.cuda`` functions Megatron uses point at ``torch.npu``; CUDA device arguments (factories,
+``.to()``, ``.cuda()``) become ``npu``; the TP RNG tracker's ``_get/_set_cuda_rng_state`` use
+``torch.npu``; ``backend='nccl'`` becomes ``hccl``; ``torch.compile``d functions run eagerly
+(``torch._dynamo.config.disable``), since Megatron's ``jit_fuser`` is applied at import and inductor
+has no Ascend target (``--disable-jit-fuser`` is read too late).
 
 Verified against a stand-in torch_npu (tests/npu_standin), not on Ascend hardware.
 """

@@ -1,18 +1,11 @@
 """Let Megatron's optimizers accept CPU and NPU parameters.
 
 Upstream: ``megatron.core.optimizer.optimizer.Float16OptimizerWithFloat16Params.__init__``
-(used by ``--bf16``/``--fp16``) and
+(``--bf16``/``--fp16``) and
 ``megatron.core.optimizer.distrib_optimizer.DistributedOptimizer._build_model_and_main_param_groups``
-(``--use-distributed-optimizer``) sort parameters by comparing
-``param.type()`` with ``'torch.cuda.FloatTensor'``, ``'torch.cuda.HalfTensor'``
-and ``'torch.cuda.BFloat16Tensor'``, and raise ``TypeError`` for anything
-else — so CPU (``'torch.FloatTensor'``) and NPU (``'torch.npu.FloatTensor'``)
-parameters are rejected although the code that follows is device-agnostic.
-
-Copying those long methods to change one comparison would fork them. Instead,
-while (and only while) one of them runs, the no-argument form of
-``Tensor.type()`` reports a CPU or NPU tensor under the CUDA name of its
-dtype. ``Tensor.type(dtype)`` conversions are never touched.
+compare ``param.type()`` with ``'torch.cuda.*Tensor'`` names and reject CPU and NPU parameters,
+though the rest is device-agnostic. Rather than fork those long methods, while one runs the
+no-argument ``Tensor.type()`` reports a CPU or NPU tensor under its dtype's CUDA name.
 
 Remove when: ``Float16OptimizerWithFloat16Params.__init__`` and
 ``DistributedOptimizer._build_model_and_main_param_groups`` sort parameters by dtype instead of

@@ -1,20 +1,11 @@
 """When a rank stalls, the others stop within a bounded time, with one line naming rank and collective.
 
-A rank that dies is torchrun's business: it ends the other workers at once and its report
-names the rank and its exit code. A rank that stalls (a hung filesystem, a stopped process, a
-deadlock) leaves the others blocked in their next collective. The process-group timeout
-bounds that wait: Megatron passes ``--distributed-timeout-minutes`` (default 10) to
-``torch.distributed.init_process_group`` and to every group it creates, gloo enforces it
-on every collective, and HCCL/NCCL have their own watchdogs driven by the same value.
-What upstream lacks is the ending: the timed-out collective raises inside the training
-step and the rank dies with a traceback several screens long.
-
-* ``--distributed-timeout-seconds S`` sets the same timeout in seconds (it replaces
-  ``--distributed-timeout-minutes``; small values are for tests and fast-failing jobs);
-* ``megatron.training.training.pretrain`` is wrapped: a collective timeout leaving it becomes
-  one line, status 1, naming this rank, the collective (the innermost ``torch.distributed``
-  call of the traceback) and the Megatron function that called it. torchrun then ends the
-  stalled rank.
+A dead rank is torchrun's business; a stalled one leaves the others blocked in a collective until
+the process-group timeout (``--distributed-timeout-minutes``, passed by Megatron to
+``torch.distributed.init_process_group`` and every group), which then raises a traceback screens
+long. ``--distributed-timeout-seconds S`` sets that timeout in seconds (small values for tests and
+fast-failing jobs), and ``megatron.training.training.pretrain`` is wrapped so a collective timeout is
+one line, status 1, naming the rank, the innermost ``torch.distributed`` call and its Megatron caller.
 """
 from __future__ import annotations
 

@@ -1,63 +1,37 @@
 """LoRA fine-tuning (MindSpeed-LLM's flags): adapters on Megatron's column- and row-parallel linears.
 
-``--lora-target-modules linear_qkv linear_proj linear_fc1 linear_fc2`` (MLA: also ``linear_q_proj``,
-``linear_q_down_proj``, ``linear_q_up_proj``, ``linear_kv_down_proj``, ``linear_kv_up_proj``) turns
-LoRA on, as in MindSpeed-LLM; so does ``--lora-r R`` alone (then the four linears above).
-``--lora-r`` defaults to 16 and ``--lora-alpha`` to 32 (MindSpeed-LLM's), ``--lora-dropout`` to 0.
-Each targeted linear computes ``base(x) + alpha/r * B(A(dropout(x)))`` (:mod:`adaptor.lora.layers`:
-the parallel layout, PEFT's initialisation); everything else is frozen.
+``--lora-target-modules`` (``linear_qkv linear_proj linear_fc1 linear_fc2``, MLA's ``linear_q_proj``,
+``linear_q_down_proj``, ``linear_q_up_proj``, ``linear_kv_down_proj``, ``linear_kv_up_proj``) or
+``--lora-r`` alone (then the four dense linears) turns LoRA on; defaults ``--lora-r 16 --lora-alpha 32
+--lora-dropout 0`` as MindSpeed-LLM's. Each targeted linear computes ``base(x) + alpha/r * B(A(dropout(x)))``
+(:mod:`adaptor.lora.layers`); everything else is frozen. The ``module_swaps`` build
+``LoraColumnParallelLinear`` / ``LoraRowParallelLinear`` where the local spec names
+``ColumnParallelLinear`` / ``RowParallelLinear``; an untargeted linear behaves as upstream's.
 
-Layer spec: the ``module_swaps`` rows build ``adaptor.lora.layers.LoraColumnParallelLinear`` /
-``LoraRowParallelLinear`` wherever megatron-core's local spec names ``ColumnParallelLinear`` /
-``RowParallelLinear`` (attention, dense MLPs, SequentialMLP experts and shared experts, MTP layers);
-a linear whose ``tp_comm_buffer_name`` is not targeted stays the upstream linear in behaviour.
-No other feature swaps these classes.
+Upstream functions wrapped (each passes through without adapters):
 
-Upstream functions wrapped (each passes through in a run without adapters):
-
-* ``megatron.training.training.get_model``: the model provider builds its chunk with the run's
-  adapters (:func:`adaptor.lora.layers.building`), draws each adapter from a generator keyed by
-  ``--seed`` and the linear's place in the whole model (the same adapters at every TP/PP/EP
-  layout: :func:`adaptor.lora.model.initialize_adapters`) and freezes all but them (routers'
-  expert bias too) before Megatron wraps the chunk in Float16Module and DDP, so only adapters get
-  gradient buffers and optimizer state; the frozen embedding's output asks for a gradient (a fully
-  recomputed first layer still reaches its adapters). One line per model-parallel rank says what
-  trains; a target no rank's model has ends the run in one line.
-* ``megatron.training.checkpointing.load_checkpoint``: ``--load`` (and
-  ``--pretrained-checkpoint``) give the BASE model: read model-only, as ``--finetune
-  --no-load-optim --no-load-rng`` would (iteration 0), without the adapters (which keep their
-  initialisation). ``--ckpt-step`` applies to ``--lora-load``, not to the base.
-* ``megatron.training.training.setup_model_and_optimizer``: after the base is in place (from
-  ``--load`` or ``--hf-load-dir``), ``--lora-load DIR`` loads the adapters through Megatron's
-  ``load_checkpoint`` with its usual resume semantics: optimizer, scheduler, RNG states, iteration
-  and consumed samples (``--finetune`` / ``--no-load-optim`` / ``--no-load-rng`` apply to it). A
-  directory without a checkpoint starts the adapters fresh (``--lora-load`` = ``--save`` resumes
-  a job that may not have saved yet). A PEFT adapter directory (``adapter_config.json``) gives the
-  adapters' weights only (:func:`adaptor.convert.online.load_peft_lora`; fresh optimizer).
-* ``megatron.training.checkpointing.generate_state_dict`` (builds the state a save writes and a
-  load asks for): the model state is restricted to the adapters, or to the base during the
-  ``--load`` (:mod:`adaptor.lora.checkpoint`). ``--save`` thus writes adapters only, with the
-  optimizer (which holds adapters only), in every ``--ckpt-format`` this path takes (``torch``,
-  ``torch_dist``, ``safetensors``); the sharded formats reshard the adapters across TP like the
-  weights they adapt.
-* ``megatron.core.dist_checkpointing.serialization.load``: before a sharded checkpoint is read,
-  ``--lora-load``'s adapters are compared with the model's (targets, rank, the base shape they
-  imply) and ``--load``'s with a base model; either ends in one line naming the tensor and both
-  shapes (``--ckpt-format torch``: torch's load error becomes the same kind of line).
+* ``megatron.training.training.get_model``: builds the chunk with adapters drawn from ``--seed`` and
+  the linear's place in the model (same adapters at every layout,
+  :func:`adaptor.lora.model.initialize_adapters`) and freezes the rest before DDP wraps it, so only
+  adapters get gradient buffers and optimizer state.
+* ``megatron.training.checkpointing.load_checkpoint``: ``--load`` / ``--pretrained-checkpoint`` give
+  the BASE model, read model-only at iteration 0; ``--ckpt-step`` applies to ``--lora-load``.
+* ``megatron.training.training.setup_model_and_optimizer``: ``--lora-load DIR`` then loads the
+  adapters with Megatron's resume semantics (a directory without a checkpoint starts fresh; a PEFT
+  directory gives weights only, :func:`adaptor.convert.online.load_peft_lora`).
+* ``megatron.training.checkpointing.generate_state_dict``: the model state is the adapters (or the
+  base during ``--load``, :mod:`adaptor.lora.checkpoint`), so ``--save`` writes adapters only in
+  ``torch``, ``torch_dist`` and ``safetensors``.
+* ``megatron.core.dist_checkpointing.serialization.load``: adapters or base that do not fit the
+  model end in one line naming the tensor and both shapes.
 * ``megatron.core.transformer.multi_latent_attention.MLASelfAttention.__init__`` accepts only
-  megatron-core's own ``ColumnParallelLinear`` for its down projections (an identity check); while
-  it runs the module's name ``ColumnParallelLinear`` is the LoRA subclass the spec holds.
+  upstream's ``ColumnParallelLinear`` (an identity check); while it runs that name is the LoRA class.
 
-Other MindSpeed-LLM flags: ``--lora-fusion`` (fused LoRA kernels) is a speed hint, said once and
-without effect; ``--lora-ckpt-filter`` is what every save does; ``--lora-register-forward-hook``
-is not needed (see get_model above); ``--lora-modules-to-save``, ``--qlora`` and
-``--qlora-save-dequantize`` are refused in one line. Refused with LoRA: Transformer Engine's spec,
-FSDP (``--use-torch-fsdp2``, ``--use-megatron-fsdp``), grouped-GEMM experts targeted through
-``linear_fc1``/``linear_fc2``, ``--ckpt-format torch_dcp|fsdp_dtensor``, ``--ckpt-convert-format``,
-``--freeze-all-layers``.
-
-For exporters (``--hf-save-dir``): :mod:`adaptor.lora.model` (``adapted_linears``, ``merged``) and
-each linear's ``lora_delta()`` / ``merge_()`` / ``unmerge_()``.
+``--lora-fusion`` is a speed hint without effect, ``--lora-ckpt-filter`` is what every save does,
+``--lora-register-forward-hook`` is not needed; ``--lora-modules-to-save``, ``--qlora``,
+``--qlora-save-dequantize`` are refused, as are with LoRA: Transformer Engine's spec, FSDP,
+grouped-GEMM experts via ``linear_fc1``/``linear_fc2``, ``--ckpt-format torch_dcp|fsdp_dtensor``,
+``--ckpt-convert-format``, ``--freeze-all-layers``. Exporters use :mod:`adaptor.lora.model`.
 """
 from __future__ import annotations
 

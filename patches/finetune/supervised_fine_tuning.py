@@ -1,21 +1,16 @@
 """Supervised fine-tuning through Megatron's loop: MindSpeed-LLM's ``--stage sft --is-instruction-dataset``
 and Megatron's own ``--sft``.
 
-Flags: ``--stage sft`` (MindSpeed-LLM's ``posttrain_gpt.py`` stage; the other stages, preference
-and reward training, are refused in one line), ``--is-instruction-dataset`` (``--data-path`` names
-datasets written by ``tools/preprocess_data.py``'s instruction handlers, read by
-:mod:`adaptor.finetune.instruction_dataset`), ``--prompt-type`` (checked against the template the
-dataset was built with), ``--variable-seq-lengths`` / ``--no-pad-to-seq-lengths`` (micro-batches
-drop the padding after their longest sample, :mod:`adaptor.finetune.batches`). Megatron's ``--sft``
-keeps its own ``SFTDataset`` and ``SFTTokenizer`` (JSONL conversations tokenized on the fly).
-
-The entry files (``pretrain_gpt.py``, ``posttrain_gpt.py``) choose the dataset and pass
-conversation boundaries to attention; the loss is Megatron's masked loss over the assistant tokens.
+Flags: ``--stage sft`` (MindSpeed-LLM's ``posttrain_gpt.py`` stage; preference and reward stages are
+refused), ``--is-instruction-dataset`` (datasets from ``tools/preprocess_data.py``'s instruction
+handlers, :mod:`adaptor.finetune.instruction_dataset`), ``--prompt-type`` (checked against the
+dataset's template), ``--variable-seq-lengths`` / ``--no-pad-to-seq-lengths``
+(:mod:`adaptor.finetune.batches`). Megatron's ``--sft`` keeps its own ``SFTDataset``/``SFTTokenizer``.
+The entry files choose the dataset and pass conversation boundaries; the loss is Megatron's masked one.
 
 Upstream change: ``megatron.training.datasets.sft_dataset.SFTLowLevelDataset.__init__`` (replaced)
-loads its JSONL file with the Hugging Face ``datasets`` library, a large dependency used only to
-read JSON lines; here the file is read line by line with the same result (a list of ``messages``),
-and a bad line ends the run with one line naming the file and line.
+loads JSONL through the Hugging Face ``datasets`` library, a large dependency; here it is read line
+by line with the same result, and a bad line is one line naming file and line.
 """
 from __future__ import annotations
 

@@ -2,21 +2,15 @@
 
 Enabled with ``--use-torch-fsdp2`` (see :mod:`patches.fsdp2.torch_fsdp2`). Upstream code changed, and why:
 
-* ``megatron.core.dist_checkpointing.optimizer.get_optim_param_to_id_map`` (checkpoints): it keys
-  the optimizer's parameters by ``id(param.to_local())``, but ``to_local()`` returns a new view
-  each call, so no FSDP2 parameter ever matched the model's checkpoint entries (which hold
-  ``param._local_tensor``) and every save failed ("Param id 0 does not match any model sharded
-  param"). DTensors are keyed by their ``_local_tensor``, the object the model entries hold.
-* ``megatron.core.optimizer.optimizer.FP32Optimizer.load_state_dict``: a checkpoint's optimizer
-  state arrives as each rank's local shard (plain tensors), and torch's ``load_state_dict`` puts
-  them in place of the DTensor state, so the first Adam step after a resume mixed DTensors and
-  tensors and failed. State of a DTensor parameter is given the parameter's mesh and placements.
+* ``megatron.core.dist_checkpointing.optimizer.get_optim_param_to_id_map`` keys parameters by
+  ``id(param.to_local())``, a new view each call, so every save failed ("Param id 0 does not match
+  any model sharded param"); DTensors are keyed by their ``_local_tensor``.
+* ``megatron.core.optimizer.optimizer.FP32Optimizer.load_state_dict`` put plain local shards in
+  place of DTensor state, breaking the first Adam step after a resume; they get the parameter's
+  mesh and placements.
 * ``megatron.core.utils.make_sharded_tensor_for_checkpoint`` / ``make_tp_sharded_tensor_for_checkpoint``
-  place a rank's FSDP2 shard at ``dp_rank * local_rows`` of ``dp_size * local_rows`` rows, which is
-  only true when the rows divide evenly; a 17-row position embedding over 2 ranks (9 + 8 rows)
-  gave the ranks different global shapes and the save was refused; a tensor with fewer rows than
-  ranks is gathered whole on every rank but still described as one row per rank. The shard's true
-  offset and row count (from the DTensor) are used instead, and a whole tensor is written once.
+  assume rows divide evenly over ranks (a 17-row tensor on 2 ranks was refused); the DTensor's true
+  offset and row count are used, and a whole tensor is written once.
 
 Remove when: each upstream function handles FSDP2's DTensors itself, and each wrapper can go on its
 own: ``get_optim_param_to_id_map`` keys a DTensor by an object that is the same on every call,

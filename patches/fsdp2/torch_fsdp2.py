@@ -2,36 +2,23 @@
 
 Upstream code changed, and why:
 
-* ``megatron.core.distributed.torch_fully_sharded_data_parallel.TorchFullyShardedDataParallel``
-  is replaced by :class:`adaptor.fsdp2.wrapper.FullyShardedModel`, a subclass: upstream builds its
-  device mesh for "cuda" only and shards fixed module classes; ours uses the backend's device, the
-  YAML plan (units, ignored and recomputed modules, prefetch, offload) and fp32 master weights
-  under ``--bf16`` (every alias, e.g. ``training.torch_FSDP``, is rebound by the patch manager).
-* ``megatron.training.arguments.validate_args`` asserts, for FSDP2, untied embeddings,
-  ``--ckpt-format torch_dist|torch_dcp`` and ``CUDA_DEVICE_MAX_CONNECTIONS`` != 1 (which the
-  backend defaults set to 1 off CUDA).
-  None is fundamental here: tied embeddings work when the shared weight stays in the root unit
-  (the plan sees to it); the checkpoint format matters only when saving or loading (we accept
-  ``torch_dist`` and ``safetensors``); the connections variable is a CUDA scheduling knob. The
-  replacement runs the original with those three values set to ones it accepts and restores
-  them; the limits that are real (pipeline and expert parallelism, the distributed optimizer,
-  gradient-accumulation fusion, fp16) are one-line errors from :meth:`TorchFsdp2.validate`
-  first. It is a replacement, not a wrapper, so that every other feature's checks and wrappers
-  see the user's real values.
-* ``megatron.training.training.get_megatron_ddp_config``: the checked YAML plan rides on the
-  FSDP2 config object to the wrapper.
-* ``megatron.core.utils.get_data_parallel_group_if_dtensor``: the gradient norm and the zero count
-  (``optimizer.clip_grads``) fold it over the gradients, and upstream returns None for a plain
-  tensor even when a DTensor before it gave the group, so the last gradient decides whether the
-  sum runs over the data-parallel ranks. With ``ignored_modules`` (plain, replicated gradients,
-  counted on one data-parallel rank only) the ranks then disagree and the all-reduce hangs. A
-  plain tensor now keeps the group found so far.
-* ``megatron.training.training.get_megatron_optimizer_config``: with FSDP2 the sharded parameters
-  are already the fp32 master weights, so under ``--bf16`` nothing is left for Megatron's Float16
-  optimizer to do (it keeps fp32 copies of bf16 parameters); the optimizer config's bf16 is
-  turned off and Megatron builds its plain ``FP32Optimizer``.
+* ``megatron.core.distributed.torch_fully_sharded_data_parallel.TorchFullyShardedDataParallel`` is
+  replaced (every alias) by :class:`adaptor.fsdp2.wrapper.FullyShardedModel`: upstream's mesh is
+  "cuda" only and it shards fixed classes; ours uses the backend's device, the YAML plan and fp32
+  master weights under ``--bf16``.
+* ``megatron.training.arguments.validate_args`` asserts untied embeddings, ``--ckpt-format
+  torch_dist|torch_dcp`` and ``CUDA_DEVICE_MAX_CONNECTIONS`` != 1, none fundamental here; the
+  replacement runs the original with accepted values and restores them, after
+  :meth:`TorchFsdp2.validate` has refused the real limits (PP, EP, distributed optimizer,
+  gradient-accumulation fusion, fp16) in one line.
+* ``megatron.training.training.get_megatron_ddp_config``: carries the checked plan to the wrapper.
+* ``megatron.core.utils.get_data_parallel_group_if_dtensor`` returns None for a plain tensor, so the
+  last gradient decides whether ``optimizer.clip_grads`` sums over data-parallel ranks; with
+  ``ignored_modules`` ranks disagree and hang. A plain tensor now keeps the group found so far.
+* ``megatron.training.training.get_megatron_optimizer_config``: sharded parameters are already fp32
+  masters, so bf16 is turned off there and Megatron builds its plain ``FP32Optimizer``.
 
-The checkpoint fixes FSDP2 needs are :mod:`patches.fsdp2.sharded_checkpoint`.
+Checkpoint fixes: :mod:`patches.fsdp2.sharded_checkpoint`.
 
 Remove when: for the ``get_data_parallel_group_if_dtensor`` wrapper, the only part that works around
 an upstream defect, upstream keeps the group found so far when it is given a plain tensor (or

@@ -1,18 +1,11 @@
 """``--cross-entropy-loss-fusion``: chunked vocabulary-parallel cross entropy on every backend.
 
 Upstream: ``LanguageModule.compute_language_model_loss`` calls
-``megatron.core.fusions.fused_cross_entropy.fused_vocab_parallel_cross_entropy``
-when ``--cross-entropy-loss-fusion`` is on with ``--cross-entropy-fusion-impl
-native``. That function upcasts the micro-batch's whole logits shard to fp32,
-keeps it as the softmax for backward and always returns a bf16 gradient (wrong
-dtype for fp32 or fp16 logits); with a large vocabulary its fp32 buffers are
-the biggest in the step. We replace it (the name imported into
-``language_module`` is rebound) with ``adaptor.ops.cross_entropy``'s version,
-which works on chunks of tokens so fp32 exists for one chunk at a time and the
-gradient comes back in the logits' dtype; results equal Megatron's
-``vocab_parallel_cross_entropy`` to fp32 round-off.
-
-``--cross-entropy-fusion-impl te`` needs Transformer Engine and Megatron
+``megatron.core.fusions.fused_cross_entropy.fused_vocab_parallel_cross_entropy`` (``--cross-entropy-fusion-impl
+native``), which keeps an fp32 softmax of the whole logits shard (the step's biggest buffers) and
+always returns a bf16 gradient. The name in ``language_module`` is rebound to
+``adaptor.ops.cross_entropy``'s chunked version (gradient in the logits' dtype; equal to
+``vocab_parallel_cross_entropy`` to fp32 round-off). ``te`` needs Transformer Engine and Megatron
 0.19.2 rejects it anyway: one line pointing to ``native``.
 
 Remove when: upstream's ``fused_vocab_parallel_cross_entropy`` returns the gradient in the logits'

@@ -2,41 +2,22 @@
 
 Upstream functions wrapped:
 
-* ``megatron.training.training.setup_model_and_optimizer`` builds the model and the optimizer and
-  calls ``load_checkpoint`` when ``--load`` is given. When no ``--load`` checkpoint exists, the
-  wrapper fills each rank's own model shard from the Hugging Face safetensors
-  (:func:`adaptor.convert.megatron_rank_tensors`: mmap reads of only the tensors this rank holds,
-  no temporary Megatron checkpoint), then ``optimizer.reload_model_params()`` refreshes the fp32
-  main params / distributed-optimizer shards; training starts at iteration 0. A ``--load``
-  checkpoint that exists wins (resume).
-* ``megatron.training.training.train`` runs the training loop. After it returns, every rank with
-  expert-data-parallel rank 0 writes its model state as a temporary safetensors file beside
-  ``--hf-save-dir``; rank 0 maps them tensor by tensor (``hf_tensors_from_megatron``) into the one
-  HF writer (:func:`adaptor.convert.hf_writer.write_hf_dir`): config.json + safetensors shards (+
-  index), the finished directory renamed into place; a failure on any rank is one line and leaves
-  nothing at ``--hf-save-dir``. The ranks must share a filesystem for this
-  directory. config.json (and tokenizer files) come from ``--hf-load-dir``, or are written from
-  the flags (``--model-type-hf`` names the architecture). With ``--bf16`` the saved tensors are
-  the bf16 model weights, and loading copies into them (the fp32 main params are then refreshed
-  from those copies).
-* With LoRA (``--lora-r``), ``--hf-load-dir`` fills the base weights only (the adapters keep their
-  start), and ``--hf-save-dir`` writes, per ``--hf-save-lora``: ``adapter`` (default) a PEFT adapter
-  directory, ``adapter_config.json`` + ``adapter_model.safetensors`` with PEFT's tensor names
-  (each rank writes only its adapter tensors; fused ``linear_qkv`` / ``linear_fc1`` adapters become
-  q/k/v and gate/up adapters sharing one ``lora_A``, :mod:`adaptor.convert.lora`); ``merged`` a
-  plain Hugging Face directory of ``W + alpha/r * B @ A``, each rank merging its own part.
-* ``megatron.core.tokenizers.utils.build_tokenizer._set_padded_vocab_size``: with ``--hf-load-dir``
-  the padded vocabulary is at least the HF ``vocab_size`` (rounded up to a multiple of TP), so a
-  checkpoint whose embedding has more rows than the tokenizer's padded vocabulary (Qwen3: 151936
-  rows, tokenizer 151669) loads whole; a tokenizer larger than the checkpoint's vocabulary is an
-  error.
-* Defaults: a run given ``--hf-load-dir`` or ``--hf-save-dir`` that saves checkpoints (``--save``)
-  without ``--ckpt-format`` saves them as ``safetensors`` (no pickle) instead of Megatron's
-  ``torch_dist``; the start-up log says so.
-* ``megatron.training.arguments.validate_args``: after Megatron derives its values, the HF config
-  must describe the model the flags build (layers, hidden, heads, query groups, kv channels, MLA
-  dims, experts, ...): the flags :func:`adaptor.convert.megatron_args_from_hf_config` gives are
-  compared with the command line, and the first difference is one line naming the flag.
+* ``megatron.training.training.setup_model_and_optimizer``: without a ``--load`` checkpoint, each
+  rank fills its own shard from the HF safetensors (:func:`adaptor.convert.megatron_rank_tensors`,
+  no temporary Megatron checkpoint) and refreshes the optimizer's main params; an existing ``--load``
+  wins (resume).
+* ``megatron.training.training.train``: afterwards each expert-data-parallel rank 0 writes its state
+  beside ``--hf-save-dir`` and rank 0 writes the HF directory (:func:`adaptor.convert.hf_writer.write_hf_dir`,
+  renamed into place; the ranks must share a filesystem). config.json comes from ``--hf-load-dir``
+  or from the flags (``--model-type-hf``). With LoRA, ``--hf-load-dir`` fills the base only and
+  ``--hf-save-lora`` picks ``adapter`` (PEFT directory, :mod:`adaptor.convert.lora`) or ``merged``.
+* ``megatron.core.tokenizers.utils.build_tokenizer._set_padded_vocab_size``: the padded vocabulary
+  is at least the HF ``vocab_size`` (Qwen3: 151936 rows, tokenizer 151669), so the embedding loads
+  whole; a tokenizer larger than the checkpoint's vocabulary is an error.
+* Defaults: such a run that ``--save``s without ``--ckpt-format`` saves ``safetensors``.
+* ``megatron.training.arguments.validate_args``: the flags
+  :func:`adaptor.convert.megatron_args_from_hf_config` derives from the HF config must match the
+  command line; the first difference is one line naming the flag.
 """
 from __future__ import annotations
 

@@ -1,21 +1,16 @@
 """``--context-parallel-size N`` without Transformer Engine: ring, Ulysses and hybrid attention.
 
-megatron-core 0.19.2 runs context parallelism only inside Transformer Engine's attention: its
-local ``megatron.core.transformer.dot_product_attention.DotProductAttention`` asserts CP = 1.
-Everything else on the way already handles CP: ``get_batch_on_this_cp_rank`` gives each rank its
-balanced pair of chunks, RoPE takes the matching positions, the loss is summed over the CP group
-and gradients are reduced over data x context parallel ranks. So this feature swaps the core
-attention (its ``module_swaps`` row) for ``adaptor.ops.flash_attention.FlashAttention``, which
-runs ``adaptor.ops.context_parallel`` by each layer's ``--cp-comm-type``:
+megatron-core 0.19.2 runs context parallelism only in TE's attention; its local
+``megatron.core.transformer.dot_product_attention.DotProductAttention`` asserts CP = 1, though the
+rest (batch split, RoPE, loss, gradient reduction) handles CP. The ``module_swaps`` row puts
+``adaptor.ops.flash_attention.FlashAttention`` there, running ``adaptor.ops.context_parallel`` by
+``--cp-comm-type``: ``p2p`` ring (MindSpeed's ``megatron_cp_algo``), ``a2a`` Ulysses
+(``ulysses_cp_algo``), or ``a2a+p2p`` with ``--hierarchical-context-parallel-sizes U R``
+(``hybrid_cp_algo`` with ``--ulysses-degree-in-cp U``).
 
-* ``p2p``: ring attention (MindSpeed's ``megatron_cp_algo``);
-* ``a2a``: Ulysses (``ulysses_cp_algo``);
-* ``a2a+p2p`` with ``--hierarchical-context-parallel-sizes U R``: Ulysses over U consecutive CP
-  ranks, ring over R groups (``hybrid_cp_algo`` with ``--ulysses-degree-in-cp U``).
-
-It checks the layout before any process group exists, and turns off the dataloader's dense
-[s, s] attention mask (``--no-create-attention-mask-in-dataloader``): CP attention is causal or
-per document and never reads it, and at long lengths the mask alone is gigabytes.
+The layout is checked before any process group exists, and the dataloader's dense [s, s] mask is
+turned off (``--no-create-attention-mask-in-dataloader``): CP attention never reads it, and at long
+lengths it alone is gigabytes.
 """
 from __future__ import annotations
 

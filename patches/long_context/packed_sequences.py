@@ -1,22 +1,15 @@
 """Packed documents reach the attention kernel as boundaries (THD), not as a dense [s, s] mask.
 
-Upstream: with ``--reset-attention-mask`` megatron-core's ``GPTDataset`` builds a [1, s, s] mask
-per sample and ``DotProductAttention`` applies it, so every document pair of a sequence costs
-s x s memory; ``--dataloader-inter-document-masking`` makes the dataset return ``cu_seqlens``
-rows, which Megatron-LM hands only to Transformer Engine. Here, wherever
-``adaptor.batch_format.batch_format`` says attention takes THD (the adaptor's core attention:
-``--use-flash-attn``, context parallelism, or inter-document masking, whose ``module_swaps`` row
-swaps it in), ``pretrain_gpt.py``'s ``get_batch`` turns the micro-batch into one stream of
-documents (``adaptor.packed_sequences.pack``) with ``PackedSeqParams``:
-``npu_fusion_attention`` runs TND with ``actual_seq_qlen/kvlen``, CUDA and CPU run one fused call
-per document, and context parallelism splits each document over the CP ranks. The dataloader
-then builds no dense mask. With megatron-core's unfused ``DotProductAttention`` (no
-``--use-flash-attn``, CP = 1), and with pipeline parallelism (whose middle stages get no batch),
-``--reset-attention-mask`` keeps the dense mask.
+Upstream: ``--reset-attention-mask`` makes megatron-core's ``GPTDataset`` build a [1, s, s] mask that
+``DotProductAttention`` applies (s x s memory), and ``--dataloader-inter-document-masking``'s
+``cu_seqlens`` reach only Transformer Engine. Wherever ``adaptor.batch_format.batch_format`` says
+attention takes THD (``--use-flash-attn``, CP, or inter-document masking, whose ``module_swaps`` row
+swaps the core attention), ``pretrain_gpt.py``'s ``get_batch`` packs the micro-batch
+(``adaptor.packed_sequences.pack``) with ``PackedSeqParams`` and no dense mask is built. Upstream's
+unfused ``DotProductAttention`` (CP = 1) and pipeline parallelism keep the dense mask.
 
-Documents restart their RoPE positions in THD; attention scores depend only on the distance
-between query and key, which is the same inside each document, so the result is the dense
-mask's. Learned absolute position embeddings read ``--reset-position-ids``'s positions as before.
+RoPE positions restart per document in THD; scores depend only on query-key distance, so results
+equal the dense mask's. Learned absolute positions read ``--reset-position-ids`` as before.
 """
 from __future__ import annotations
 

@@ -1,28 +1,20 @@
 """``--fine-grained-activation-offloading`` (Megatron's) and ``--swap-attention`` (MindSpeed's) on the local spec.
 
-Both move what chosen modules save for backward to host memory, through
-:mod:`adaptor.memory.activation_offload` (saved-tensor hooks, any backend).
+Both move what chosen modules save for backward to host memory through
+:mod:`adaptor.memory.activation_offload` (saved-tensor hooks, any backend). Upstream code changed:
 
-Upstream code changed, and why:
+* Megatron's ``megatron.core.pipeline_parallel.fine_grained_activation_offload`` needs CUDA streams
+  and Transformer Engine (``megatron.training.arguments.validate_args`` asserts it). Off TE,
+  :meth:`ActivationOffload.set_defaults` moves the request to ``args.activation_offload_modules``
+  and sets ``args.fine_grained_activation_offloading`` back to False so none of Megatron's
+  offloading runs; with TE, Megatron's runs.
+* ``megatron.core.transformer.transformer_block.TransformerBlock.__init__`` (wrapped): forward hooks
+  on the chosen submodules open and close the offload scope, one on the block starts a pass.
+* ``megatron.training.training.train_step`` (wrapped): after the first step rank 0 logs the bytes
+  offloaded per module.
 
-* Megatron's own implementation (``megatron.core.pipeline_parallel.fine_grained_activation_offload``,
-  reached from ``TransformerLayer``, the attention, the experts, ``GPTModel`` and the schedules
-  whenever ``config.fine_grained_activation_offloading`` is on) needs CUDA streams and Transformer
-  Engine, and ``megatron.training.arguments.validate_args`` asserts ``--transformer-impl
-  transformer_engine``. Off Transformer Engine, :meth:`ActivationOffload.set_defaults` takes the
-  request over before Megatron validates: the module names go to ``args.activation_offload_modules``
-  and ``args.fine_grained_activation_offloading`` is set back to False, so neither the assertion
-  nor any of Megatron's offloading paths runs. With Transformer Engine, Megatron's own offloading runs.
-* ``megatron.core.transformer.transformer_block.TransformerBlock.__init__`` (wrapped): once the
-  layers exist, forward hooks on the chosen submodules of each layer open and close the offload
-  scope, and a hook on the block starts a new forward pass (prefetch follows one micro-batch's pass).
-* ``megatron.training.training.train_step`` (wrapped): after the first step, one line on rank 0 with
-  the bytes offloaded per module.
-
-Recomputation: a recomputed module runs its first forward without autograd and saves nothing; its
-checkpoint saves the module's inputs, which are offloaded when they are saved inside an offloaded
-module (``core_attn`` recomputed inside ``self_attention`` under ``--swap-attention``, say). The
-recomputation itself, which runs inside backward, offloads nothing: its tensors are used at once.
+A recomputed module saves only its checkpoint inputs (offloaded when inside an offloaded module);
+the recomputation in backward offloads nothing.
 """
 from __future__ import annotations
 

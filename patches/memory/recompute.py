@@ -1,19 +1,15 @@
 """Recompute without Transformer Engine: Megatron's ``--recompute-*`` flags and MindSpeed's.
 
-Megatron's ``--recompute-granularity full|selective`` with ``--recompute-method`` and
-``--recompute-num-layers`` run as upstream on the local spec. Of ``--recompute-modules``, three
-choices go through megatron-core's output-discarding checkpoint
-(``megatron.core.tensor_parallel.random.CheckpointWithoutOutput``), which needed Transformer
-Engine; ``adaptor.memory.recompute`` fixes it (``__init__`` and ``_get_share_storage``, patched
-only where Transformer Engine is missing). ``moe_act`` is upstream's for Transformer Engine's
-grouped experts only: the local experts (``SequentialMLP``, the adaptor's ``GroupedExperts``)
-run megatron-core's ``MLP.forward``, whose wrapper recomputes the activation of a marked MLP.
+Megatron's ``--recompute-granularity``/``--recompute-method``/``--recompute-num-layers`` run as
+upstream on the local spec. Three ``--recompute-modules`` choices use
+``megatron.core.tensor_parallel.random.CheckpointWithoutOutput``, which needed TE;
+``adaptor.memory.recompute`` fixes its ``__init__`` and ``_get_share_storage`` where TE is missing.
+``moe_act`` upstream covers TE's grouped experts only; for the local experts a wrapper of
+megatron-core's ``MLP.forward`` recomputes a marked MLP's activation.
 
-MindSpeed's ``--recompute-norm [--recompute-norm-num-layers N]`` turns on upstream's
-``layernorm`` recompute for chosen layers, and ``--recompute-activation-function
-[--recompute-activation-function-num-layers N]`` the activation recompute for every MLP of chosen
-layers (``adaptor.memory.recompute.mark_layers``, run by a wrapper of
-``megatron.core.transformer.transformer_block.TransformerBlock._build_layers``; the flags reach
+MindSpeed's ``--recompute-norm [--recompute-norm-num-layers N]`` and ``--recompute-activation-function
+[--recompute-activation-function-num-layers N]`` mark chosen layers (``adaptor.memory.recompute.mark_layers``
+via ``megatron.core.transformer.transformer_block.TransformerBlock._build_layers``; the flags reach
 the layers through ``megatron.training.argument_utils.core_transformer_config_from_args``).
 """
 from __future__ import annotations

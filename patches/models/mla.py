@@ -1,21 +1,15 @@
 """``--multi-latent-attention`` (DeepSeek-V3's MLA) on megatron-core's local spec.
 
-Two upstream gaps, both closed here so MLA is one feature in one place:
+Two upstream gaps, closed in one feature:
 
-* Core attention. The local spec builds ``megatron.core.transformer.dot_product_attention.
-  DotProductAttention`` for MLA too, but MLA's attention passes ``k_channels``/``v_channels``
-  (query/key and value head dims differ), which that class does not take. The feature's
-  ``module_swaps`` row puts ``adaptor.ops.mla_attention.MLADotProductAttention`` there.
-  ``--use-flash-attn`` (a later feature in the registry) swaps the same class for the fused
-  attention, which takes both head dims.
-* YaRN flags. ``megatron.training.argument_utils.core_transformer_config_from_args`` copies args
-  to config fields of the same name. ``MLATransformerConfig`` names its YaRN fields
-  ``original_max_position_embeddings``, ``beta_fast`` and ``beta_slow`` (defaults 4096, 32, 1),
-  while the command line spells them ``--yarn-original-max-position-embeddings``,
-  ``--yarn-beta-fast``, ``--yarn-beta-slow``, and ``_apply_yarn_config_from_args`` skips MLA
-  models: the flags were silently ignored (``--rotary-scaling-factor``, ``--mscale`` and
-  ``--mscale-all-dim`` do reach MLA). The wrapper copies the given ones onto the MLA config,
-  where ``MultiLatentAttention`` reads them to build its ``YarnRotaryEmbedding``.
+* Core attention: the local spec builds ``megatron.core.transformer.dot_product_attention.
+  DotProductAttention`` for MLA, which does not take MLA's ``k_channels``/``v_channels``; the
+  ``module_swaps`` row puts ``adaptor.ops.mla_attention.MLADotProductAttention`` there
+  (``--use-flash-attn``, later in the registry, swaps it for the fused attention).
+* YaRN flags: ``megatron.training.argument_utils.core_transformer_config_from_args`` copies args by
+  name, but ``MLATransformerConfig`` names them ``original_max_position_embeddings``, ``beta_fast``,
+  ``beta_slow`` and ``_apply_yarn_config_from_args`` skips MLA, so ``--yarn-original-max-position-embeddings``,
+  ``--yarn-beta-fast``, ``--yarn-beta-slow`` were silently ignored; the wrapper copies them over.
 
 Remove when: megatron-core's ``DotProductAttention`` takes ``k_channels``/``v_channels`` (open:
 https://github.com/NVIDIA/Megatron-LM/issues/1589, PR

@@ -1,20 +1,12 @@
 """``--mm-model model.json --mm-data data.json``: pretrain_mm.py's configuration files.
 
-No upstream function is changed. The feature joins the two files to Megatron's own argument
-handling (``adaptor.arguments_hook`` around ``parse_args``/``validate_args``):
-
-* the text decoder is Megatron's GPTModel, so model.json's ``text_decoder`` keys fill the
-  Megatron flags that describe it (``num_layers`` → ``--num-layers``, ``layernorm_epsilon`` →
-  ``--norm-epsilon``, ``gated_linear_unit``/``activation_func: silu`` → ``--swiglu``, ...) —
-  as MindSpeed-MM does, the launch script then carries only training flags. A flag given on
-  the command line that disagrees with model.json is one line naming both; ``vocab_size`` sets
-  the padded vocabulary (the rows of a checkpoint's embedding);
-* ``dataloader_param.num_workers`` sets ``--num-workers`` unless that is given;
-* checks, each one line: the files and the paths they name, the vision tower and projector
-  widths against ``--tensor-model-parallel-size``, the image sizes of model.json and data.json,
-  room for text in ``--seq-length`` after the image embeddings, a tokenizer that can tokenize
-  captions, and the layouts LLaVAModel does not run here (pipeline and context parallelism,
-  ``--sequence-parallel``, which it allows only with TE attention).
+No upstream function is changed; the files join Megatron's argument handling (``adaptor.arguments_hook``
+around ``parse_args``/``validate_args``). As in MindSpeed-MM, model.json's ``text_decoder`` fills the
+GPTModel flags (``num_layers`` → ``--num-layers``, ``activation_func: silu`` → ``--swiglu``, ...;
+``vocab_size`` the padded vocabulary), a disagreeing command-line flag is one line naming both, and
+``dataloader_param.num_workers`` sets ``--num-workers`` unless given. One-line checks: files and
+paths, tower/projector widths vs TP, image sizes, room for text in ``--seq-length``, a tokenizer, and
+layouts LLaVAModel does not run here (PP, CP, ``--sequence-parallel`` without TE attention).
 """
 from __future__ import annotations
 

@@ -1,19 +1,11 @@
 """CLIP/SigLIP vision towers without Transformer Engine: their pre/post norms.
 
-Upstream: ``megatron.core.models.vision.clip_vit_model.CLIPViTModel.__init__`` takes
-``ln_pre_impl``/``ln_post_impl`` defaulting to the module constant ``NORM_IMPL``, which is TE's
-``TENorm`` when Transformer Engine imports and ``torch.nn.LayerNorm`` otherwise. It builds them
-through ``build_module(impl, config=..., hidden_size=..., eps=...)``, a signature
-``torch.nn.LayerNorm`` does not take, so without TE every CLIP (``ln_pre``) and SigLIP
-(``ln_post``) tower — and so ``LLaVAModel`` — fails with "LayerNorm.__init__() got an
-unexpected keyword argument 'config'". ``LLaVAModel`` passes no norm of its own.
-
-The wrapper supplies megatron-core's ``WrappedTorchNorm`` (the norm of the local layer specs,
-which takes that signature and builds ``torch.nn.LayerNorm`` from ``config.normalization``) for
-a norm the caller did not choose, and only while the default is the bare torch class: with TE
-installed ``TENorm`` stays. Parameter names (``ln_pre.weight``/``bias``) are the same either way.
-Enabled on every backend, for any script that builds the tower (pretrain_mm.py,
-tools/check_vision_parity.py, a user's own).
+Upstream: ``megatron.core.models.vision.clip_vit_model.CLIPViTModel.__init__`` defaults
+``ln_pre_impl``/``ln_post_impl`` to ``NORM_IMPL``, which without TE is ``torch.nn.LayerNorm``, and
+builds it with ``config=...``, which LayerNorm does not take: every CLIP/SigLIP tower, and so
+``LLaVAModel``, fails ("got an unexpected keyword argument 'config'"). For a norm the caller did not
+choose, and only while the default is the bare torch class, the wrapper passes megatron-core's
+``WrappedTorchNorm`` (same parameter names); with TE ``TENorm`` stays. Enabled on every backend.
 
 Remove when: ``clip_vit_model.NORM_IMPL`` (the default of ``ln_pre_impl``/``ln_post_impl``) falls
 back, without Transformer Engine, to a norm that takes ``config=`` such as ``WrappedTorchNorm``. Not

@@ -1,19 +1,12 @@
 """The checkpoint a run resumes from, checked before the model is built; Megatron's quiet exits made loud.
 
-Upstream: ``megatron.training.checkpointing`` reads ``--load`` after the model and optimizer
-exist, and several of its refusals are ``print_rank_0(...); sys.exit()``: garbage in
-``latest_checkpointed_iteration.txt`` ("Invalid metadata file ... Exiting"), a torch-format
-file it cannot unpickle ("could not load the checkpoint"), an unknown checkpoint version,
-missing RNG state, ``--exit-on-missing-checkpoint``. ``sys.exit()`` is status 0, so a
-scheduler records the failed job as a success.
-
-* validation: :func:`adaptor.preflight.checkpoint_dirs.check_load_dir` checks ``--load`` and
-  ``--pretrained-checkpoint`` on every rank (tracker, iteration directory, each format's files);
-* ``training.checkpointing.load_checkpoint``, ``load_args_from_checkpoint`` and
-  ``read_metadata`` are wrapped: a ``SystemExit`` with status 0 or None leaving them becomes
-  one error line and status 1 (Megatron's own reason is printed just above it), and an
-  ``AssertionError`` (a checkpoint whose learning-rate schedule differs from the run's, say)
-  becomes one line with Megatron's message instead of a traceback.
+Upstream: ``megatron.training.checkpointing`` reads ``--load`` only after the model exists, and several
+refusals (bad tracker file, unreadable torch file, unknown version, missing RNG state,
+``--exit-on-missing-checkpoint``) are ``sys.exit()``, status 0, so schedulers see success. Here
+:func:`adaptor.preflight.checkpoint_dirs.check_load_dir` checks ``--load`` and
+``--pretrained-checkpoint`` at validation on every rank, and ``training.checkpointing.load_checkpoint``,
+``load_args_from_checkpoint`` and ``read_metadata`` are wrapped: a status 0/None ``SystemExit`` becomes
+one error line and status 1, an ``AssertionError`` one line with Megatron's message.
 """
 from __future__ import annotations
 

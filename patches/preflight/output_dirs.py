@@ -1,19 +1,13 @@
 """Directories a run writes into, checked before the first step; and room for one checkpoint.
 
-Upstream creates ``--save``'s iteration directory only at the first save
-(``megatron.training.checkpointing.save_checkpoint``), so ``--save`` pointing at a regular
-file trains a whole save interval and then dies with ``NotADirectoryError``; a full disk
-surfaces the same way. This feature changes no upstream function:
-
-* at argument validation, on every rank, ``--save``, ``--data-cache-path``,
-  ``--tensorboard-dir``, ``--wandb-save-dir`` and ``--hf-save-dir`` must each be a writable
-  directory or creatable as one (:func:`adaptor.preflight.output_dirs.check_writable_dir`);
-* once Megatron has built the tokenizer (``megatron.training.global_vars.set_global_variables``,
-  wrapped: the padded vocabulary is known then, process groups do not exist yet), the
-  filesystem of ``--save`` must have room for one checkpoint as
-  :mod:`adaptor.preflight.checkpoint_size` estimates it: a new checkpoint is complete before
-  the previous one may be pruned, so that much must be free. ``--skip-save-space-check``
-  skips it (a filesystem that reports its free space wrongly, say).
+Upstream creates ``--save``'s directory only at the first save
+(``megatron.training.checkpointing.save_checkpoint``), so a bad ``--save`` or a full disk surfaces
+after a whole save interval. No upstream function is changed: at validation ``--save``,
+``--data-cache-path``, ``--tensorboard-dir``, ``--wandb-save-dir`` and ``--hf-save-dir`` must be
+writable directories (:func:`adaptor.preflight.output_dirs.check_writable_dir`); once the padded
+vocabulary is known (``megatron.training.global_vars.set_global_variables``, wrapped), ``--save``'s
+filesystem must have room for one checkpoint (:mod:`adaptor.preflight.checkpoint_size`), since a new
+one completes before the old is pruned. ``--skip-save-space-check`` skips that.
 """
 from __future__ import annotations
 

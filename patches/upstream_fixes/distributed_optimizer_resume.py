@@ -1,19 +1,14 @@
 """Resuming a distributed-optimizer run without apex or Transformer Engine.
 
-Without apex or TE, Megatron's distributed optimizer drives torch's own Adam, which keeps a
-``step`` tensor per parameter. Two upstream functions get that wrong, so every
-``--use-distributed-optimizer`` resume on CPU (and on NPU without apex) failed, whatever the
-checkpoint format:
+Without apex or TE, Megatron's distributed optimizer drives torch's Adam, which keeps a ``step``
+tensor per parameter, and every ``--use-distributed-optimizer`` resume on CPU (and NPU without apex)
+failed:
 
-* ``megatron.core.optimizer.distrib_optimizer.DistributedOptimizer.state_dict`` asserts that the
-  per-parameter steps hold exactly one value. While a checkpoint is being loaded the optimizer
-  has not stepped yet and holds no state, so the assertion fails. An optimizer that has taken
-  no step has taken zero: for the duration of the call, parameters without state report
-  ``step = 0``, and the optimizer is left as it was (the checkpoint's step is loaded after).
-* ``DistributedOptimizer.load_state_dict`` gives every parameter the *same* step tensor. torch's
-  Adam increments each parameter's step in place, so after a resume the shared counter advanced
-  once per parameter per iteration, and Adam's bias correction, hence every update, was wrong
-  from the first step after the resume. Each parameter now gets its own copy.
+* ``megatron.core.optimizer.distrib_optimizer.DistributedOptimizer.state_dict`` asserts one step
+  value, but during a load there is no state yet; stateless parameters now report ``step = 0`` for
+  the call.
+* ``DistributedOptimizer.load_state_dict`` gives every parameter the *same* step tensor, which Adam
+  increments in place once per parameter, corrupting bias correction; each gets its own copy.
 
 Remove when: ``DistributedOptimizer.state_dict`` accepts parameters that have no optimizer state yet
 and ``load_state_dict`` gives each parameter its own ``step`` tensor in its no-apex/TE branch (its

@@ -1,14 +1,10 @@
 """Stop with one line when a dataset split that must yield samples has no tokens.
 
-Upstream: ``megatron.core.datasets.gpt_dataset.GPTDataset._get_num_epochs``
-adds epochs until they cover the requested samples. When the split holds no
-tokens (a small dataset whose ``--split`` share rounds to zero documents, or
-documents that are all empty) an epoch adds nothing and the loop never ends:
-training hangs while building datasets, with no message. It hangs even when
-the split is asked for no samples (``--eval-iters 0``), because the request
-counts one extra token. An empty split asked for nothing gets one (empty)
-epoch; one that must yield samples stops with one line naming the dataset,
-the split and what to change.
+Upstream: ``megatron.core.datasets.gpt_dataset.GPTDataset._get_num_epochs`` adds epochs until they
+cover the requested samples; for a split with no tokens (a small ``--split`` share, or all-empty
+documents) the loop never ends and training hangs silently, even for ``--eval-iters 0`` (the request
+counts one extra token). An empty split asked for nothing gets one empty epoch; one that must yield
+samples stops with one line naming the dataset, the split and what to change.
 
 Remove when: ``_get_num_epochs`` (or the dataset builder before it) stops with a message on a split
 that has no tokens but must yield samples, and still accepts one asked for none. Not fixed as of

@@ -1,12 +1,9 @@
 """Reset the loss accumulators after the first logged iteration when it is a scheduled log point.
 
-Upstream: ``megatron.training.training.training_log`` prints the first iteration of every run (to
-show start-up cost) but does not reset its accumulators then, so that the next scheduled print
-averages over a whole interval. When the first iteration *is* a scheduled print (always with
-``--log-interval 1``, and after resuming at a multiple of the interval), the next print averages
-two iterations: a resumed run then reports, for its second iteration, a loss that differs from
-the uninterrupted run's although every tensor is identical. We pass ``is_first_iteration=False``
-in exactly that case, so each printed loss is the loss of its own interval.
+Upstream: ``megatron.training.training.training_log`` always prints the first iteration but does not
+reset its accumulators then; when that iteration is also a scheduled print (``--log-interval 1``, or a
+resume on a multiple of the interval) the next print averages two iterations, so a resumed run's loss
+differs from the uninterrupted run's. We pass ``is_first_iteration=False`` in exactly that case.
 
 Remove when: ``training_log`` resets its accumulators after a first iteration that falls on a log
 boundary (``iteration % log_interval == 0``). https://github.com/NVIDIA/Megatron-LM/pull/7092 does

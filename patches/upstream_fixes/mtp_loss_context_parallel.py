@@ -1,17 +1,11 @@
 """Multi-token prediction under context parallelism: the MTP loss is the whole sequence's mean.
 
 Upstream: ``megatron.core.transformer.multi_token_prediction.process_mtp_loss`` divides each rank's
-MTP loss by that rank's own count of valid tokens, the second value ``roll_tensor`` returns for
-the rolled loss mask; logging and gradients then average the ranks. With context parallelism the
-ranks of one sequence hold different counts (the sequence's last token has no MTP target, and
-only the rank holding the last chunk loses it), so that mean of per-rank means is not the
-sequence's mean: the MTP loss and its gradients drift from a CP = 1 run (8e-5 relative in ten
-iterations of the tiny DeepSeek-V3).
-
-The wrapper of ``roll_tensor`` returns, for a floating-point (loss-mask) tensor rolled over a CP
-group of more than one rank, the count averaged over that group instead of the local count:
-every rank then divides by (sequence count / CP), and the average over ranks is the sequence's
-mean. With equal counts nothing changes; integer tensors (token ids) are left alone.
+MTP loss by that rank's own valid-token count (from ``roll_tensor``), then ranks are averaged; under
+CP only the rank with the last chunk loses a token, so the mean of means drifts from CP = 1 (8e-5
+relative in ten iterations of the tiny DeepSeek-V3). The ``roll_tensor`` wrapper returns, for a
+floating-point (loss-mask) tensor rolled over a CP group of several ranks, the count averaged over
+the group, so the rank average is the sequence's mean; integer tensors are left alone.
 
 Remove when: ``process_mtp_loss`` divides the MTP loss by the valid-token count of the whole
 sequence (reduced over the CP group) instead of each rank's own. Not fixed as of megatron-core

@@ -1,17 +1,12 @@
 """``--sequence-parallel`` on the local spec: torch LayerNorm/RMSNorm that mark their parameters.
 
 Upstream: ``megatron.core.transformer.torch_norm.WrappedTorchNorm.__new__`` (the local spec's norm
-when apex is absent, as on NPU and CPU) asserts "sequence parallel not supported by torch
-LayerNorm". Tensor parallelism with MoE needs sequence parallelism (``MoELayer.forward`` refuses
-to train without it), so DeepSeek-V3-style models could not use TP at all without Transformer
-Engine or apex.
-
-What sequence parallelism asks of a norm is only this: each TP rank normalizes its own slice of
-the sequence, so the gradients of the norm's weights are partial sums, and Megatron all-reduces
-them over TP for parameters carrying ``sequence_parallel=True``
-(``finalize_model_grads._allreduce_non_tensor_model_parallel_grads``) — what apex's
-FusedLayerNorm and TE's norms declare. The wrapper builds the same torch norm with the assert
-skipped and marks its parameters so.
+without apex, as on NPU and CPU) asserts "sequence parallel not supported by torch LayerNorm", and
+``MoELayer.forward`` needs sequence parallelism with TP, so MoE models could not use TP without TE
+or apex. A sequence-parallel norm only needs its parameters marked ``sequence_parallel=True`` so
+Megatron all-reduces their partial gradients over TP
+(``finalize_model_grads._allreduce_non_tensor_model_parallel_grads``), as apex and TE declare; the
+wrapper builds the torch norm with the assert skipped and marks them.
 
 Remove when: ``WrappedTorchNorm`` accepts ``sequence_parallel`` and marks its parameters
 ``sequence_parallel=True``, as TE's norms do. Not fixed upstream as of megatron-core 0.19.2
