@@ -7,11 +7,10 @@ written out, the compiled one to float32 rounding.
 """
 from __future__ import annotations
 
-import os
-
 import pytest
 
 from helpers.processes import run_child, tagged_json
+from helpers.warm_launcher import base_env
 
 CHILD = """
 import json
@@ -32,7 +31,7 @@ print("FACTS" + json.dumps({"frames": sum(counters["frames"].values()),
 
 @pytest.mark.parametrize("flags", [["--disable-jit-fuser"], []], ids=["disabled", "compiled"])
 def test_flag_turns_off_compilation_of_megatrons_fusions(flags):
-    out = run_child(CHILD, *flags, env=dict(os.environ, ADAPTOR_BACKEND="cpu", ADAPTOR_QUIET="1"), timeout=300)
+    out = run_child(CHILD, *flags, env=base_env({"ADAPTOR_QUIET": "1"}), timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
     facts = tagged_json(out.stdout)
     if flags:
