@@ -711,9 +711,9 @@ MEGATRON_FLAGS = {
     "use_dist_ckpt_deprecated": _USE_DIST_CKPT_DEPRECATED,
     "dist_ckpt_format_deprecated": _USE_DIST_CKPT_DEPRECATED,
     "dist_ckpt_workers": Honoured("torch_dist async saves with --ckpt-assume-constant-structure"),
-    "ckpt_fully_parallel_save_deprecated": Refused(
-        "deprecated and ignored by Megatron: fully parallel saving is already the default; drop it"
-    ),
+    # Deprecated: Megatron accepts it, prints that it has no effect and saves fully parallel as by default.
+    # Its own functional tests still pass it, so refusing it would refuse their command lines.
+    "ckpt_fully_parallel_save_deprecated": HONOURED,
     # --- mixed precision ---
     **honoured(
         "grad_reduce_in_bf16 loss_scale initial_loss_scale min_loss_scale loss_scale_window hysteresis "

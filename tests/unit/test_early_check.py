@@ -107,3 +107,15 @@ def test_only_the_entry_files_are_checked(tmp_path):
     assert early_check.is_entry_file(str(early_check.ROOT / "posttrain_gpt.py"))
     assert not early_check.is_entry_file(str(tmp_path / "pretrain_gpt.py"))  # a user's own script of that name
     assert not early_check.is_entry_file(str(early_check.ROOT / "tools" / "convert_ckpt.py"))
+
+
+def test_megatrons_deprecated_no_op_flag_passes(monkeypatch):
+    """--ckpt-fully-parallel-save: Megatron accepts it with a deprecation line; its own functional tests pass it."""
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    argv = ["--num-layers", "2", "--hidden-size", "64", "--num-attention-heads", "4", "--seq-length", "64",
+            "--max-position-embeddings", "64", "--micro-batch-size", "1", "--global-batch-size", "2",
+            "--train-iters", "1", "--mock-data", "--tokenizer-type", "NullTokenizer", "--vocab-size", "512",
+            "--ckpt-format", "torch_dist"]
+    early_check.check(argv)
+    early_check.check(argv + ["--ckpt-fully-parallel-save"])  # exits with its one line if refused
+    assert not isinstance(MEGATRON_FLAGS["ckpt_fully_parallel_save_deprecated"], Refused)
