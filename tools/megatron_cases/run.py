@@ -1,0 +1,521 @@
+"""Megatron-LM's functional-test command lines, scaled to two CPU ranks and run through pretrain_gpt.py.
+
+    python tools/megatron_cases/run.py gpt/gpt3_mcore_te_tp2_pp2_resume_torch_dist [...]
+    python tools/megatron_cases/run.py --all --out benchmarks/results/megatron_cases.json
+
+The cases are those of ``cases.json`` (``extract.py``). Each keeps every flag of Megatron's own test
+except what a 2-core CPU cannot hold; :func:`scale` changes those and records each change:
+
+* sizes: layers, hidden, heads, query groups, FFN, experts, MLA/linear-attention/indexer dims;
+* batch (micro 1, global 4), iterations (4), sequence (64), evaluation (1 batch at the end);
+* parallel sizes: the world is 2 ranks; one of TP/PP/CP keeps 2 (TP first, PP first where the case is
+  interleaved), EP keeps 2 where the expert grid allows (ETP drops to 1 first);
+* data and tokenizer: the repository's sample corpus and tokenizer (``--mock-data`` cases keep mock
+  data, with a 512-token vocabulary); ``${...}`` paths: folders under the work folder.
+
+Outcomes: ``trains`` (every iteration logged, finite, the last loss below the first), ``refused``
+(one ``megatron-adaptor: error:`` line; the reason is the first flag it names), ``traceback`` (any
+other failure: a defect), ``not pretraining`` (inference and RL cases: another entry file serves
+them). A ``ckpt-resume`` or ``frozen-resume`` case trains twice, as Megatron's CI does: 4 iterations
+saving at 2 and 4, then iteration 4's checkpoint is removed and the same command resumes from 2; the
+resumed iterations 3 and 4 must log the very losses of the first leg. A command line is checked
+before torch is imported (``adaptor/command_line/early_check.py``), so a refusal costs a fraction of
+a second; cases whose scaled command lines are identical run once.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import math
+import os
+import platform
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+CASES = Path(__file__).with_name("cases.json")
+CORPUS = ROOT / "examples" / "data" / "sample_corpus.jsonl"
+TOKENIZER = ROOT / "examples" / "data" / "tokenizer"
+ITERS = 4
+NOT_PRETRAINING = ("generation and evaluation: not served by pretrain_gpt.py; "
+                   "inference.py (generation) and evaluation.py serve them")
+RESUME_TYPES = ("ckpt-resume", "frozen-resume")
+
+# Sizes a 2-core CPU holds. A flag absent from the case stays absent.
+SIZES = {
+    "--num-layers": "4", "--hidden-size": "64", "--ffn-hidden-size": "128", "--num-attention-heads": "4",
+    "--num-query-groups": "2", "--kv-channels": "16", "--num-experts": "4", "--moe-ffn-hidden-size": "32",
+    "--moe-shared-expert-intermediate-size": "32", "--moe-router-num-groups": "2", "--moe-router-group-topk": "1",
+    "--q-lora-rank": "32", "--kv-lora-rank": "24", "--qk-head-dim": "16", "--qk-pos-emb-head-dim": "8",
+    "--v-head-dim": "16", "--linear-num-key-heads": "2", "--linear-num-value-heads": "4",
+    "--linear-key-head-dim": "16", "--linear-value-head-dim": "16", "--dsa-indexer-n-heads": "2",
+    "--dsa-indexer-head-dim": "16", "--dsa-indexer-topk": "32", "--mup-base-hidden-size": "32",
+    "--seq-length": "64", "--max-position-embeddings": "64", "--micro-batch-size": "1",
+    "--global-batch-size": "4", "--train-iters": str(ITERS), "--log-interval": "1",
+    "--microbatch-group-size-per-virtual-pipeline-stage": "2", "--eval-global-batch-size": "4",
+    "--mtp-num-layers": "1", "--num-workers": "1",
+}
+# Schedules counted in iterations or samples follow the shorter run.
+SCHEDULE = {"--lr-decay-iters": str(ITERS), "--lr-warmup-iters": "1", "--train-samples": str(ITERS * 4),
+            "--lr-decay-samples": str(ITERS * 4), "--lr-warmup-samples": "4", "--exit-interval": str(ITERS)}
+DROPPED = ("--rampup-batch-size", "--step-batch-size-schedule", "--exit-duration-in-mins", "--vocab-file",
+           "--merge-file", "--tokenizer-model", "--data-args-path", "--per-split-data-args-path")
+PARALLEL = {"tp": "--tensor-model-parallel-size", "pp": "--pipeline-model-parallel-size",
+            "cp": "--context-parallel-size", "ep": "--expert-model-parallel-size",
+            "etp": "--expert-tensor-parallel-size"}
+
+
+class CommandLine:
+    """A command line as an ordered list of (flag, values), edited with a record of every change."""
+
+    def __init__(self, argv: list[str]):
+        self.items: list[list] = []
+        for token in argv:
+            if token.startswith("--"):
+                self.items.append([token, []])
+            else:
+                self.items[-1][1].append(token)
+        self.changes: list[str] = []
+
+    def get(self, flag: str, default=None):
+        for f, values in self.items:
+            if f == flag:
+                return " ".join(values) if values else True
+        return default
+
+    def set(self, flag: str, value: str, why: str = "") -> None:
+        for item in self.items:
+            if item[0] == flag:
+                old = " ".join(item[1])
+                if old != value:
+                    item[1] = value.split(" ") if flag != "--pipeline-model-parallel-layout" else [value]
+                    self.changes.append(f"changed {flag} from {old} to {value}{why}")
+                return
+        self.items.append([flag, value.split(" ")])
+        self.changes.append(f"added {flag} {value}{why}")
+
+    def drop(self, flag: str, why: str = "") -> None:
+        if any(f == flag for f, _ in self.items):
+            self.items = [item for item in self.items if item[0] != flag]
+            self.changes.append(f"dropped {flag}{why}")
+
+    def argv(self) -> list[str]:
+        return [token for flag, values in self.items for token in (flag, *values)]
+
+
+def _int(value, default: int = 1) -> int:
+    return default if value in (None, True) else int(value)
+
+
+def scale_parallel(cmd: CommandLine) -> None:
+    """Fit TP x PP x CP (and the expert grid EP x ETP per stage) into 2 ranks, keeping one of them 2."""
+    size = {k: _int(cmd.get(flag)) for k, flag in PARALLEL.items() if k != "etp"}
+    interleaved = any(cmd.get(f) for f in ("--num-layers-per-virtual-pipeline-stage",
+                                           "--num-virtual-stages-per-pipeline-rank"))
+    order = ("pp", "tp", "cp") if interleaved else ("tp", "pp", "cp")
+
+    def layout(kept):
+        new = {k: (2 if k == kept else 1) for k in order}
+        etp = min(_int(cmd.get(PARALLEL["etp"]), new["tp"]), 2)
+        ep = min(size["ep"], 2)
+        if new["pp"] * ep * etp > 2 and etp > 1:
+            etp = 1  # expert parallelism before expert tensor parallelism
+        if new["pp"] * ep * etp > 2:
+            ep = 1
+        return new, ep, etp
+
+    # The dimension kept at 2 is the one that leaves the most dimensions parallel (EP counts).
+    candidates = [k for k in order if size[k] > 1] or [None]
+    kept = max(candidates, key=lambda k: sum(v > 1 for v in (*layout(k)[0].values(), layout(k)[1])))
+    new, ep, etp = layout(kept)
+    new["ep"], new["etp"] = ep, etp
+    for k, flag in PARALLEL.items():
+        if cmd.get(flag) is not None:
+            cmd.set(flag, str(new[k]), " (2 ranks)")
+        elif k == "etp" and etp != new["tp"]:
+            cmd.set(flag, str(etp), " (ETP defaults to TP; the expert grid holds EP 2 only with ETP 1)")
+    if new["cp"] != size["cp"]:
+        cmd.drop("--hierarchical-context-parallel-sizes", " (CP reduced)")
+        if new["cp"] == 1:
+            cmd.drop("--cp-comm-type", " (no CP)")
+    dp = 2 // (new["tp"] * new["pp"] * new["cp"])
+    instances = cmd.get("--num-distributed-optimizer-instances")
+    if instances is not None and _int(instances) > dp:
+        cmd.set("--num-distributed-optimizer-instances", str(dp), f" (data-parallel size {dp})")
+
+
+def scale_layers(cmd: CommandLine) -> None:
+    """4 layers (5 or 6 where the pipeline split counts embedding/loss), split as the case splits them."""
+    pp = _int(cmd.get("--pipeline-model-parallel-size"))
+    if pp == 1:
+        for flag in ("--num-layers-per-virtual-pipeline-stage", "--num-virtual-stages-per-pipeline-rank",
+                     "--microbatch-group-size-per-virtual-pipeline-stage", "--pipeline-model-parallel-layout"):
+            cmd.drop(flag, " (no pipeline)")
+    if cmd.get("--num-layers-per-virtual-pipeline-stage") is not None:
+        cmd.set("--num-layers-per-virtual-pipeline-stage", "1")
+    vpp = 2 if cmd.get("--num-virtual-stages-per-pipeline-rank") is not None else 1
+    if vpp > 1:
+        cmd.set("--num-virtual-stages-per-pipeline-rank", "2")
+    if cmd.get("--num-layers-per-virtual-pipeline-stage") is not None and pp > 1:
+        vpp = 2
+    extra = bool(cmd.get("--account-for-embedding-in-pipeline-split")) + bool(
+        cmd.get("--account-for-loss-in-pipeline-split"))
+    layers = 4
+    while (layers + extra) % (pp * vpp):
+        layers += 1
+    layout = cmd.get("--pipeline-model-parallel-layout")
+    if isinstance(layout, str):
+        stages = [["t"] * (layers // (pp * vpp)) for _ in range(pp * vpp)]
+        stages[0].insert(0, "E")
+        stages[-1] += ["m"] * ("m" in layout) + ["L"]
+        cmd.set("--pipeline-model-parallel-layout", "|".join("".join(s) for s in stages))
+    if cmd.get("--num-layers") is not None:
+        cmd.set("--num-layers", str(layers))
+    first, last = cmd.get("--decoder-first-pipeline-num-layers"), cmd.get("--decoder-last-pipeline-num-layers")
+    if first is not None and last is not None and pp == 2:
+        cmd.set("--decoder-first-pipeline-num-layers", "1")
+        cmd.set("--decoder-last-pipeline-num-layers", str(layers - 1))
+    elif pp == 1:
+        cmd.drop("--decoder-first-pipeline-num-layers", " (no pipeline)")
+        cmd.drop("--decoder-last-pipeline-num-layers", " (no pipeline)")
+    else:
+        for flag in ("--decoder-first-pipeline-num-layers", "--decoder-last-pipeline-num-layers"):
+            if cmd.get(flag) is not None:
+                cmd.set(flag, "1")
+    freq = cmd.get("--moe-layer-freq")
+    if isinstance(freq, str) and "[" in freq:
+        dense_first = freq.replace(" ", "").lstrip("(").startswith("[0]")
+        cmd.set("--moe-layer-freq", f"([0]*1+[1]*{layers - 1})" if dense_first else f"([1]*{layers})")
+
+
+def scale_sizes(cmd: CommandLine) -> None:
+    for flag, value in {**SIZES, **SCHEDULE}.items():
+        if cmd.get(flag) not in (None, "0") and flag not in ("--train-iters", "--log-interval"):
+            cmd.set(flag, value)
+    if cmd.get("--train-samples") is None:
+        cmd.set("--train-iters", str(ITERS))
+    cmd.set("--log-interval", "1", " (each iteration's loss is read)")
+    topk = cmd.get("--moe-router-topk")
+    if topk is not None and _int(topk) > 2:
+        cmd.set("--moe-router-topk", "2")
+    if cmd.get("--eval-iters") not in (None, "0"):
+        cmd.set("--eval-iters", "1")
+    if cmd.get("--eval-interval") is not None:
+        cmd.set("--eval-interval", str(ITERS))
+    for flag in DROPPED:
+        cmd.drop(flag)
+
+
+def scale_data(cmd: CommandLine, corpus_prefix: str) -> None:
+    if cmd.get("--mock-data"):
+        cmd.drop("--data-path", " (mock data)")
+        cmd.set("--tokenizer-type", "NullTokenizer")
+        cmd.set("--vocab-size", "512")
+        return
+    cmd.drop("--vocab-size")
+    cmd.set("--data-path", corpus_prefix, " (the sample corpus)")
+    cmd.set("--tokenizer-type", "HuggingFaceTokenizer")
+    cmd.set("--tokenizer-model", str(TOKENIZER))
+    if cmd.get("--split") is None:
+        cmd.set("--split", "99,1,0")
+
+
+def scale(argv: list[str], test_type: str, corpus_prefix: str) -> tuple[list[str], list[str]]:
+    """The case's command line for 2 CPU ranks, and the list of changes made."""
+    cmd = CommandLine(argv)
+    scale_parallel(cmd)
+    scale_layers(cmd)
+    scale_sizes(cmd)
+    scale_data(cmd, corpus_prefix)
+    if cmd.get("--fp16") and cmd.get("--initial-loss-scale") is None and cmd.get("--loss-scale") is None:
+        cmd.set("--initial-loss-scale", "4096", " (fp16 from 2^32 skips every one of 4 iterations while halving)")
+    if test_type in RESUME_TYPES:
+        cmd.set("--save-interval", str(ITERS // 2), " (the resumed leg starts there)")
+        if cmd.get("--save") is None:
+            cmd.set("--save", "${CHECKPOINT_SAVE_PATH}")
+        cmd.set("--load", "${CHECKPOINT_SAVE_PATH}", " (the first leg's checkpoints)")
+    elif cmd.get("--save") is not None:
+        cmd.set("--save-interval", str(ITERS))
+    if test_type in ("frozen-start", "frozen-resume", "release") and cmd.get("--load") is not None:
+        cmd.changes.append("note: Megatron's stored checkpoint is not here: --load names an empty folder")
+    return cmd.argv(), cmd.changes
+
+
+# --- running -----------------------------------------------------------------------------------
+
+ERROR = "megatron-adaptor: error:"
+LOSS = re.compile(r"iteration\s+(\d+)/\s*\d+ .*?lm loss: ([0-9.Ee+-]+|nan|inf)")
+
+
+def corpus(work: Path) -> str:
+    """The sample corpus tokenized once with the sample tokenizer; its Megatron dataset prefix."""
+    prefix = work / "corpus" / "sample"
+    if not Path(f"{prefix}_text_document.idx").exists():
+        prefix.parent.mkdir(parents=True, exist_ok=True)
+        subprocess.run([sys.executable, str(ROOT / "tools" / "preprocess_data.py"), "--input", str(CORPUS),
+                        "--output-prefix", str(prefix), "--tokenizer-type", "HuggingFaceTokenizer",
+                        "--tokenizer-model", str(TOKENIZER), "--append-eod", "--workers", "1"],
+                       check=True, capture_output=True)
+    return f"{prefix}_text_document"
+
+
+def placeholders(argv: list[str], folder: Path) -> list[str]:
+    """``${NAME}`` -> a folder per name under ``folder`` (``${REPEAT}``, Megatron's repeat index: 1)."""
+    def sub(match):
+        if match.group(1) == "REPEAT":
+            return "1"
+        path = folder / match.group(1).lower()
+        path.mkdir(parents=True, exist_ok=True)
+        return str(path)
+    return [re.sub(r"\$\{(\w+)\}", sub, token) for token in argv]
+
+
+def env() -> dict:
+    out = {k: v for k, v in os.environ.items() if not k.startswith(("RANK", "WORLD_SIZE", "LOCAL_", "MASTER_"))}
+    out.update(OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", ADAPTOR_BACKEND=out.get("ADAPTOR_BACKEND", "cpu"))
+    return out
+
+
+def early_refusal(argv: list[str]) -> str | None:
+    """The one line the early check answers ``argv`` with (before torch), or None if it passes."""
+    code = ("import sys; from adaptor.command_line.early_check import check; "
+            "sys.argv = ['pretrain_gpt.py'] + sys.argv[1:]; check(sys.argv[1:])")
+    proc = subprocess.run([sys.executable, "-c", code, *argv], cwd=ROOT, capture_output=True, text=True,
+                          env={**env(), "WORLD_SIZE": "2"})
+    lines = [line for line in (proc.stdout + proc.stderr).splitlines() if line.startswith(ERROR)]
+    return lines[0] if proc.returncode and lines else None
+
+
+def torchrun(argv: list[str], timeout: float) -> tuple[int, str]:
+    from adaptor.env import torchrun_command  # ADAPTOR_TORCHRUN, else this interpreter's torchrun
+
+    command = [*torchrun_command(), "--nproc-per-node", "2", "--master-port",
+               str(_free_port()), str(ROOT / "pretrain_gpt.py"), *argv]
+    try:
+        proc = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, env=env(), timeout=timeout)
+    except subprocess.TimeoutExpired as exc:
+        out = (exc.stdout or b"").decode() if isinstance(exc.stdout, bytes) else (exc.stdout or "")
+        return 124, out + f"\nTimeoutError: no exit within {timeout} s"
+    return proc.returncode, proc.stdout + proc.stderr
+
+
+def _free_port() -> int:
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def losses(output: str) -> dict[int, float]:
+    return {int(i): float(v) for i, v in LOSS.findall(output)}
+
+
+def failure_line(output: str) -> str:
+    """A failed run's reason: its one-line error, else the exception's last line."""
+    lines = [line.strip() for line in output.splitlines() if line.strip()]
+    for line in lines:
+        if line.startswith(ERROR):
+            return line
+    for line in reversed(lines):  # the ranks' exception, not the launcher's ChildFailedError after it
+        if re.match(r"^(\[rank\d+\]: )?[\w.]*(Error|Exception|Interrupt)\b", line) and "ChildFailed" not in line:
+            return line
+    return lines[-1] if lines else "(no output)"
+
+
+def flag_named(line: str) -> str:
+    match = re.search(r"--[a-z0-9][a-z0-9_-]*", line[len(ERROR):])
+    return match.group(0) if match else line[len(ERROR):].strip()[:60]
+
+
+def judge(rc: int, output: str, iters: range) -> dict:
+    got = losses(output)
+    if rc == 0 and sorted(got) == list(iters) and all(math.isfinite(v) for v in got.values()):
+        curve = [got[i] for i in iters]
+        if curve[-1] < curve[0]:
+            return {"outcome": "trains", "losses": curve}
+        return {"outcome": "traceback", "reason": f"loss did not fall: {curve}", "losses": curve}
+    line = failure_line(output)
+    if line.startswith(ERROR):
+        return {"outcome": "refused", "reason": flag_named(line), "line": line}
+    if rc == 0:
+        line = f"exit 0 but losses {got} for iterations {list(iters)}"
+    trained = [got[i] for i in sorted(got)]  # how far it trained before failing
+    return {"outcome": "traceback", "reason": line, "losses_before": trained, "tail": output.splitlines()[-40:]}
+
+
+def refused_early(line: str) -> dict:
+    return {"outcome": "refused", "reason": flag_named(line), "line": line, "early": True}
+
+
+def check_early(argv: list[str], work: Path) -> str | None:
+    folder = Path(tempfile.mkdtemp(prefix="check-", dir=work))
+    try:
+        return early_refusal(placeholders(argv, folder))
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def run_case(argv: list[str], test_type: str, work: Path, timeout: float) -> dict:
+    """Run one scaled command line (both legs for a resume case) and judge it."""
+    folder = Path(tempfile.mkdtemp(prefix="case-", dir=work))
+    try:
+        concrete = placeholders(argv, folder)
+        refusal = early_refusal(concrete)
+        if refusal:
+            return refused_early(refusal)
+        rc, output = torchrun(concrete, timeout)
+        first = judge(rc, output, range(1, ITERS + 1))
+        if test_type not in RESUME_TYPES or first["outcome"] != "trains":
+            return first
+        save = folder / "checkpoint_save_path"
+        shutil.rmtree(save / f"iter_{ITERS:07d}", ignore_errors=True)
+        (save / "latest_checkpointed_iteration.txt").write_text(str(ITERS // 2))
+        rc, output = torchrun(concrete, timeout)
+        second = judge(rc, output, range(ITERS // 2 + 1, ITERS + 1))
+        if second["outcome"] == "refused" or (second["outcome"] == "traceback" and "losses" not in second):
+            second["reason"] = f"resume: {second['reason']}"
+            return second
+        resumed = losses(output)
+        expected = first["losses"][ITERS // 2:]
+        got = [resumed.get(i) for i in range(ITERS // 2 + 1, ITERS + 1)]
+        if got != expected:
+            return {"outcome": "traceback", "reason": f"resume differs: {got} != {expected}",
+                    "losses": first["losses"]}
+        return {"outcome": "trains", "losses": first["losses"], "resumed": got}
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def run_cases(names: list[str], table: dict, work: Path, timeout: float, log=print, each=None) -> dict:
+    """Each named case's result; identical scaled command lines run once. ``each(results)`` after each case."""
+    prefix = corpus(work)
+    done: dict[tuple, dict] = {}
+    results = {}
+    # First every command line's early check (a fraction of a second each), then the runs: refusals first.
+    for name in names:
+        case = table[name]
+        if case["mode"] == "pretraining":
+            argv, _ = scale(case["argv"], case["test_type"], prefix)
+            key = (tuple(argv), case["test_type"] in RESUME_TYPES)
+            if key not in done and (line := check_early(argv, work)):
+                done[key] = dict(refused_early(line), wall_s=0.0, first_of=name)
+    names = sorted(names, key=lambda n: table[n]["mode"] != "pretraining" or (tuple(
+        scale(table[n]["argv"], table[n]["test_type"], prefix)[0]), table[n]["test_type"] in RESUME_TYPES) not in done)
+    for name in names:
+        case = table[name]
+        if case["mode"] != "pretraining":
+            results[name] = {"outcome": "not pretraining", "reason": case["mode"], "line": NOT_PRETRAINING}
+            continue
+        argv, changes = scale(case["argv"], case["test_type"], prefix)
+        key = (tuple(argv), case["test_type"] in RESUME_TYPES)
+        started = time.monotonic()
+        if key not in done:
+            done[key] = run_case(argv, case["test_type"], work, timeout)
+            done[key]["wall_s"] = round(time.monotonic() - started, 1)
+            done[key]["first_of"] = name
+        result = dict(done[key], test_type=case["test_type"], changes=changes, argv=argv)
+        if done[key]["first_of"] != name:
+            result["same_command_as"] = done[key]["first_of"]
+        results[name] = result
+        log(f"{name}: {result['outcome']}  {result.get('reason', '')}  ({done[key]['wall_s']} s)", flush=True)
+        if each:
+            each(results)
+    return results
+
+
+# --- reports -----------------------------------------------------------------------------------
+
+def grouped(results: dict) -> dict[str, dict[str, list[str]]]:
+    """outcome -> reason -> case names (trains: one group)."""
+    out: dict[str, dict[str, list[str]]] = {}
+    for name, r in sorted(results.items()):
+        reason = "" if r["outcome"] == "trains" else r.get("reason", "")
+        out.setdefault(r["outcome"], {}).setdefault(reason, []).append(name)
+    return out
+
+
+def table_markdown(record: dict) -> str:
+    """The results as docs/migrating.md shows them: counts, then the cases by outcome and reason."""
+    results = record["cases"]
+    groups = grouped(results)
+    count = {o: sum(map(len, g.values())) for o, g in groups.items()}
+    lines = [f"Megatron-LM {record['megatron_lm']['branch']} ({record['megatron_lm']['commit'][:12]}): "
+             f"{len(results)} of {record.get('total', len(results))} cases judged; measured {record['date'][:10]} at {record['measured_at'][:12]}, "
+             f"{record['cores']} CPU cores, 2 ranks each.", "",
+             "| outcome | cases |", "|---|---|"]
+    lines += [f"| {o} | {count[o]} |" for o in ("trains", "refused", "traceback", "not pretraining") if o in count]
+    for outcome in ("trains", "refused", "traceback", "not pretraining"):
+        if outcome not in groups:
+            continue
+        lines += ["", f"**{outcome}**", ""]
+        for reason, names in sorted(groups[outcome].items(), key=lambda kv: (-len(kv[1]), kv[0])):
+            cases = ", ".join(n.split("/", 1)[1] for n in names)
+            lines.append(f"- {_md(reason) + ' ' if reason else ''}({len(names)}): {cases}")
+    return "\n".join(lines) + "\n"
+
+
+def _md(text: str) -> str:
+    text = " ".join(str(text).split())
+    return f"`{text[:160]}`" if text else ""
+
+
+def status_markdown(record: dict) -> str:
+    """For whoever fixes them: every traceback with its last line, every refusal reason with a count."""
+    groups = grouped(record["cases"])
+    lines = [f"# Megatron-LM functional cases, {record['date']} (at {record['measured_at'][:12]})", ""]
+    lines += [f"- {o}: {sum(map(len, g.values()))}" for o, g in sorted(groups.items())]
+    lines += ["", "## Tracebacks (case: last line)", ""]
+    for name, r in sorted(record["cases"].items()):
+        if r["outcome"] == "traceback":
+            lines.append(f"- {name}: {r['reason'][:300]}" + (
+                f" (same command as {r['same_command_as']})" if r.get("same_command_as") else ""))
+    lines += ["", "## Refusals by reason (flag: count; one line)", ""]
+    for reason, names in sorted(groups.get("refused", {}).items(), key=lambda kv: -len(kv[1])):
+        line = record["cases"][names[0]]["line"]
+        lines.append(f"- {reason}: {len(names)}  -- {line[:300]}  [{', '.join(names[:4])}{' ...' if len(names) > 4 else ''}]")
+    lines += ["", "## Trains", "", *[f"- {n}" for n in groups.get("trains", {}).get("", [])]]
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("cases", nargs="*", help="case names, as in cases.json (gpt/NAME, moe/NAME)")
+    parser.add_argument("--all", action="store_true", help="every case")
+    parser.add_argument("--out", help="write the results here (JSON)")
+    parser.add_argument("--work", help="folder for the corpus and each run's files (default: a temp folder)")
+    parser.add_argument("--timeout", type=float, default=300, help="seconds per launch")
+    parser.add_argument("--status", help="also write a Markdown summary here (tracebacks, refusals by reason)")
+    args = parser.parse_args()
+    table = json.loads(CASES.read_text())
+    unknown = [c for c in args.cases if c not in table["cases"]]
+    if unknown or not (args.cases or args.all):
+        parser.error(f"unknown case {unknown[0]}" if unknown else "name cases or pass --all")
+    names = sorted(table["cases"]) if args.all else args.cases
+    work = Path(args.work or tempfile.mkdtemp(prefix="megatron-cases-"))
+    work.mkdir(parents=True, exist_ok=True)
+    commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
+
+    def write(results: dict) -> None:
+        if not args.out:
+            return
+        record = {"megatron_lm": {"branch": table["branch"], "commit": table["commit"]},
+                  "measured_at": commit, "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+                  "cpu": platform.processor() or platform.machine(), "cores": os.cpu_count(),
+                  "total": len(table["cases"]), "cases": results}
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).write_text(json.dumps(record, indent=1) + "\n")
+        if args.status:
+            Path(args.status).write_text(status_markdown(record))
+
+    write(run_cases(names, table["cases"], work, args.timeout, each=write))
+
+
+if __name__ == "__main__":
+    main()
