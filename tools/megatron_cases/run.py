@@ -406,7 +406,7 @@ def run_cases(names: list[str], table: dict, work: Path, timeout: float, log=pri
             key = (tuple(argv), case["test_type"] in RESUME_TYPES)
             if key not in done and (line := check_early(argv, work)):
                 done[key] = dict(refused_early(line), wall_s=0.0, first_of=name)
-    names = sorted(names, key=lambda n: table[n]["mode"] != "pretraining" or (tuple(
+    names = sorted(names, key=lambda n: table[n]["mode"] == "pretraining" and (tuple(
         scale(table[n]["argv"], table[n]["test_type"], prefix)[0]), table[n]["test_type"] in RESUME_TYPES) not in done)
     for name in names:
         case = table[name]
@@ -462,7 +462,7 @@ def table_markdown(record: dict) -> str:
 
 
 def _md(text: str) -> str:
-    text = " ".join(str(text).split())
+    text = " ".join(str(text).split()).replace("`", "'")
     return f"`{text[:160]}`" if text else ""
 
 
