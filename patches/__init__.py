@@ -65,6 +65,7 @@ def all_features():
     from patches.upstream_fixes.prebuilt_dataset_helpers import PrebuiltDatasetHelpers
     from patches.upstream_fixes.resume_rng_state import ResumeRngState
     from patches.upstream_fixes.sequence_parallel_torch_norm import SequenceParallelTorchNorm
+    from patches.upstream_fixes.torch_dcp_checkpoints import TorchDcpCheckpoints
 
     return [
         # The command line first: rewrites, backend defaults, launch, early checks.
@@ -96,6 +97,7 @@ def all_features():
         DistributedOptimizerResume(),
         SequenceParallelTorchNorm(),
         ResumeRngState(),
+        TorchDcpCheckpoints(),
         MtpLossContextParallel(),
         # Models, then the fused operators (their swaps win over the model's).
         MlaWithoutTransformerEngine(),

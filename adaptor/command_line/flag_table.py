@@ -673,17 +673,22 @@ MEGATRON_FLAGS = {
     "non_persistent_local_ckpt_dir": _NON_PERSISTENT_LOCAL_CKPT_DIR,
     "non_persistent_local_ckpt_algo": _NON_PERSISTENT_LOCAL_CKPT_DIR,
     "use_checkpoint_args": HONOURED,  # args come from the common state (JSON in safetensors checkpoints)
+    # torch_dcp: with --use-torch-fsdp2 (Megatron's own requirement; adaptor/preflight/parallel_layout.py).
     "ckpt_format": Refused(
-        "torch_dcp is Megatron's format for its own FSDP2 and fsdp_dtensor for Megatron-FSDP, neither of which "
-        "saves here; use safetensors, torch_dist or torch",
-        values=lambda v: v in ("torch_dcp", "fsdp_dtensor"),
+        "fsdp_dtensor is Megatron-FSDP's format, which does not save here; use safetensors, torch_dist or torch "
+        "(or torch_dcp with --use-torch-fsdp2)",
+        values=lambda v: v == "fsdp_dtensor",
     ),
     "auto_detect_ckpt_format": HONOURED,  # a safetensors checkpoint has metadata.json, so it reads as sharded
     "ckpt_fully_parallel_save": HONOURED,  # safetensors spreads replicas only under the fully-parallel strategy
-    # torch_dist and safetensors: Megatron's persistent worker; torch_dist also needs
-    # --use-persistent-ckpt-worker --async-strategy mcore (safetensors sets both).
-    "async_save": Honoured("safetensors; torch_dist with --use-persistent-ckpt-worker --async-strategy mcore"),
-    "async_strategy": HONOURED,  # the non-default value is mcore, Megatron's own worker
+    # Megatron's persistent worker writes; Megatron turns --async-save off for torch_dist and torch_dcp
+    # without --use-persistent-ckpt-worker (safetensors sets it). backend_defaults picks --async-strategy
+    # mcore where nvidia-resiliency-ext (the default nvrx) is missing.
+    "async_save": Honoured(
+        "safetensors; torch_dist and torch_dcp with --use-persistent-ckpt-worker; Megatron's own writer "
+        "(--async-strategy mcore) where nvidia-resiliency-ext is not installed"
+    ),
+    "async_strategy": HONOURED,  # mcore, Megatron's own worker, is the default here without nvidia-resiliency-ext
     "async_ckpt_cpu_priority": HONOURED,  # nice value of the persistent worker
     "async_ckpt_use_cpu_shm": NotApplied(
         "only nvidia-resiliency-ext's async writer stages tensors in shared memory; Megatron's own (mcore) "

@@ -1,5 +1,10 @@
 """A parallel layout Megatron would reject deep inside ``validate_args``, as one line naming the flags.
 
+``--ckpt-format torch_dcp`` is a layout question too: Megatron asserts it runs with
+``--use-torch-fsdp2`` and without tensor (or pipeline) parallelism, because it stores each
+parameter under its own name as FSDP2's DTensor; a tensor-parallel shard is a plain tensor that
+would be written under the whole parameter's name.
+
 Torch-free: the entry files' command line is checked with it before the imports (the world size
 comes from torchrun's ``WORLD_SIZE``), and again by the argument_checks feature inside Megatron's
 parsing, so a wrong ``--nproc_per_node`` is answered in a second on every rank at once.
@@ -27,3 +32,12 @@ def check_parallel_layout(args) -> None:
     groups = args.num_query_groups if args.group_query_attention else None
     if groups and groups % tp != 0:
         raise ArgumentError(f"--num-query-groups {groups} is not divisible by --tensor-model-parallel-size {tp}")
+    if getattr(args, "ckpt_format", None) == "torch_dcp":
+        if not getattr(args, "use_torch_fsdp2", False):
+            raise ArgumentError("--ckpt-format torch_dcp is Megatron's checkpoint format for --use-torch-fsdp2; "
+                                "without FSDP2 use --ckpt-format torch_dist or safetensors")
+        if tp > 1:
+            raise ArgumentError(f"--ckpt-format torch_dcp does not support --tensor-model-parallel-size {tp} "
+                                f"(its tensor-parallel shards are plain tensors, not DTensors, and would "
+                                f"be written under the whole parameter's name); "
+                                f"use --ckpt-format torch_dist or safetensors")

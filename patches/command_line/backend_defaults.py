@@ -7,6 +7,11 @@ RoPE fusions. This feature sets, per backend, only the values the user did
 not pass on the command line (an explicit flag always wins), and prints what
 it set, so the same Megatron command line runs on NPU, GPU and CPU.
 
+``--async-save`` runs Megatron's checkpoint writer under ``--async-strategy``, whose default
+``nvrx`` imports nvidia-resiliency-ext; where that library is not installed, ``mcore`` (Megatron's
+own writer and persistent worker, which need nothing else) is set instead, unless the user chose a
+strategy (an explicit ``nvrx`` without the library is refused in one line).
+
 Two explicit values are taken as the same request in this backend's words, with a printed line:
 a ``--distributed-backend`` this backend has no library for (MindSpeed-LLM's scripts say ``nccl``
 on Ascend, where it means hccl; on CPU it means gloo), and ``--transformer-impl
@@ -18,9 +23,10 @@ from __future__ import annotations
 import importlib.util
 import os
 
-from adaptor.features import Feature
+from adaptor.features import ArgumentError, Feature
 from adaptor.log import notice_once
 
+NVRX = "nvidia_resiliency_ext"
 _CUDA_ONLY_FUSIONS = ("masked_softmax_fusion", "bias_gelu_fusion", "bias_swiglu_fusion",
                       "bias_dropout_fusion", "apply_rope_fusion")
 
@@ -70,5 +76,16 @@ class BackendDefaults(Feature):
             if dest in ctx.explicit and given in unusable and dest in wanted and given != wanted[dest]:
                 setattr(args, dest, wanted[dest])
                 changed.append(f"{dest}={wanted[dest]} (for {flag} {given}, which this backend cannot run)")
+        if getattr(args, "async_save", False) and "async_strategy" not in ctx.explicit \
+                and getattr(args, "async_strategy", None) == "nvrx" and not _importable(NVRX):
+            args.async_strategy = "mcore"
+            changed.append("async_strategy=mcore (for --async-save: the default nvrx needs nvidia-resiliency-ext, "
+                           "which is not installed; Megatron's own checkpoint worker writes)")
         if changed:
             notice_once(f"{ctx.backend.name} defaults: {', '.join(changed)}")
+
+    def validate(self, args, ctx) -> None:
+        if getattr(args, "async_save", False) and getattr(args, "async_strategy", None) == "nvrx" \
+                and "async_strategy" in ctx.explicit and not _importable(NVRX):
+            raise ArgumentError("--async-strategy nvrx needs nvidia-resiliency-ext, which is not installed; "
+                                "install it or pass --async-strategy mcore (Megatron's own checkpoint worker)")
