@@ -10,7 +10,9 @@ it set, so the same Megatron command line runs on NPU, GPU and CPU.
 ``--async-save`` runs Megatron's checkpoint writer under ``--async-strategy``, whose default
 ``nvrx`` imports nvidia-resiliency-ext; where that library is not installed, ``mcore`` (Megatron's
 own writer and persistent worker, which need nothing else) is set instead, unless the user chose a
-strategy (an explicit ``nvrx`` without the library is refused in one line).
+strategy (an explicit ``nvrx`` without the library is refused in one line). ``--async-save`` with
+``--ckpt-format torch``, which Megatron's ``save_checkpoint`` only meets with NotImplementedError at
+the first save, is refused before the run starts.
 
 Two explicit values are taken as the same request in this backend's words, with a printed line:
 a ``--distributed-backend`` this backend has no library for (MindSpeed-LLM's scripts say ``nccl``
@@ -85,6 +87,10 @@ class BackendDefaults(Feature):
             notice_once(f"{ctx.backend.name} defaults: {', '.join(changed)}")
 
     def validate(self, args, ctx) -> None:
+        if getattr(args, "async_save", False) and getattr(args, "ckpt_format", None) == "torch" \
+                and getattr(args, "save", None):
+            raise ArgumentError("--async-save is not implemented by Megatron for --ckpt-format torch; use "
+                                "--ckpt-format safetensors or torch_dist, or drop --async-save")
         if getattr(args, "async_save", False) and getattr(args, "async_strategy", None) == "nvrx" \
                 and "async_strategy" in ctx.explicit and not _importable(NVRX):
             raise ArgumentError("--async-strategy nvrx needs nvidia-resiliency-ext, which is not installed; "

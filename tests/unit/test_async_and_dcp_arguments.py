@@ -77,3 +77,11 @@ def test_async_save_uses_megatrons_own_writer_without_nvrx(monkeypatch, capsys):
         BackendDefaults().validate(chosen, context("async_save", "async_strategy"))
     assert str(caught.value) == ("--async-strategy nvrx needs nvidia-resiliency-ext, which is not installed; install "
                                  "it or pass --async-strategy mcore (Megatron's own checkpoint worker)")
+
+
+def test_async_save_of_the_torch_format_is_one_line():
+    args = argparse.Namespace(async_save=True, async_strategy="mcore", ckpt_format="torch", save="ckpt")
+    with pytest.raises(ArgumentError, match=r"^--async-save is not implemented by Megatron for --ckpt-format torch; "):
+        BackendDefaults().validate(args, context("async_save", "async_strategy"))
+    BackendDefaults().validate(argparse.Namespace(async_save=True, async_strategy="mcore", ckpt_format="torch_dist",
+                                                  save="ckpt"), context("async_save", "async_strategy"))
