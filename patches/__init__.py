@@ -59,6 +59,7 @@ def all_features():
     from patches.upstream_fixes.atomic_tracker import AtomicTracker
     from patches.upstream_fixes.disable_jit_fuser import DisableJitFuser
     from patches.upstream_fixes.distributed_optimizer_resume import DistributedOptimizerResume
+    from patches.upstream_fixes.dp_reshardable_state import DpReshardableState
     from patches.upstream_fixes.empty_dataset_split import EmptyDatasetSplit
     from patches.upstream_fixes.first_iteration_log import FirstIterationLog
     from patches.upstream_fixes.mtp_loss_context_parallel import MtpLossContextParallel
@@ -95,6 +96,7 @@ def all_features():
         DisableJitFuser(),
         AtomicTracker(),
         DistributedOptimizerResume(),
+        DpReshardableState(),
         SequenceParallelTorchNorm(),
         ResumeRngState(),
         TorchDcpCheckpoints(),
