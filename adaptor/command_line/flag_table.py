@@ -545,7 +545,8 @@ MEGATRON_FLAGS = {
     "apply_wd_to_qk_layernorm": HONOURED,  # optimizer param groups match q_layernorm./k_layernorm. names
     "clip_grad": Honoured("Megatron's clipping, dtype check made device-agnostic by patches.device.device_agnostic_clip_grads"),
     "muon_momentum": _MUON_MOMENTUM,
-    "muon_split_qkv": HONOURED,  # --muon-no-split-qkv; muon refuses the split default (patches.optimizers.muon)
+    "muon_split_qkv": Honoured("--muon-no-split-qkv: torch.optim.Muon orthogonalises the fused QKV weight whole; "
+                               "patches.optimizers.muon refuses Megatron's split default in one line"),
     "muon_nesterov": _MUON_MOMENTUM,
     "muon_scale_mode": Honoured("patches.optimizers.muon: torch's adjust_lr_fn, spectral times 5"),
     "muon_fp32_matmul_prec": Refused("torch.optim.Muon runs Newton-Schulz in bf16 (medium); drop it",

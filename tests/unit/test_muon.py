@@ -48,13 +48,16 @@ def megatron_muon_steps(p, grads, *, lr, wd, mu, nesterov, steps, mode, extra):
     return p
 
 
-def config(**overrides):
-    from megatron.core.optimizer import OptimizerConfig
-
+def config(megatron: bool = False, **overrides):
+    """Megatron's OptimizerConfig for muon (or its muon fields alone, without importing Megatron)."""
     values = dict(optimizer="muon", lr=2e-2, weight_decay=0.1, muon_momentum=0.9, muon_nesterov=True,
                   muon_num_ns_steps=5, muon_scale_mode="spectral", muon_extra_scale_factor=1.0,
                   muon_coefficient_type="simple", muon_split_qkv=False)
     values.update(overrides)
+    if not megatron:
+        return argparse.Namespace(**values)
+    from megatron.core.optimizer import OptimizerConfig
+
     return OptimizerConfig(**values)
 
 
@@ -119,7 +122,7 @@ def test_megatrons_factory_gives_muon_the_matrices_and_adam_the_rest(model_paral
                      max_sequence_length=16, share_embeddings_and_output_weights=False,
                      position_embedding_type="rope")
     names = {id(p): n for n, p in model.named_parameters()}
-    opt = get_megatron_optimizer(config(), [model])
+    opt = get_megatron_optimizer(config(megatron=True), [model])
     owner = {}
     for chained in opt.chained_optimizers:
         for group in chained.optimizer.param_groups:
@@ -165,3 +168,24 @@ def test_what_torch_muon_cannot_give_is_one_line(overrides, words):
         assert why is None
     else:
         assert why and words in why and "\n" not in why
+
+
+def test_megatrons_defaults_are_refused_until_the_two_flags_torch_needs_are_given():
+    """Through Megatron's own parser: its default quintic coefficients and QKV split cannot run here."""
+    from megatron.training.arguments import add_megatron_arguments
+
+    from adaptor.backend import Backend
+    from adaptor.features import ArgumentError, FeatureContext
+    from patches.optimizers.muon import TorchMuon
+
+    parser = add_megatron_arguments(argparse.ArgumentParser(allow_abbrev=False))
+    ctx = FeatureContext(backend=Backend("cpu", "gloo", "detected"), flags=argparse.Namespace())
+    with pytest.raises(ArgumentError, match="pass --muon-coefficient-type simple"):
+        TorchMuon().validate(parser.parse_args(["--optimizer", "muon"]), ctx)
+    with pytest.raises(ArgumentError, match="pass --muon-no-split-qkv"):
+        TorchMuon().validate(parser.parse_args(["--optimizer", "muon", "--muon-coefficient-type", "simple"]), ctx)
+    TorchMuon().validate(parser.parse_args(["--optimizer", "muon", "--muon-coefficient-type", "simple",
+                                            "--muon-no-split-qkv"]), ctx)
+    with pytest.raises(ArgumentError, match="layer-wise"):
+        TorchMuon().validate(parser.parse_args(["--optimizer", "muon", "--muon-coefficient-type", "simple",
+                                                "--muon-no-split-qkv", "--use-distributed-optimizer"]), ctx)
