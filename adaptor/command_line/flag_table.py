@@ -61,9 +61,7 @@ _YARN_ORIGINAL_MAX_POSITION_EMBEDDINGS = Honoured("YaRN config; MLA's through pa
 _RELATIVE_ATTENTION_NUM_BUCKETS = Refused(
     "relative position bias is T5's; pretrain_gpt.py's GPTModel has none, so drop it",
 )
-_MUON_MOMENTUM = Refused(
-    "applies to --optimizer muon, which is not supported here (only adam and sgd are); drop it",
-)
+_MUON_MOMENTUM = Honoured("patches.optimizers.muon: torch.optim.Muon's argument of the same meaning")
 _LION_BETA1 = Refused("applies to --optimizer lion, which is not supported here (only adam and sgd are); drop it")
 _NON_PERSISTENT_LOCAL_CKPT_DIR = Refused(
     "applies to --non-persistent-ckpt-type local, which needs nvidia-resiliency-ext's local checkpoint "
@@ -547,15 +545,22 @@ MEGATRON_FLAGS = {
     "apply_wd_to_qk_layernorm": HONOURED,  # optimizer param groups match q_layernorm./k_layernorm. names
     "clip_grad": Honoured("Megatron's clipping, dtype check made device-agnostic by patches.device.device_agnostic_clip_grads"),
     "muon_momentum": _MUON_MOMENTUM,
-    "muon_split_qkv": _MUON_MOMENTUM,
+    "muon_split_qkv": Honoured("--muon-no-split-qkv: torch.optim.Muon orthogonalises the fused QKV weight whole; "
+                               "patches.optimizers.muon refuses Megatron's split default in one line"),
     "muon_nesterov": _MUON_MOMENTUM,
-    "muon_scale_mode": _MUON_MOMENTUM,
-    "muon_fp32_matmul_prec": _MUON_MOMENTUM,
-    "muon_coefficient_type": _MUON_MOMENTUM,
+    "muon_scale_mode": Honoured("patches.optimizers.muon: torch's adjust_lr_fn, spectral times 5"),
+    "muon_fp32_matmul_prec": Refused("torch.optim.Muon runs Newton-Schulz in bf16 (medium); drop it",
+                                     values=lambda v: v != "medium"),
+    "muon_coefficient_type": Refused(
+        "torch.optim.Muon repeats one Newton-Schulz coefficient triple, Megatron's 'simple'; pass "
+        "--muon-coefficient-type simple", values=lambda v: v != "simple"),
     "muon_num_ns_steps": _MUON_MOMENTUM,
-    "muon_tp_mode": _MUON_MOMENTUM,
-    "muon_extra_scale_factor": _MUON_MOMENTUM,
-    "muon_scalar_optimizer": _MUON_MOMENTUM,
+    "muon_tp_mode": Refused(
+        "torch.optim.Muon orthogonalises each tensor-parallel shard on its own (blockwise; duplicated "
+        "equals it at TP=1); drop it", values=lambda v: v == "distributed"),
+    "muon_extra_scale_factor": Honoured("patches.optimizers.muon: scales the update, not the weight decay"),
+    "muon_scalar_optimizer": Refused("lion needs the emerging-optimizers package; use adam",
+                                     values=lambda v: v != "adam"),
     "lion_beta1": _LION_BETA1,
     "lion_beta2": _LION_BETA1,
     "no_weight_decay_cond_type": Honoured("deprecated alias: Megatron turns it into --apply-wd-to-qk-layernorm"),
@@ -595,9 +600,10 @@ MEGATRON_FLAGS = {
     "bias_gelu_fusion": HONOURED,  # --no-*-fusion flags select the unfused code, which runs everywhere
     "use_flash_attn": Honoured("layer-spec swap to adaptor.ops.flash_attention.FlashAttention; TE's attention with TE"),
     "optimizer": Refused(
-        "only adam and sgd run here; muon, lion and soap need the emerging-optimizers package, which this "
-        "adaptor neither installs nor tests; use adam",
-        values=lambda v: v in ("muon", "dist_muon", "adaptive_muon", "lion", "soap"),
+        "only adam, sgd and muon (patches.optimizers.muon, on torch.optim.Muon) run here; lion, soap and "
+        "adaptive_muon need the emerging-optimizers package, and dist_muon is Megatron's layer-wise "
+        "distributed optimizer; use adam or muon",
+        values=lambda v: v in ("dist_muon", "adaptive_muon", "lion", "soap"),
     ),
     "optimizer_cpu_offload": Honoured(
         "patches.memory.optimizer_offload: torch's Adam keeps and steps a fraction of the state in host memory, "
