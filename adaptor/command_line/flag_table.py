@@ -68,9 +68,9 @@ _NON_PERSISTENT_LOCAL_CKPT_DIR = Refused(
     "manager and is not supported here; drop it (use --non-persistent-ckpt-type global)",
 )
 _CKPT_FULLY_PARALLEL_LOAD_EXCHANGE_ALGO = Honoured("torch_dist fully parallel loads")
-_USE_DIST_CKPT_DEPRECATED = Refused(
-    "deprecated and ignored by Megatron; choose the format with --ckpt-format (safetensors, torch_dist or torch)"
-)
+# Deprecated spellings Megatron still accepts: it prints that they have no effect, and what they asked
+# for (a distributed checkpoint, fully parallel saving) is already its default, and ours.
+_DEPRECATED_NO_EFFECT = Honoured("deprecated by Megatron, which prints that it has no effect; its default already does it")
 _HETEROGENEOUS_LAYERS_CONFIG_PATH = Refused(
     "pretrain_gpt.py builds one layer spec for every layer, so per-layer (heterogeneous) configurations "
     "are not applied; drop it (heterogeneous models are not supported yet)",
@@ -719,12 +719,12 @@ MEGATRON_FLAGS = {
         "changes how FP8/FP4 parameters are dequantized while loading, and such parameters need Transformer Engine",
         requires=("transformer_engine",),
     ),
-    "use_dist_ckpt_deprecated": _USE_DIST_CKPT_DEPRECATED,
-    "dist_ckpt_format_deprecated": _USE_DIST_CKPT_DEPRECATED,
+    "use_dist_ckpt_deprecated": _DEPRECATED_NO_EFFECT,
+    "dist_ckpt_format_deprecated": Refused(
+        "deprecated and ignored by Megatron, so this format would not be used; choose it with --ckpt-format "
+        "(safetensors, torch_dist, torch or torch_dcp)"),
     "dist_ckpt_workers": Honoured("torch_dist async saves with --ckpt-assume-constant-structure"),
-    "ckpt_fully_parallel_save_deprecated": Refused(
-        "deprecated and ignored by Megatron: fully parallel saving is already the default; drop it"
-    ),
+    "ckpt_fully_parallel_save_deprecated": _DEPRECATED_NO_EFFECT,
     # --- mixed precision ---
     **honoured(
         "grad_reduce_in_bf16 loss_scale initial_loss_scale min_loss_scale loss_scale_window hysteresis "
