@@ -66,6 +66,7 @@ def all_features():
     from patches.upstream_fixes.first_iteration_log import FirstIterationLog
     from patches.upstream_fixes.mtp_loss_context_parallel import MtpLossContextParallel
     from patches.upstream_fixes.prebuilt_dataset_helpers import PrebuiltDatasetHelpers
+    from patches.upstream_fixes.qk_norm_consistency_check import QkNormConsistencyCheck
     from patches.upstream_fixes.resume_rng_state import ResumeRngState
     from patches.upstream_fixes.sequence_parallel_torch_norm import SequenceParallelTorchNorm
     from patches.upstream_fixes.torch_dcp_checkpoints import TorchDcpCheckpoints
@@ -104,6 +105,7 @@ def all_features():
         ResumeRngState(),
         TorchDcpCheckpoints(),
         MtpLossContextParallel(),
+        QkNormConsistencyCheck(),
         # Models, then the fused operators (their swaps win over the model's).
         MlaWithoutTransformerEngine(),
         RmsNormFusion(),

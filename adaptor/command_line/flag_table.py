@@ -882,9 +882,8 @@ MEGATRON_FLAGS = {
     "eval_micro_batch_size": Refused(
         "pretrain_gpt.py receives batches on tensor-parallel ranks at --micro-batch-size, so a different evaluation micro-batch fails once tensor parallelism is on; drop it "
         "(evaluation then uses --micro-batch-size)"),
-    "test_mode": Refused(
-        "its one check compares LayerNorm q/k-norm weights across data-parallel ranks and fails on RMSNorm "
-        "ones; drop it"),
+    "test_mode": Honoured("Megatron's check that q/k-norm parameters agree across DP and TP ranks, every step; "
+                          "upstream_fixes.qk_norm_consistency_check makes it work for RMSNorm"),
     "full_validation": Refused(
         "full validation reads one sample per micro-batch, while pretrain_gpt.py receives batches on tensor-parallel ranks at --micro-batch-size; evaluate a fixed number of "
         "batches with --eval-iters instead"),
