@@ -46,16 +46,16 @@ def test_zero_centred_gamma_fused_unfused_and_against_plain(shared_runs, tmp_pat
     later = [abs(a - b) / b for a, b in zip(unfused.curve()[1:], plain.curve()[1:])]
     assert max(later) <= RTOL, (later, unfused.curve(), plain.curve())
 
-    # The stored weights are gamma: without the flag they would be read as the scale itself.
-    # What makes them the same function: the stored norm weights are gamma, near zero after five steps of
-    # lr 1e-3 (the plain model's are near one), for every norm the spec builds.
+    # What the flag changed, then: the stored norm weights are gamma, near zero after five steps of
+    # lr 1e-3 (the plain model's are near one), for every norm the spec builds (input and pre-MLP
+    # norms under Transformer Engine's names, as every checkpoint stores them).
     norms = norm_weights(ckpt / "iter_0000005")
-    # (input and pre-MLP norms under Transformer Engine's names, as every checkpoint stores them)
     assert sorted(norms) == ["decoder.final_layernorm.weight", "decoder.layers.mlp.linear_fc1.layer_norm_weight",
                              "decoder.layers.self_attention.k_layernorm.weight",
                              "decoder.layers.self_attention.linear_qkv.layer_norm_weight",
                              "decoder.layers.self_attention.q_layernorm.weight"], sorted(norms)
     assert all(0 < w.abs().max() < 0.05 for w in norms.values()), {k: w.abs().max() for k, w in norms.items()}
+    # So without the flag they would be read as the scale itself: the resume stops in one line.
     refused = run_pretrain(TINY_QWEN3 + ["--train-iters", "6", "--load", str(ckpt)])
     assert_one_line_error(refused, ["saved with --apply-layernorm-1p, so its norms scale by 1 + weight; add the flag"],
                           torchrun=True)
