@@ -156,3 +156,21 @@ def test_hugging_face_families_refuse_a_zero_centred_gamma():
     assert config_mismatch(args, ["--num-layers", "4"]) == ZERO_CENTRED_GAMMA
     with pytest.raises(ValueError, match="--apply-layernorm-1p is on, but Qwen3 and DeepSeek-V3 norms scale by"):
         hf_config_from_args(args)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_matches_transformers_gemma_rmsnorm(patched, dtype):
+    """Hugging Face's GemmaRMSNorm (weight zeros, scale 1 + weight in fp32, one rounding) is the same
+    module: the same state dict loads into it, outputs and gradients agree, fused and unfused."""
+    from transformers.models.gemma.modeling_gemma import GemmaRMSNorm
+
+    torch.manual_seed(0)
+    gemma = GemmaRMSNorm(H, eps=1e-6).to(dtype)
+    gamma = (torch.randn(H) * 0.3).to(dtype)
+    x = torch.randn(16, 2, H).to(dtype) * 3
+    want = module_fwd_bwd(gemma, x, gamma)
+    for ours in (WrappedTorchNorm(config(), H, eps=1e-6), rmsnorm.FusedRMSNorm(config(), H, eps=1e-6)):
+        ours = ours.to(dtype)
+        assert set(ours.state_dict()) == set(gemma.state_dict()) == {"weight"}
+        assert torch.equal(ours.weight, torch.zeros(H, dtype=dtype))  # same initialisation
+        check(module_fwd_bwd(ours, x, gamma), want, dtype)
