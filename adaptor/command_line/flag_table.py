@@ -259,10 +259,9 @@ MEGATRON_FLAGS = {
     "apply_residual_connection_post_layernorm": Refused(
         "megatron-core's TransformerLayer never reads it (the residual is always taken before the layer norm); "
         "drop it"),
-    "layernorm_zero_centered_gamma": Refused(
-        "torch's LayerNorm and RMSNorm on the local layer spec have no zero-centred gamma and model building "
-        "stops on an assertion; drop it, or run on CUDA with Transformer Engine",
-        requires=("transformer_engine",)),
+    "layernorm_zero_centered_gamma": Honoured(
+        "every norm of the local spec (layers, final, qk-layernorm, MLA, MTP) scales by 1 + gamma, gamma stored "
+        "and starting at zero; --use-fused-rmsnorm too; LayerNorm and RMSNorm only"),
     "glu_linear_offset": Honoured("unfused gated activation in MLP and experts; the fused SwiGLU rejects a non-zero offset"),
     "activation_func_clamp_value": Honoured("unfused gated activation in MLP and experts; the fused SwiGLU does not clamp"),
     "rotary_interleaved": Honoured("unfused RoPE; --use-fused-rotary-pos-emb refuses it with one line"),
