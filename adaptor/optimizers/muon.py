@@ -68,6 +68,8 @@ class MegatronMuon(torch.optim.Optimizer):
             with torch.enable_grad():
                 loss = closure()
         for group in self.param_groups:
+            for key, value in self.defaults.items():  # groups loaded from a checkpoint saved before a key existed
+                group.setdefault(key, value)
             lr, mu = group["lr"], group["momentum"]
             for p in group["params"]:
                 if p.grad is None:
