@@ -250,3 +250,20 @@ def test_megatrons_default_muon_flags_pass_and_its_layer_wise_optimizer_is_refus
     MuonOptimizer().validate(args, ctx)
     with pytest.raises(ArgumentError, match="layer-wise"):
         MuonOptimizer().validate(parser.parse_args(["--optimizer", "muon", "--use-distributed-optimizer"]), ctx)
+
+
+def test_a_param_group_saved_without_the_newer_keys_loads_and_steps_as_configured():
+    """A muon checkpoint written before coefficient_type and the QKV split were group keys still steps."""
+    start, grads = draw((16, 40))
+    cfg = config()
+    p = torch.nn.Parameter(start.clone())
+    opt = MegatronMuon([p], **optimizer_kwargs(cfg))
+    saved = opt.state_dict()
+    for key in ("coefficient_type", "fp32_matmul_prec", "split_qkv", "scale_mode", "extra_scale_factor"):
+        del saved["param_groups"][0][key]
+    opt.load_state_dict(saved)
+    for g in grads:
+        p.grad = g.clone()
+        opt.step()
+    assert opt.param_groups[0]["coefficient_type"] == "quintic"
+    assert (p.detach().double() - run_steps(start, grads, cfg)).abs().max().item() == 0
