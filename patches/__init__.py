@@ -54,7 +54,7 @@ def all_features():
     from patches.models.mla import MlaWithoutTransformerEngine
     from patches.multimodal.mm_arguments import MultimodalArguments
     from patches.multimodal.vision_tower_norms import VisionTowerNorms
-    from patches.optimizers.muon import TorchMuon
+    from patches.optimizers.muon import MuonOptimizer
     from patches.preflight.checkpoint_inputs import CheckpointInputs
     from patches.preflight.data_files import DataFiles
     from patches.preflight.output_dirs import OutputDirs
@@ -121,7 +121,7 @@ def all_features():
         GroupedMatmulFusion(),
         MoePermuteFusion(),
         FusedTorchAdam(),
-        TorchMuon(),
+        MuonOptimizer(),
         # Checkpoints and Hugging Face.
         OnlineConversion(),
         SafetensorsFormat(),

@@ -61,7 +61,7 @@ _YARN_ORIGINAL_MAX_POSITION_EMBEDDINGS = Honoured("YaRN config; MLA's through pa
 _RELATIVE_ATTENTION_NUM_BUCKETS = Refused(
     "relative position bias is T5's; pretrain_gpt.py's GPTModel has none, so drop it",
 )
-_MUON_MOMENTUM = Honoured("patches.optimizers.muon: torch.optim.Muon's argument of the same meaning")
+_MUON_MOMENTUM = Honoured("patches.optimizers.muon: Megatron's Muon step, written out in adaptor.optimizers.muon")
 _LION_BETA1 = Refused("applies to --optimizer lion, which is not supported here (only adam and sgd are); drop it")
 _NON_PERSISTENT_LOCAL_CKPT_DIR = Refused(
     "applies to --non-persistent-ckpt-type local, which needs nvidia-resiliency-ext's local checkpoint "
@@ -544,18 +544,18 @@ MEGATRON_FLAGS = {
     "apply_wd_to_qk_layernorm": HONOURED,  # optimizer param groups match q_layernorm./k_layernorm. names
     "clip_grad": Honoured("Megatron's clipping, dtype check made device-agnostic by patches.device.device_agnostic_clip_grads"),
     "muon_momentum": _MUON_MOMENTUM,
-    "muon_split_qkv": Honoured("--muon-no-split-qkv: torch.optim.Muon orthogonalises the fused QKV weight whole; "
-                               "patches.optimizers.muon refuses Megatron's split default in one line"),
+    "muon_split_qkv": Honoured("patches.optimizers.muon: the fused QKV weight orthogonalised per Q, K and V "
+                               "block (Megatron's default), whole with --muon-no-split-qkv"),
     "muon_nesterov": _MUON_MOMENTUM,
-    "muon_scale_mode": Honoured("patches.optimizers.muon: torch's adjust_lr_fn, spectral times 5"),
-    "muon_fp32_matmul_prec": Refused("torch.optim.Muon runs Newton-Schulz in bf16 (medium); drop it",
-                                     values=lambda v: v != "medium"),
+    "muon_scale_mode": _MUON_MOMENTUM,
+    "muon_fp32_matmul_prec": Honoured("patches.optimizers.muon: medium iterates Newton-Schulz in bf16, high and "
+                                      "low in float32 (adaptor.optimizers.newton_schulz)"),
     "muon_coefficient_type": Refused(
-        "torch.optim.Muon repeats one Newton-Schulz coefficient triple, Megatron's 'simple'; pass "
-        "--muon-coefficient-type simple", values=lambda v: v != "simple"),
+        "custom has no flag for its coefficients; use simple, quintic, polar_express or aol",
+        values=lambda v: v not in ("simple", "quintic", "polar_express", "aol")),
     "muon_num_ns_steps": _MUON_MOMENTUM,
     "muon_tp_mode": Refused(
-        "torch.optim.Muon orthogonalises each tensor-parallel shard on its own (blockwise; duplicated "
+        "Muon here orthogonalises each tensor-parallel shard on its own (blockwise; duplicated "
         "equals it at TP=1); drop it", values=lambda v: v == "distributed"),
     "muon_extra_scale_factor": Honoured("patches.optimizers.muon: scales the update, not the weight decay"),
     "muon_scalar_optimizer": Refused("lion needs the emerging-optimizers package; use adam",
@@ -599,7 +599,7 @@ MEGATRON_FLAGS = {
     "bias_gelu_fusion": HONOURED,  # --no-*-fusion flags select the unfused code, which runs everywhere
     "use_flash_attn": Honoured("layer-spec swap to adaptor.ops.flash_attention.FlashAttention; TE's attention with TE"),
     "optimizer": Refused(
-        "only adam, sgd and muon (patches.optimizers.muon, on torch.optim.Muon) run here; lion, soap and "
+        "only adam, sgd and muon (patches.optimizers.muon) run here; lion, soap and "
         "adaptive_muon need the emerging-optimizers package, and dist_muon is Megatron's layer-wise "
         "distributed optimizer; use adam or muon",
         values=lambda v: v in ("dist_muon", "adaptive_muon", "lion", "soap"),

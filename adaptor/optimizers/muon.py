@@ -1,69 +1,116 @@
-"""Megatron's ``--optimizer muon`` on ``torch.optim.Muon``.
+"""Megatron's ``--optimizer muon``: :class:`MegatronMuon`, its ``TensorParallelMuon`` step written out.
 
-Megatron-LM 0.19 builds Muon from the emerging-optimizers package (``TensorParallelMuon``). Per 2-D
-weight, one step of it is: decoupled weight decay ``p -= lr*wd*p``; the momentum EMA
-``B = mu*B + (1-mu)*g``; the update ``B`` (or ``(1-mu)*g + mu*B`` with nesterov); the Newton-Schulz
-iteration on it (normalised by its Frobenius norm, the wide orientation, bf16 matmuls at
-``fp32_matmul_prec=medium``); ``p -= lr * scale(shape) * extra_scale_factor * O``.
+Megatron-LM 0.19 builds Muon from the emerging-optimizers package (``TensorParallelMuon``), which is
+not installed here. Per 2-D weight ``p`` (float32 main parameter) with gradient ``g`` (taken in
+float32), one step of it is, in this order:
 
-``torch.optim.Muon`` computes the same momentum, nesterov, decoupled decay and Newton-Schulz
-iteration with one coefficient triple repeated ``ns_steps`` times, (3.4445, -4.7750, 2.0315), which
-is Megatron's ``simple`` coefficient type, in bf16. Its ``adjust_lr_fn`` multiplies the learning
-rate of the update (not of the decay) by a shape factor:
+1. decoupled weight decay ``p -= lr * wd * p``;
+2. the momentum EMA ``B = mu*B + (1-mu)*g``, the update ``U = B`` or, with ``--muon-nesterov``,
+   ``(1-mu)*g + mu*B``;
+3. Newton-Schulz on ``U`` (:func:`adaptor.optimizers.newton_schulz.orthogonalise`: every
+   ``--muon-coefficient-type``, ``--muon-num-ns-steps``, ``--muon-fp32-matmul-prec``); with
+   ``--muon-split-qkv`` (Megatron's default) a fused QKV weight is split first (below);
+4. ``p -= lr * scale(A, B) * extra_scale_factor * O`` per orthogonalised matrix of shape (A, B):
 
-==================  =======================  ================================  ==========
-``--muon-scale-mode``  Megatron's factor       torch's ``adjust_lr_fn``             times
-==================  =======================  ================================  ==========
-spectral            sqrt(max(A, B))          match_rms_adamw: 0.2*sqrt(max(A,B))  5
-shape_scaling       sqrt(max(1, A/B))        original                           1
-unit_rms_norm       sqrt(A/B)                spectral_unclamped                 1
-==================  =======================  ================================  ==========
+==================  =======================
+``--muon-scale-mode``  scale(A, B)
+==================  =======================
+spectral            sqrt(max(A, B))
+shape_scaling       sqrt(max(1, A/B))
+unit_rms_norm       sqrt(A/B)
+==================  =======================
 
-The remaining factor (the ``times`` column, times ``--muon-extra-scale-factor``) is
-:class:`MegatronMuon`'s ``update_scale``: each step runs torch's Muon with ``lr*k`` and
-``weight_decay/k``, so the decay stays ``lr*wd`` and the update gains ``k``.
+The QKV split: Megatron's optimizer factory marks each ``linear_qkv.weight`` whose rows divide into
+query groups with ``is_qkv`` and ``qkv_split_shapes`` = [heads per group * kv_channels, kv_channels,
+kv_channels] (an extra query-sized gate block first with ``--attention-output-gate``). The weight's rows
+are [group 0: Q, K, V | group 1: Q, K, V | ...]; Muon gathers the Q rows of every group into one matrix,
+the K rows into another and the V rows into a third, orthogonalises and scales each on its own, and puts
+the rows back where they came from. Under tensor parallelism (``--muon-tp-mode blockwise``) each rank
+holds whole query groups of the weight and does the same with its own rows.
 
-What torch's Muon cannot give is refused by :func:`unsupported` in one line: other coefficient
-types (quintic, Megatron's default, cycles five triples), the per-block QKV orthogonalisation
-(``--muon-split-qkv``, Megatron's default), fp32 Newton-Schulz (``--muon-fp32-matmul-prec`` high or
-low), the gathered or distributed tensor-parallel modes, Lion for the scalar parameters and the
-layer-wise distributed optimizer (``--use-distributed-optimizer``/``dist_muon``).
+What is not Megatron's Muon here is refused by :func:`unsupported` in one line: the gathered or
+distributed tensor-parallel modes, Lion for the scalar parameters and the layer-wise distributed
+optimizer (``--use-distributed-optimizer``/``dist_muon``).
 """
 from __future__ import annotations
 
 import torch
 
-#: --muon-scale-mode -> (torch's adjust_lr_fn, the factor left over).
+from adaptor.optimizers.newton_schulz import COEFFICIENTS, orthogonalise, schedule
+
+#: --muon-scale-mode -> the factor of an (A, B) orthogonalised matrix (emerging-optimizers' get_muon_scale_factor).
 SCALE_MODES = {
-    "spectral": ("match_rms_adamw", 5.0),
-    "shape_scaling": ("original", 1.0),
-    "unit_rms_norm": ("spectral_unclamped", 1.0),
+    "spectral": lambda a, b: max(a, b) ** 0.5,
+    "shape_scaling": lambda a, b: max(1.0, a / b) ** 0.5,
+    "unit_rms_norm": lambda a, b: (a / b) ** 0.5,
 }
-#: Megatron's ``simple`` coefficients, the triple torch's Muon repeats.
-SIMPLE_COEFFICIENTS = (3.4445, -4.7750, 2.0315)
 
 
-class MegatronMuon(torch.optim.Muon):
-    """``torch.optim.Muon`` with a per-group ``update_scale`` on the update and not on the decay."""
+class MegatronMuon(torch.optim.Optimizer):
+    """Megatron's ``TensorParallelMuon`` step (blockwise), on one process's parameters."""
 
-    def __init__(self, params, *, update_scale: float = 1.0, **kwargs) -> None:
-        if not update_scale > 0:
-            raise ValueError(f"update_scale must be positive, not {update_scale}")
-        super().__init__(params, **kwargs)
-        for group in self.param_groups:
-            group.setdefault("update_scale", update_scale)
+    def __init__(self, params, *, lr: float, weight_decay: float = 0.0, momentum: float = 0.95,
+                 nesterov: bool = True, ns_steps: int = 5, coefficient_type: str = "quintic",
+                 fp32_matmul_prec: str = "medium", scale_mode: str = "spectral",
+                 extra_scale_factor: float = 1.0, split_qkv: bool = True) -> None:
+        schedule(coefficient_type, ns_steps)  # ValueError now, not at the first step
+        if scale_mode not in SCALE_MODES:
+            raise ValueError(f"scale_mode is one of {', '.join(SCALE_MODES)}, not {scale_mode!r}")
+        defaults = dict(lr=lr, weight_decay=weight_decay, momentum=momentum, nesterov=nesterov,
+                        ns_steps=ns_steps, coefficient_type=coefficient_type, fp32_matmul_prec=fp32_matmul_prec,
+                        scale_mode=scale_mode, extra_scale_factor=extra_scale_factor, split_qkv=split_qkv)
+        super().__init__(params, defaults)
 
     @torch.no_grad()
     def step(self, closure=None):
-        held = [(group["lr"], group["weight_decay"]) for group in self.param_groups]
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
         for group in self.param_groups:
-            k = group["update_scale"]
-            group["lr"], group["weight_decay"] = group["lr"] * k, group["weight_decay"] / k
-        try:
-            return super().step(closure)
-        finally:
-            for group, (lr, wd) in zip(self.param_groups, held):
-                group["lr"], group["weight_decay"] = lr, wd
+            for key, value in self.defaults.items():  # groups loaded from a checkpoint saved before a key existed
+                group.setdefault(key, value)
+            lr, mu = group["lr"], group["momentum"]
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                if p.dim() != 2:
+                    raise ValueError(f"Muon updates 2-D weight matrices, not a {p.dim()}-D parameter")
+                g = p.grad.float()
+                state = self.state[p]
+                if "momentum_buffer" not in state:
+                    state["momentum_buffer"] = torch.zeros_like(p, dtype=torch.float32)
+                buf = state["momentum_buffer"]
+                p.mul_(1 - lr * group["weight_decay"])
+                buf.lerp_(g, 1 - mu)
+                update = g.lerp(buf, mu) if group["nesterov"] else buf
+                p.add_(orthogonalised_update(update, group, _qkv_shapes(p, group)).to(p.dtype), alpha=-lr)
+        return loss
+
+
+def _qkv_shapes(p, group):
+    if not group["split_qkv"] or not getattr(p, "is_qkv", False):
+        return None
+    shapes = getattr(p, "qkv_split_shapes", None)
+    if shapes is None or p.shape[0] % sum(shapes):
+        raise RuntimeError(f"Muon QKV split: a {tuple(p.shape)} weight does not divide into query groups of "
+                           f"{shapes} rows")
+    return list(shapes)
+
+
+def orthogonalised_update(update: torch.Tensor, group: dict, qkv_shapes: list[int] | None = None) -> torch.Tensor:
+    """The scaled orthogonalised update of one weight; per Q, K and V block when ``qkv_shapes`` is given."""
+    def scaled(m):
+        o = orthogonalise(m, group["ns_steps"], group["coefficient_type"], group["fp32_matmul_prec"])
+        return o * (SCALE_MODES[group["scale_mode"]](*m.shape) * group["extra_scale_factor"])
+
+    if qkv_shapes is None:
+        return scaled(update)
+    rows, cols = update.shape
+    groups = rows // sum(qkv_shapes)
+    blocks = torch.split(update.reshape(groups, sum(qkv_shapes), cols), qkv_shapes, dim=1)
+    done = [scaled(b.reshape(-1, cols)).reshape(groups, -1, cols) for b in blocks]
+    return torch.cat(done, dim=1).reshape(rows, cols)
 
 
 def init_state(optimizer, config=None) -> None:
@@ -72,35 +119,30 @@ def init_state(optimizer, config=None) -> None:
         for p in group["params"]:
             state = optimizer.state[p]
             if "momentum_buffer" not in state:
-                state["momentum_buffer"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+                state["momentum_buffer"] = torch.zeros_like(p, dtype=torch.float32)
 
 
 def optimizer_kwargs(config) -> dict:
     """MegatronMuon's arguments from Megatron's OptimizerConfig (after :func:`unsupported` passed)."""
-    adjust_lr_fn, factor = SCALE_MODES[config.muon_scale_mode]
     return dict(
         lr=config.lr, weight_decay=config.weight_decay, momentum=config.muon_momentum,
-        nesterov=config.muon_nesterov, ns_coefficients=SIMPLE_COEFFICIENTS, ns_steps=config.muon_num_ns_steps,
-        adjust_lr_fn=adjust_lr_fn, update_scale=factor * config.muon_extra_scale_factor,
+        nesterov=config.muon_nesterov, ns_steps=config.muon_num_ns_steps,
+        coefficient_type=config.muon_coefficient_type, fp32_matmul_prec=config.muon_fp32_matmul_prec,
+        scale_mode=config.muon_scale_mode, extra_scale_factor=config.muon_extra_scale_factor,
+        split_qkv=config.muon_split_qkv,
     )
 
 
 def unsupported(args) -> str | None:
-    """One line saying what of ``--optimizer muon``'s settings torch's Muon cannot give, or None."""
+    """One line saying what of ``--optimizer muon``'s settings cannot run here, or None."""
     if args.optimizer == "dist_muon" or getattr(args, "use_distributed_optimizer", False):
         return ("--optimizer muon with --use-distributed-optimizer (or dist_muon) is Megatron's layer-wise "
                 "distributed optimizer, which is not supported here; drop --use-distributed-optimizer")
-    if args.muon_coefficient_type != "simple":
-        return (f"--muon-coefficient-type {args.muon_coefficient_type}: torch.optim.Muon repeats one "
-                "Newton-Schulz coefficient triple, Megatron's 'simple'; pass --muon-coefficient-type simple")
-    if args.muon_split_qkv:
-        return ("--optimizer muon orthogonalises the fused QKV weight as one matrix here (torch.optim.Muon); "
-                "Megatron's default splits it per head group, so pass --muon-no-split-qkv")
-    if args.muon_fp32_matmul_prec != "medium":
-        return (f"--muon-fp32-matmul-prec {args.muon_fp32_matmul_prec}: torch.optim.Muon runs Newton-Schulz "
-                "in bf16 (Megatron's 'medium'); drop it")
+    if args.muon_coefficient_type not in COEFFICIENTS:
+        return (f"--muon-coefficient-type is one of {', '.join(COEFFICIENTS)} (Megatron's NSCoeffT; 'custom' "
+                f"has no flag for its coefficients), not {args.muon_coefficient_type}")
     if args.muon_tp_mode == "distributed" or (args.muon_tp_mode == "duplicated" and args.tensor_model_parallel_size > 1):
-        return (f"--muon-tp-mode {args.muon_tp_mode}: torch.optim.Muon orthogonalises each tensor-parallel "
+        return (f"--muon-tp-mode {args.muon_tp_mode}: Muon here orthogonalises each tensor-parallel "
                 "shard on its own (Megatron's 'blockwise'); drop it")
     if getattr(args, "use_torch_fsdp2", False) or getattr(args, "use_megatron_fsdp", False):
         return "--optimizer muon does not run under FSDP in Megatron; drop --use-torch-fsdp2/--use-megatron-fsdp"
@@ -114,6 +156,10 @@ def unsupported(args) -> str | None:
                 "use adam")
     if not 1 <= args.muon_num_ns_steps < 100:
         return f"--muon-num-ns-steps is a number of Newton-Schulz steps in [1, 99], not {args.muon_num_ns_steps}"
+    try:
+        schedule(args.muon_coefficient_type, args.muon_num_ns_steps)
+    except ValueError as e:
+        return str(e)
     if not args.muon_extra_scale_factor > 0:
         return f"--muon-extra-scale-factor multiplies the update: give a positive value, not {args.muon_extra_scale_factor}"
     if args.muon_momentum < 0:

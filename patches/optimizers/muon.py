@@ -1,4 +1,4 @@
-"""``--optimizer muon`` on ``torch.optim.Muon``.
+"""``--optimizer muon`` without the emerging-optimizers package.
 
 Upstream: ``megatron.core.optimizer._get_megatron_emerging_optimizer`` builds Muon for the 2-D weight
 matrices (``_EMERGING_OPTIMIZERS['muon']``: Megatron's ``TensorParallelMuon``) and
@@ -7,9 +7,11 @@ raises ImportError at once unless the emerging-optimizers package is installed, 
 
 The patch wraps that function: for ``optimizer == 'muon'`` it runs Megatron's own code (parameter
 tagging, the Adam routing, the fp32/bf16 wrappers, the chained optimizer) with the registry's
-``muon`` entry building :class:`adaptor.optimizers.muon.MegatronMuon` (torch's Muon plus the update
-scale Megatron's scale modes need) and the package check passed, both restored on return. What torch's
-Muon cannot compute is refused before the run (``validate``); see :mod:`adaptor.optimizers.muon`.
+``muon`` entry building :class:`adaptor.optimizers.muon.MegatronMuon` (Megatron's ``TensorParallelMuon``
+step written out: every coefficient type, fp32 matmul precision and the per-block QKV split) and the
+package check passed, both restored on return. Megatron tags the fused QKV weights (``is_qkv``,
+``qkv_split_shapes``) inside the wrapped function, before the entry builds the optimizer. What does not
+run here is refused before the run (``validate``); see :mod:`adaptor.optimizers.muon`.
 """
 from __future__ import annotations
 
@@ -36,7 +38,7 @@ def _entry():
     )
 
 
-def _torch_muon(wrapped, instance, call_args, kwargs):
+def _megatron_muon(wrapped, instance, call_args, kwargs):
     config = kwargs["config"] if "config" in kwargs else call_args[0]
     if config.optimizer != "muon":
         return wrapped(*call_args, **kwargs)
@@ -51,15 +53,16 @@ def _torch_muon(wrapped, instance, call_args, kwargs):
         optimizer = wrapped(*call_args, **kwargs)
     finally:
         _EMERGING_OPTIMIZERS["muon"], optimizer_module.HAVE_EMERGING_OPTIMIZERS = held_entry, held_flag
-    notice_once("optimizer: torch.optim.Muon for the 2-D weight matrices, Adam for the other parameters")
+    notice_once("optimizer: Megatron's Muon (adaptor.optimizers.muon) for the 2-D weight matrices, "
+                "Adam for the other parameters")
     return optimizer
 
 
-class TorchMuon(Feature):
+class MuonOptimizer(Feature):
     name = "muon"
 
     def register_patches(self, pm, ctx) -> None:
-        pm.register_wrapper(TARGET, _torch_muon, OWNER)
+        pm.register_wrapper(TARGET, _megatron_muon, OWNER)
 
     def validate(self, args, ctx) -> None:
         if args.optimizer not in ("muon", "dist_muon"):
