@@ -57,6 +57,7 @@ def all_features():
     from patches.preflight.data_files import DataFiles
     from patches.preflight.output_dirs import OutputDirs
     from patches.upstream_fixes.atomic_tracker import AtomicTracker
+    from patches.upstream_fixes.checkpoint_results_queue import CheckpointResultsQueue
     from patches.upstream_fixes.disable_jit_fuser import DisableJitFuser
     from patches.upstream_fixes.distributed_optimizer_resume import DistributedOptimizerResume
     from patches.upstream_fixes.empty_dataset_split import EmptyDatasetSplit
@@ -93,6 +94,7 @@ def all_features():
         FirstIterationLog(),
         DisableJitFuser(),
         AtomicTracker(),
+        CheckpointResultsQueue(),
         DistributedOptimizerResume(),
         SequenceParallelTorchNorm(),
         ResumeRngState(),
