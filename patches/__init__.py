@@ -62,7 +62,6 @@ def all_features():
     from patches.upstream_fixes.checkpoint_results_queue import CheckpointResultsQueue
     from patches.upstream_fixes.disable_jit_fuser import DisableJitFuser
     from patches.upstream_fixes.distributed_optimizer_resume import DistributedOptimizerResume
-    from patches.upstream_fixes.dp_reshardable_state import DpReshardableState
     from patches.upstream_fixes.empty_dataset_split import EmptyDatasetSplit
     from patches.upstream_fixes.first_iteration_log import FirstIterationLog
     from patches.upstream_fixes.mtp_loss_context_parallel import MtpLossContextParallel
@@ -101,7 +100,6 @@ def all_features():
         AtomicTracker(),
         CheckpointResultsQueue(),
         DistributedOptimizerResume(),
-        DpReshardableState(),
         SequenceParallelTorchNorm(),
         ResumeRngState(),
         TorchDcpCheckpoints(),
