@@ -87,6 +87,11 @@ def dataset_dir_untouched(prefix: Path) -> None:
                      ["world size 2", "--pipeline-model-parallel-size 4", "= 4"], id="pp4-on-2-procs"),
         pytest.param(3, ["--tensor-model-parallel-size", "2"],
                      ["world size 3", "--tensor-model-parallel-size 2", "= 2"], id="tp2-on-3-procs"),
+        # the data-parallel size 2 divides by 2, the expert data-parallel size 2 / EP 2 = 1 does not
+        pytest.param(2, ["--num-experts", "2", "--expert-model-parallel-size", "2", "--use-distributed-optimizer",
+                         "--num-distributed-optimizer-instances", "2"],
+                     ["--num-distributed-optimizer-instances 2", "expert data-parallel size 1",
+                      "--expert-model-parallel-size 2"], id="optimizer-instances-vs-expert-dp"),
     ],
 )
 def test_layout_not_dividing_world_size(scratch, nproc, layout, named):
