@@ -245,11 +245,10 @@ MEGATRON_FLAGS = {
         "only read by hybrid (Mamba) models, which pretrain_gpt.py does not build; drop it"),
     "account_for_embedding_in_pipeline_split": _ACCOUNT_FOR_EMBEDDING_IN_PIPELINE_SPLIT,
     "account_for_loss_in_pipeline_split": _ACCOUNT_FOR_EMBEDDING_IN_PIPELINE_SPLIT,
-    "attention_backend": Refused(
-        "it picks among Transformer Engine's attention kernels, which the local layer spec does not use "
-        "('local' also needs Megatron-LM's --spec local); drop it, or use --use-flash-attn for fused attention "
-        "without Transformer Engine",
-        requires=("transformer_engine",)),
+    "attention_backend": Honoured(
+        "Transformer Engine's attention with TE; elsewhere rewritten before parsing, printed "
+        "(adaptor.command_line.attention_backend): flash/fused -> --use-flash-attn, unfused/local -> "
+        "local DotProductAttention, auto -> this backend's default"),
     "flash_attention_version": Refused(
         "it pins the FlashAttention generation of Transformer Engine's attention, which the local layer spec "
         "does not use; drop it (--use-flash-attn picks the adaptor's fused attention)",

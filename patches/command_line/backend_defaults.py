@@ -18,13 +18,19 @@ Two explicit values are taken as the same request in this backend's words, with 
 a ``--distributed-backend`` this backend has no library for (MindSpeed-LLM's scripts say ``nccl``
 on Ascend, where it means hccl; on CPU it means gloo), and ``--transformer-impl
 transformer_engine`` where Transformer Engine cannot run (megatron-core's local layers compute the
-same model).
+same model). ``--attention-backend`` gets the same treatment before features are chosen
+(``rewrite_argv``, :mod:`adaptor.command_line.attention_backend`): flash/fused become
+``--use-flash-attn``, unfused/local megatron-core's DotProductAttention, auto this backend's default,
+printed; a kernel that cannot serve the rest of the command line is refused in one line.
 """
 from __future__ import annotations
 
 import importlib.util
 import os
 
+from adaptor import run_state
+from adaptor.command_line.attention_backend import rewrite_attention_backend
+from adaptor.command_line.mindspeed_llm import Rewrite
 from adaptor.features import ArgumentError, Feature
 from adaptor.log import notice_once
 
@@ -60,6 +66,14 @@ def backend_defaults(backend: str) -> dict:
 class BackendDefaults(Feature):
     name = "backend_defaults"
 
+    def __init__(self) -> None:
+        self.attention: Rewrite | None = None
+
+    def rewrite_argv(self, argv: list[str]) -> list[str]:
+        backend = run_state.backend().name
+        self.attention = rewrite_attention_backend(argv, backend, backend == "cuda" and _importable("transformer_engine"))
+        return self.attention.argv
+
     def set_defaults(self, args, ctx) -> None:
         changed = []
         # Megatron asserts this CUDA scheduling knob is 1 for TP/CP; it means nothing off CUDA.
@@ -85,8 +99,12 @@ class BackendDefaults(Feature):
                            "which is not installed; Megatron's own checkpoint worker writes)")
         if changed:
             notice_once(f"{ctx.backend.name} defaults: {', '.join(changed)}")
+        for note in self.attention.notes if self.attention else ():
+            notice_once(note)
 
     def validate(self, args, ctx) -> None:
+        if self.attention is not None and self.attention.refused:
+            raise ArgumentError(self.attention.refused[0])
         if getattr(args, "async_save", False) and getattr(args, "ckpt_format", None) == "torch" \
                 and getattr(args, "save", None):
             raise ArgumentError("--async-save is not implemented by Megatron for --ckpt-format torch; use "
