@@ -2,7 +2,7 @@
 
 A short version of ``benchmarks/chaos_resume.py``: each layout (two processes, the tiny Qwen3 with
 dropout 0.1, 12 iterations, a checkpoint every 3) and each sharded format (``--ckpt-format
-safetensors``, and Megatron's default ``torch_dist`` except with FSDP2) is trained once without interruption and once
+safetensors``, and Megatron's default ``torch_dist``) is trained once without interruption and once
 through one kill at a moment of its own kind, drawn from a fixed seed; the resumed run's final
 checkpoint (weights, optimizer state incl. Adam's step, RNG states) and every checkpoint a kill left
 must equal the uninterrupted run's, and every printed loss must too. The moments and the checks are
@@ -17,8 +17,7 @@ import pytest
 from helpers.chaos_resume import reference_run, run_trial
 
 # One kind of moment per layout and format, so that together they cover the interesting ones; a
-# torch_dist kill always follows a finished save, so the resume reads the format back. FSDP2 with
-# torch_dist is not here: its resume can lose torch Adam's ``step`` (docs/checkpoints.md).
+# torch_dist kill always follows a finished save, so the resume reads the format back.
 CASES = {
     ("dp2_distopt", "safetensors"): "commit_marked",
     ("pp2", "safetensors"): "in_step",
@@ -26,6 +25,7 @@ CASES = {
     ("ep2", "safetensors"): "async_save",
     ("dp2_distopt", "torch_dist"): "sync_save",
     ("pp2", "torch_dist"): "between_steps",
+    ("fsdp2", "torch_dist"): "in_step",
     ("ep2", "torch_dist"): "sync_save",
 }
 
