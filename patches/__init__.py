@@ -50,21 +50,26 @@ def all_features():
     from patches.memory.optimizer_offload import OptimizerOffload
     from patches.memory.recompute import Recompute
     from patches.hf.tokenizer_json import TokenizerJsonSupport
+    from patches.models.layernorm_1p import Layernorm1p
     from patches.models.mla import MlaWithoutTransformerEngine
     from patches.multimodal.mm_arguments import MultimodalArguments
     from patches.multimodal.vision_tower_norms import VisionTowerNorms
+    from patches.optimizers.muon import MuonOptimizer
     from patches.preflight.checkpoint_inputs import CheckpointInputs
     from patches.preflight.data_files import DataFiles
     from patches.preflight.output_dirs import OutputDirs
     from patches.upstream_fixes.atomic_tracker import AtomicTracker
+    from patches.upstream_fixes.checkpoint_results_queue import CheckpointResultsQueue
     from patches.upstream_fixes.disable_jit_fuser import DisableJitFuser
     from patches.upstream_fixes.distributed_optimizer_resume import DistributedOptimizerResume
     from patches.upstream_fixes.empty_dataset_split import EmptyDatasetSplit
     from patches.upstream_fixes.first_iteration_log import FirstIterationLog
     from patches.upstream_fixes.mtp_loss_context_parallel import MtpLossContextParallel
     from patches.upstream_fixes.prebuilt_dataset_helpers import PrebuiltDatasetHelpers
+    from patches.upstream_fixes.qk_norm_consistency_check import QkNormConsistencyCheck
     from patches.upstream_fixes.resume_rng_state import ResumeRngState
     from patches.upstream_fixes.sequence_parallel_torch_norm import SequenceParallelTorchNorm
+    from patches.upstream_fixes.torch_dcp_checkpoints import TorchDcpCheckpoints
 
     return [
         # The command line first: rewrites, backend defaults, launch, early checks.
@@ -93,12 +98,16 @@ def all_features():
         FirstIterationLog(),
         DisableJitFuser(),
         AtomicTracker(),
+        CheckpointResultsQueue(),
         DistributedOptimizerResume(),
         SequenceParallelTorchNorm(),
         ResumeRngState(),
+        TorchDcpCheckpoints(),
         MtpLossContextParallel(),
+        QkNormConsistencyCheck(),
         # Models, then the fused operators (their swaps win over the model's).
         MlaWithoutTransformerEngine(),
+        Layernorm1p(),
         RmsNormFusion(),
         SwigluFusion(),
         RopeFusion(),
@@ -110,6 +119,7 @@ def all_features():
         GroupedMatmulFusion(),
         MoePermuteFusion(),
         FusedTorchAdam(),
+        MuonOptimizer(),
         # Checkpoints and Hugging Face.
         OnlineConversion(),
         SafetensorsFormat(),

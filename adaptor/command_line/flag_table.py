@@ -61,18 +61,16 @@ _YARN_ORIGINAL_MAX_POSITION_EMBEDDINGS = Honoured("YaRN config; MLA's through pa
 _RELATIVE_ATTENTION_NUM_BUCKETS = Refused(
     "relative position bias is T5's; pretrain_gpt.py's GPTModel has none, so drop it",
 )
-_MUON_MOMENTUM = Refused(
-    "applies to --optimizer muon, which is not supported here (only adam and sgd are); drop it",
-)
+_MUON_MOMENTUM = Honoured("patches.optimizers.muon: Megatron's Muon step, written out in adaptor.optimizers.muon")
 _LION_BETA1 = Refused("applies to --optimizer lion, which is not supported here (only adam and sgd are); drop it")
 _NON_PERSISTENT_LOCAL_CKPT_DIR = Refused(
     "applies to --non-persistent-ckpt-type local, which needs nvidia-resiliency-ext's local checkpoint "
     "manager and is not supported here; drop it (use --non-persistent-ckpt-type global)",
 )
 _CKPT_FULLY_PARALLEL_LOAD_EXCHANGE_ALGO = Honoured("torch_dist fully parallel loads")
-_USE_DIST_CKPT_DEPRECATED = Refused(
-    "deprecated and ignored by Megatron; choose the format with --ckpt-format (safetensors, torch_dist or torch)"
-)
+# Deprecated spellings Megatron still accepts: it prints that they have no effect, and what they asked
+# for (a distributed checkpoint, fully parallel saving) is already its default, and ours.
+_DEPRECATED_NO_EFFECT = Honoured("deprecated by Megatron, which prints that it has no effect; its default already does it")
 _HETEROGENEOUS_LAYERS_CONFIG_PATH = Refused(
     "pretrain_gpt.py builds one layer spec for every layer, so per-layer (heterogeneous) configurations "
     "are not applied; drop it (heterogeneous models are not supported yet)",
@@ -247,11 +245,10 @@ MEGATRON_FLAGS = {
         "only read by hybrid (Mamba) models, which pretrain_gpt.py does not build; drop it"),
     "account_for_embedding_in_pipeline_split": _ACCOUNT_FOR_EMBEDDING_IN_PIPELINE_SPLIT,
     "account_for_loss_in_pipeline_split": _ACCOUNT_FOR_EMBEDDING_IN_PIPELINE_SPLIT,
-    "attention_backend": Refused(
-        "it picks among Transformer Engine's attention kernels, which the local layer spec does not use "
-        "('local' also needs Megatron-LM's --spec local); drop it, or use --use-flash-attn for fused attention "
-        "without Transformer Engine",
-        requires=("transformer_engine",)),
+    "attention_backend": Honoured(
+        "Transformer Engine's attention with TE; elsewhere rewritten before parsing, printed "
+        "(adaptor.command_line.attention_backend): flash/fused -> --use-flash-attn, unfused/local -> "
+        "local DotProductAttention, auto -> this backend's default"),
     "flash_attention_version": Refused(
         "it pins the FlashAttention generation of Transformer Engine's attention, which the local layer spec "
         "does not use; drop it (--use-flash-attn picks the adaptor's fused attention)",
@@ -261,10 +258,9 @@ MEGATRON_FLAGS = {
     "apply_residual_connection_post_layernorm": Refused(
         "megatron-core's TransformerLayer never reads it (the residual is always taken before the layer norm); "
         "drop it"),
-    "layernorm_zero_centered_gamma": Refused(
-        "torch's LayerNorm and RMSNorm on the local layer spec have no zero-centred gamma and model building "
-        "stops on an assertion; drop it, or run on CUDA with Transformer Engine",
-        requires=("transformer_engine",)),
+    "layernorm_zero_centered_gamma": Honoured(
+        "every norm of the local spec (layers, final, qk-layernorm, MLA, MTP) scales by 1 + gamma, gamma stored "
+        "and starting at zero; --use-fused-rmsnorm too; LayerNorm and RMSNorm only"),
     "glu_linear_offset": Honoured("unfused gated activation in MLP and experts; the fused SwiGLU rejects a non-zero offset"),
     "activation_func_clamp_value": Honoured("unfused gated activation in MLP and experts; the fused SwiGLU does not clamp"),
     "rotary_interleaved": Honoured("unfused RoPE; --use-fused-rotary-pos-emb refuses it with one line"),
@@ -547,15 +543,22 @@ MEGATRON_FLAGS = {
     "apply_wd_to_qk_layernorm": HONOURED,  # optimizer param groups match q_layernorm./k_layernorm. names
     "clip_grad": Honoured("Megatron's clipping, dtype check made device-agnostic by patches.device.device_agnostic_clip_grads"),
     "muon_momentum": _MUON_MOMENTUM,
-    "muon_split_qkv": _MUON_MOMENTUM,
+    "muon_split_qkv": Honoured("patches.optimizers.muon: the fused QKV weight orthogonalised per Q, K and V "
+                               "block (Megatron's default), whole with --muon-no-split-qkv"),
     "muon_nesterov": _MUON_MOMENTUM,
     "muon_scale_mode": _MUON_MOMENTUM,
-    "muon_fp32_matmul_prec": _MUON_MOMENTUM,
-    "muon_coefficient_type": _MUON_MOMENTUM,
+    "muon_fp32_matmul_prec": Honoured("patches.optimizers.muon: medium iterates Newton-Schulz in bf16, high and "
+                                      "low in float32 (adaptor.optimizers.newton_schulz)"),
+    "muon_coefficient_type": Refused(
+        "custom has no flag for its coefficients; use simple, quintic, polar_express or aol",
+        values=lambda v: v not in ("simple", "quintic", "polar_express", "aol")),
     "muon_num_ns_steps": _MUON_MOMENTUM,
-    "muon_tp_mode": _MUON_MOMENTUM,
-    "muon_extra_scale_factor": _MUON_MOMENTUM,
-    "muon_scalar_optimizer": _MUON_MOMENTUM,
+    "muon_tp_mode": Refused(
+        "Muon here orthogonalises each tensor-parallel shard on its own (blockwise; duplicated "
+        "equals it at TP=1); drop it", values=lambda v: v == "distributed"),
+    "muon_extra_scale_factor": Honoured("patches.optimizers.muon: scales the update, not the weight decay"),
+    "muon_scalar_optimizer": Refused("lion needs the emerging-optimizers package; use adam",
+                                     values=lambda v: v != "adam"),
     "lion_beta1": _LION_BETA1,
     "lion_beta2": _LION_BETA1,
     "no_weight_decay_cond_type": Honoured("deprecated alias: Megatron turns it into --apply-wd-to-qk-layernorm"),
@@ -595,9 +598,10 @@ MEGATRON_FLAGS = {
     "bias_gelu_fusion": HONOURED,  # --no-*-fusion flags select the unfused code, which runs everywhere
     "use_flash_attn": Honoured("layer-spec swap to adaptor.ops.flash_attention.FlashAttention; TE's attention with TE"),
     "optimizer": Refused(
-        "only adam and sgd run here; muon, lion and soap need the emerging-optimizers package, which this "
-        "adaptor neither installs nor tests; use adam",
-        values=lambda v: v in ("muon", "dist_muon", "adaptive_muon", "lion", "soap"),
+        "only adam, sgd and muon (patches.optimizers.muon) run here; lion, soap and "
+        "adaptive_muon need the emerging-optimizers package, and dist_muon is Megatron's layer-wise "
+        "distributed optimizer; use adam or muon",
+        values=lambda v: v in ("dist_muon", "adaptive_muon", "lion", "soap"),
     ),
     "optimizer_cpu_offload": Honoured(
         "patches.memory.optimizer_offload: torch's Adam keeps and steps a fraction of the state in host memory, "
@@ -673,17 +677,22 @@ MEGATRON_FLAGS = {
     "non_persistent_local_ckpt_dir": _NON_PERSISTENT_LOCAL_CKPT_DIR,
     "non_persistent_local_ckpt_algo": _NON_PERSISTENT_LOCAL_CKPT_DIR,
     "use_checkpoint_args": HONOURED,  # args come from the common state (JSON in safetensors checkpoints)
+    # torch_dcp: with --use-torch-fsdp2 (Megatron's own requirement; adaptor/preflight/parallel_layout.py).
     "ckpt_format": Refused(
-        "torch_dcp is Megatron's format for its own FSDP2 and fsdp_dtensor for Megatron-FSDP, neither of which "
-        "saves here; use safetensors, torch_dist or torch",
-        values=lambda v: v in ("torch_dcp", "fsdp_dtensor"),
+        "fsdp_dtensor is Megatron-FSDP's format, which does not save here; use safetensors, torch_dist or torch "
+        "(or torch_dcp with --use-torch-fsdp2)",
+        values=lambda v: v == "fsdp_dtensor",
     ),
     "auto_detect_ckpt_format": HONOURED,  # a safetensors checkpoint has metadata.json, so it reads as sharded
     "ckpt_fully_parallel_save": HONOURED,  # safetensors spreads replicas only under the fully-parallel strategy
-    # torch_dist and safetensors: Megatron's persistent worker; torch_dist also needs
-    # --use-persistent-ckpt-worker --async-strategy mcore (safetensors sets both).
-    "async_save": Honoured("safetensors; torch_dist with --use-persistent-ckpt-worker --async-strategy mcore"),
-    "async_strategy": HONOURED,  # the non-default value is mcore, Megatron's own worker
+    # Megatron's persistent worker writes; Megatron turns --async-save off for torch_dist and torch_dcp
+    # without --use-persistent-ckpt-worker (safetensors sets it). backend_defaults picks --async-strategy
+    # mcore where nvidia-resiliency-ext (the default nvrx) is missing.
+    "async_save": Honoured(
+        "safetensors; torch_dist and torch_dcp with --use-persistent-ckpt-worker; Megatron's own writer "
+        "(--async-strategy mcore) where nvidia-resiliency-ext is not installed"
+    ),
+    "async_strategy": HONOURED,  # mcore, Megatron's own worker, is the default here without nvidia-resiliency-ext
     "async_ckpt_cpu_priority": HONOURED,  # nice value of the persistent worker
     "async_ckpt_use_cpu_shm": NotApplied(
         "only nvidia-resiliency-ext's async writer stages tensors in shared memory; Megatron's own (mcore) "
@@ -708,12 +717,12 @@ MEGATRON_FLAGS = {
         "changes how FP8/FP4 parameters are dequantized while loading, and such parameters need Transformer Engine",
         requires=("transformer_engine",),
     ),
-    "use_dist_ckpt_deprecated": _USE_DIST_CKPT_DEPRECATED,
-    "dist_ckpt_format_deprecated": _USE_DIST_CKPT_DEPRECATED,
+    "use_dist_ckpt_deprecated": _DEPRECATED_NO_EFFECT,
+    "dist_ckpt_format_deprecated": Refused(
+        "deprecated and ignored by Megatron, so this format would not be used; choose it with --ckpt-format "
+        "(safetensors, torch_dist, torch or torch_dcp)"),
     "dist_ckpt_workers": Honoured("torch_dist async saves with --ckpt-assume-constant-structure"),
-    # Deprecated: Megatron accepts it, prints that it has no effect and saves fully parallel as by default.
-    # Its own functional tests still pass it, so refusing it would refuse their command lines.
-    "ckpt_fully_parallel_save_deprecated": HONOURED,
+    "ckpt_fully_parallel_save_deprecated": _DEPRECATED_NO_EFFECT,
     # --- mixed precision ---
     **honoured(
         "grad_reduce_in_bf16 loss_scale initial_loss_scale min_loss_scale loss_scale_window hysteresis "
@@ -871,9 +880,8 @@ MEGATRON_FLAGS = {
     "eval_micro_batch_size": Refused(
         "pretrain_gpt.py receives batches on tensor-parallel ranks at --micro-batch-size, so a different evaluation micro-batch fails once tensor parallelism is on; drop it "
         "(evaluation then uses --micro-batch-size)"),
-    "test_mode": Refused(
-        "its one check compares LayerNorm q/k-norm weights across data-parallel ranks and fails on RMSNorm "
-        "ones; drop it"),
+    "test_mode": Honoured("Megatron's check that q/k-norm parameters agree across DP and TP ranks, every step; "
+                          "upstream_fixes.qk_norm_consistency_check makes it work for RMSNorm"),
     "full_validation": Refused(
         "full validation reads one sample per micro-batch, while pretrain_gpt.py receives batches on tensor-parallel ranks at --micro-batch-size; evaluate a fixed number of "
         "batches with --eval-iters instead"),

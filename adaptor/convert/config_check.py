@@ -32,6 +32,11 @@ ARCHITECTURE_SWITCHES = (
 )
 
 
+# Neither family scales its norms by 1 + weight; a stored gamma would be read as the scale itself.
+ZERO_CENTRED_GAMMA = ("--apply-layernorm-1p is on, but Qwen3 and DeepSeek-V3 norms scale by their weight, "
+                      "not by 1 + weight; drop the flag for these models")
+
+
 def hf_model_type(config: dict, given: str | None, where: str) -> str:
     """``--model-type-hf`` or the one config.json's ``model_type`` names."""
     if given:
@@ -96,6 +101,8 @@ def _query_groups(ns) -> int | None:
 
 def config_mismatch(args, hf_flags: list[str]) -> str | None:
     """The first setting where ``args`` differs from the model ``hf_flags`` describe, as a phrase."""
+    if getattr(args, "layernorm_zero_centered_gamma", False):
+        return ZERO_CENTRED_GAMMA
     hf, given, options = megatron_namespace(hf_flags)
     compared = (given | set(ARCHITECTURE_SWITCHES)) - NOT_COMPARED
     if not getattr(hf, "group_query_attention", False):

@@ -49,8 +49,8 @@ class ModelMapping:
         self.num_experts = 0
 
     def require(self, key: str):
-        if key not in self.config:
-            raise ConversionError(f"config.json: missing '{key}' (needed for {self.model_type})")
+        if self.config.get(key) is None:
+            raise ConversionError(f"config.json: no value for '{key}' (needed for {self.model_type})")
         return self.config[key]
 
     # -- subclasses --------------------------------------------------------------------------

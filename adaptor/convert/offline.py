@@ -253,7 +253,10 @@ def merge_to_hf(load, save_dir, model_type: str, max_shard_bytes: int = 5 * 2**3
         args = whole.source.common_state().get("args")
         if args is None:
             raise ConversionError(f"{whole.path}: no saved arguments to describe the model with")
-        config = hf_config_from_args(argparse.Namespace(**{**vars(args), "model_type_hf": model_type}))
+        try:
+            config = hf_config_from_args(argparse.Namespace(**{**vars(args), "model_type_hf": model_type}))
+        except ValueError as exc:  # a setting no config of this family describes
+            raise ConversionError(f"{whole.path}: {exc}") from None
         return write_hf_dir(save_dir, whole, model_type, config, Layout(), args.padded_vocab_size,
                             extra_files={SIDE_FILE: merged_description(whole.source, model_type)},
                             max_shard_bytes=max_shard_bytes)

@@ -173,6 +173,10 @@ def _rope_parameters(args) -> dict:
 
 def hf_config_from_args(args) -> dict:
     """A transformers config.json for the model the flags build (qwen3 or deepseek3)."""
+    if getattr(args, "layernorm_zero_centered_gamma", False):
+        from adaptor.convert.config_check import ZERO_CENTRED_GAMMA
+
+        raise ValueError(ZERO_CENTRED_GAMMA)
     common = {
         "vocab_size": args.padded_vocab_size or args.vocab_size, "hidden_size": args.hidden_size,
         "num_hidden_layers": args.num_layers, "num_attention_heads": args.num_attention_heads,

@@ -110,6 +110,21 @@ class HostOffloadAdam(torch.optim.AdamW):
         self.after_first_step = None  # called once with last_host_elements
         _instances.add(self)
 
+    def add_param_group(self, param_group: dict) -> None:
+        """torch's, for the tensors Megatron's wrappers step, which need not be leaves.
+
+        The distributed optimizer's fp32 parameters are stepped through views of the model parameters
+        (``model_param.view(-1)[start:end]``), which autograd records as non-leaf tensors; Megatron
+        installs them into its own optimizer by assigning ``param_groups``, past torch's leaf check, and
+        steps them in place under ``no_grad``, as this optimizer does. torch checks detached aliases
+        here (same storage, leaves), and the group keeps the wrapper's own tensors, which receive the gradients.
+        """
+        params = param_group["params"]
+        params = [params] if isinstance(params, torch.Tensor) else list(params)
+        param_group["params"] = [p if p.is_leaf else p.detach() for p in params]
+        super().add_param_group(param_group)
+        param_group["params"] = params
+
     # -- the plan: which parameters live on the host -------------------------------------------
 
     def offloaded_params(self) -> list[torch.Tensor]:

@@ -12,6 +12,7 @@ headers: the tracker's content, the iteration directory, and
   container ``torch.save`` writes; a copy cut short has no central directory);
 * ``torch_dist``: ``metadata.json`` parses and torch.distributed.checkpoint's ``.metadata``
   and data files (``*.distcp``) exist;
+* ``torch_dcp`` (no ``metadata.json``, Megatron tells it by its ``.metadata``): the data files exist;
 * ``safetensors``: ``common.json`` parses and every rank file it lists has a header whose
   tensors lie inside the file.
 """
@@ -60,12 +61,12 @@ def _check_torch(directory: Path, flag: str) -> None:
                                 f"no zip directory at its end): a copy cut short or a save that did not finish")
 
 
-def _check_torch_dist(directory: Path, flag: str) -> None:
+def _check_dcp(directory: Path, flag: str, fmt: str = "torch_dist") -> None:
     # megatron-core 0.19.2 keeps the common state in the .distcp files too; common.pt is optional.
     if not (directory / ".metadata").is_file():
-        raise ArgumentError(f"{flag}: {directory} has no .metadata; this torch_dist checkpoint is incomplete")
+        raise ArgumentError(f"{flag}: {directory} has no .metadata; this {fmt} checkpoint is incomplete")
     if not any(directory.glob("*.distcp")):
-        raise ArgumentError(f"{flag}: {directory} has no *.distcp files; this torch_dist checkpoint is incomplete")
+        raise ArgumentError(f"{flag}: {directory} has no *.distcp files; this {fmt} checkpoint is incomplete")
 
 
 def _check_safetensors(directory: Path, flag: str) -> None:
@@ -130,12 +131,14 @@ def check_load_dir(path: str, flag: str, required: str | None = None) -> None:
             raise ArgumentError(f"{flag} {path}: has no {TRACKER} (no checkpoint to load), and {required}")
         return
     backend = sharded_backend(directory, flag)
-    if backend is None:
+    if backend is None and (directory / ".metadata").exists():
+        _check_dcp(directory, flag, "torch_dcp")  # how Megatron's _get_checkpoint_format tells torch_dcp
+    elif backend is None:
         _check_torch(directory, flag)
     elif backend == "safetensors":
         _check_safetensors(directory, flag)
     elif backend == "torch_dist":
-        _check_torch_dist(directory, flag)
+        _check_dcp(directory, flag)
 
 
 def check_load_inputs(args) -> None:

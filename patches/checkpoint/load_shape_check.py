@@ -15,7 +15,10 @@ silently left rows at zero (``torch_dist``/``safetensors`` allow vocabulary shap
   becomes the same line, naming the tensor, both shapes and the flag to change;
 * a converted checkpoint's ``hf/config.json`` is compared with the flags after ``validate_args``,
   as ``--hf-load-dir`` does, so settings no shape shows (RoPE/YaRN, router scaling, tied embeddings)
-  cannot silently differ.
+  cannot silently differ;
+* ``megatron.training.checkpointing.check_checkpoint_args`` (a resumed run, not ``--finetune``, as
+  upstream compares its arguments): ``--apply-layernorm-1p`` must be as the checkpoint was saved,
+  since its norm weights are then gamma of ``1 + gamma``, which no tensor shape shows.
 """
 from __future__ import annotations
 
@@ -226,6 +229,19 @@ def _validate_args(wrapped, instance, call_args, kwargs):
     return result
 
 
+def _check_checkpoint_args(wrapped, instance, call_args, kwargs):
+    from megatron.training import get_args
+
+    checkpoint_args = argument(call_args, kwargs, "checkpoint_args")
+    saved = bool(getattr(checkpoint_args, "layernorm_zero_centered_gamma", False))
+    given = bool(getattr(get_args(), "layernorm_zero_centered_gamma", False))
+    if saved != given:
+        fail(f"--load {get_args().load}: the checkpoint was saved {'with' if saved else 'without'} "
+             f"--apply-layernorm-1p, so its norms scale by {'1 + weight' if saved else 'weight'}; "
+             f"{'add' if saved else 'drop'} the flag")
+    return wrapped(*call_args, **kwargs)
+
+
 class LoadShapeCheck(Feature):
     name = "load_shape_check"
 
@@ -235,6 +251,7 @@ class LoadShapeCheck(Feature):
                             _check_padded_vocab, OWNER)
         pm.register_wrapper("megatron.core.dist_checkpointing.serialization.load", _dist_load, OWNER)
         pm.register_wrapper("megatron.training.checkpointing.load_checkpoint", _load_checkpoint, OWNER)
+        pm.register_wrapper("megatron.training.checkpointing.check_checkpoint_args", _check_checkpoint_args, OWNER)
 
     def set_defaults(self, args, ctx) -> None:
         if "padded_vocab_size" in ctx.explicit or not getattr(args, "load", None):

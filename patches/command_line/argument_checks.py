@@ -1,7 +1,9 @@
 """Early, one-line errors for parallel layouts Megatron would reject deep inside.
 
 Upstream: ``megatron.training.arguments.validate_args`` asserts on parallel
-layouts. These checks run before Megatron's validation (through
+layouts, and ``megatron.core.parallel_state.initialize_model_parallel`` on the expert layout and on
+``--num-distributed-optimizer-instances`` (which must divide the data-parallel x context-parallel
+size and the expert data-parallel size). These checks run before Megatron's validation (through
 ``adaptor.arguments_hook``) and name the flags involved (the world-size message
 spells out the three parallel-size flags, not just their values, so the user
 knows what to change). The checks live in ``adaptor/preflight/parallel_layout.py``

@@ -7,20 +7,34 @@ RoPE fusions. This feature sets, per backend, only the values the user did
 not pass on the command line (an explicit flag always wins), and prints what
 it set, so the same Megatron command line runs on NPU, GPU and CPU.
 
+``--async-save`` runs Megatron's checkpoint writer under ``--async-strategy``, whose default
+``nvrx`` imports nvidia-resiliency-ext; where that library is not installed, ``mcore`` (Megatron's
+own writer and persistent worker, which need nothing else) is set instead, unless the user chose a
+strategy (an explicit ``nvrx`` without the library is refused in one line). ``--async-save`` with
+``--ckpt-format torch``, which Megatron's ``save_checkpoint`` only meets with NotImplementedError at
+the first save, is refused before the run starts.
+
 Two explicit values are taken as the same request in this backend's words, with a printed line:
 a ``--distributed-backend`` this backend has no library for (MindSpeed-LLM's scripts say ``nccl``
 on Ascend, where it means hccl; on CPU it means gloo), and ``--transformer-impl
 transformer_engine`` where Transformer Engine cannot run (megatron-core's local layers compute the
-same model).
+same model). ``--attention-backend`` gets the same treatment before features are chosen
+(``rewrite_argv``, :mod:`adaptor.command_line.attention_backend`): flash/fused become
+``--use-flash-attn``, unfused/local megatron-core's DotProductAttention, auto this backend's default,
+printed; a kernel that cannot serve the rest of the command line is refused in one line.
 """
 from __future__ import annotations
 
 import importlib.util
 import os
 
-from adaptor.features import Feature
+from adaptor import run_state
+from adaptor.command_line.attention_backend import rewrite_attention_backend
+from adaptor.command_line.mindspeed_llm import Rewrite
+from adaptor.features import ArgumentError, Feature
 from adaptor.log import notice_once
 
+NVRX = "nvidia_resiliency_ext"
 _CUDA_ONLY_FUSIONS = ("masked_softmax_fusion", "bias_gelu_fusion", "bias_swiglu_fusion",
                       "bias_dropout_fusion", "apply_rope_fusion")
 
@@ -52,6 +66,14 @@ def backend_defaults(backend: str) -> dict:
 class BackendDefaults(Feature):
     name = "backend_defaults"
 
+    def __init__(self) -> None:
+        self.attention: Rewrite | None = None
+
+    def rewrite_argv(self, argv: list[str]) -> list[str]:
+        backend = run_state.backend().name
+        self.attention = rewrite_attention_backend(argv, backend, backend == "cuda" and _importable("transformer_engine"))
+        return self.attention.argv
+
     def set_defaults(self, args, ctx) -> None:
         changed = []
         # Megatron asserts this CUDA scheduling knob is 1 for TP/CP; it means nothing off CUDA.
@@ -70,5 +92,24 @@ class BackendDefaults(Feature):
             if dest in ctx.explicit and given in unusable and dest in wanted and given != wanted[dest]:
                 setattr(args, dest, wanted[dest])
                 changed.append(f"{dest}={wanted[dest]} (for {flag} {given}, which this backend cannot run)")
+        if getattr(args, "async_save", False) and "async_strategy" not in ctx.explicit \
+                and getattr(args, "async_strategy", None) == "nvrx" and not _importable(NVRX):
+            args.async_strategy = "mcore"
+            changed.append("async_strategy=mcore (for --async-save: the default nvrx needs nvidia-resiliency-ext, "
+                           "which is not installed; Megatron's own checkpoint worker writes)")
         if changed:
             notice_once(f"{ctx.backend.name} defaults: {', '.join(changed)}")
+        for note in self.attention.notes if self.attention else ():
+            notice_once(note)
+
+    def validate(self, args, ctx) -> None:
+        if self.attention is not None and self.attention.refused:
+            raise ArgumentError(self.attention.refused[0])
+        if getattr(args, "async_save", False) and getattr(args, "ckpt_format", None) == "torch" \
+                and getattr(args, "save", None):
+            raise ArgumentError("--async-save is not implemented by Megatron for --ckpt-format torch; use "
+                                "--ckpt-format safetensors or torch_dist, or drop --async-save")
+        if getattr(args, "async_save", False) and getattr(args, "async_strategy", None) == "nvrx" \
+                and "async_strategy" in ctx.explicit and not _importable(NVRX):
+            raise ArgumentError("--async-strategy nvrx needs nvidia-resiliency-ext, which is not installed; "
+                                "install it or pass --async-strategy mcore (Megatron's own checkpoint worker)")

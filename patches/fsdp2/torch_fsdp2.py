@@ -7,8 +7,9 @@ Upstream code changed, and why:
   "cuda" only and it shards fixed classes; ours uses the backend's device, the YAML plan and fp32
   master weights under ``--bf16``.
 * ``megatron.training.arguments.validate_args`` asserts untied embeddings, ``--ckpt-format
-  torch_dist|torch_dcp`` and ``CUDA_DEVICE_MAX_CONNECTIONS`` != 1, none fundamental here; the
-  replacement runs the original with accepted values and restores them, after
+  torch_dist|torch_dcp`` (safetensors saves FSDP2 too; torch_dcp's own limits are checked in
+  :mod:`adaptor.preflight.parallel_layout`) and ``CUDA_DEVICE_MAX_CONNECTIONS`` != 1, none
+  fundamental here; the replacement runs the original with accepted values and restores them, after
   :meth:`TorchFsdp2.validate` has refused the real limits (PP, EP, distributed optimizer,
   gradient-accumulation fusion, fp16) in one line.
 * ``megatron.training.training.get_megatron_ddp_config``: carries the checked plan to the wrapper.
@@ -39,7 +40,7 @@ from adaptor.wrapping import argument, overridden
 OWNER = __name__
 VALIDATE_ARGS = "megatron.training.arguments.validate_args"
 UPSTREAM_CLASS = "megatron.core.distributed.torch_fully_sharded_data_parallel.TorchFullyShardedDataParallel"
-CHECKPOINT_FORMATS = ("torch_dist", "safetensors")
+CHECKPOINT_FORMATS = ("torch_dist", "safetensors", "torch_dcp")
 CONNECTIONS = "CUDA_DEVICE_MAX_CONNECTIONS"
 
 
@@ -137,7 +138,8 @@ class TorchFsdp2(Feature):
                 raise ArgumentError(f"--use-torch-fsdp2 does not support {what}")
         if (args.save or args.load) and args.ckpt_format not in CHECKPOINT_FORMATS:
             raise ArgumentError(f"--use-torch-fsdp2 saves and loads checkpoints as --ckpt-format "
-                                f"{' or '.join(CHECKPOINT_FORMATS)}, not {args.ckpt_format}")
+                                f"{', '.join(CHECKPOINT_FORMATS[:-1])} or {CHECKPOINT_FORMATS[-1]}, "
+                                f"not {args.ckpt_format}")
         if ctx.backend.name == "cuda" and os.environ.get(CONNECTIONS) == "1":
             raise ArgumentError(f"--use-torch-fsdp2 on CUDA needs {CONNECTIONS} unset or greater than 1 "
                                 f"(FSDP2 overlaps its collectives with compute); it is 1")

@@ -12,6 +12,7 @@ picks its fused backend itself, which is what the flag means to Megatron there.
 """
 from __future__ import annotations
 
+from adaptor.command_line.attention_backend import flash_attention_refusal
 from adaptor.features import ArgumentError, Feature
 
 
@@ -30,6 +31,6 @@ class FlashAttentionFusion(Feature):
     def validate(self, args, ctx) -> None:
         if not getattr(args, "use_flash_attn", False) or args.transformer_impl == "transformer_engine":
             return
-        if getattr(args, "window_size", None) is not None:
-            raise ArgumentError("--use-flash-attn does not support --window-size (sliding-window attention) "
-                                "without Transformer Engine; drop one of them")
+        why = flash_attention_refusal(getattr(args, "softmax_type", None), getattr(args, "window_size", None))
+        if why:
+            raise ArgumentError(f"--use-flash-attn (without Transformer Engine) {why}; drop one of them")

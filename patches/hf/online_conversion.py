@@ -106,6 +106,10 @@ def _validate_args(wrapped, instance, call_args, kwargs):
             config = hf_config_from_args(args)
         except (TypeError, ValueError, AttributeError) as exc:
             fail(f"--hf-save-dir: cannot describe this model as {args.model_type_hf}: {exc}")
+        if config["vocab_size"] is None:
+            # A tokenizer's vocabulary (HuggingFaceTokenizer, no --vocab-size) is known once Megatron builds it,
+            # after validation; the saved config.json takes the padded size then. It is not compared here.
+            config["vocab_size"] = 1
     try:
         mismatch = config_mismatch(args, model_flags(args.model_type_hf, config))
     except ConversionError as exc:

@@ -87,6 +87,11 @@ def dataset_dir_untouched(prefix: Path) -> None:
                      ["world size 2", "--pipeline-model-parallel-size 4", "= 4"], id="pp4-on-2-procs"),
         pytest.param(3, ["--tensor-model-parallel-size", "2"],
                      ["world size 3", "--tensor-model-parallel-size 2", "= 2"], id="tp2-on-3-procs"),
+        # the data-parallel size 2 divides by 2, the expert data-parallel size 2 / EP 2 = 1 does not
+        pytest.param(2, ["--num-experts", "2", "--expert-model-parallel-size", "2", "--use-distributed-optimizer",
+                         "--num-distributed-optimizer-instances", "2"],
+                     ["--num-distributed-optimizer-instances 2", "expert data-parallel size 1",
+                      "--expert-model-parallel-size 2"], id="optimizer-instances-vs-expert-dp"),
     ],
 )
 def test_layout_not_dividing_world_size(scratch, nproc, layout, named):
@@ -161,6 +166,9 @@ def one_process_cases(tmp_path_factory, dataset):
         "hf_tokenizer_missing": case("hf_tokenizer_missing", lambda scratch, _: TINY + [
             "--data-path", str(dataset), "--tokenizer-type", "HuggingFaceTokenizer",
             "--tokenizer-model", "/nonexistent/tokenizer_dir"] + save_args(scratch)),
+        "attention_backend_window": case("attention_backend_window", lambda scratch, _: TINY + MOCK + [
+            "--transformer-impl", "transformer_engine", "--attention-backend", "flash", "--window-size", "(8,0)"]
+            + save_args(scratch)),
         "unknown_backend": case("unknown_backend", lambda scratch, _: TINY + MOCK + save_args(scratch),
                                 ADAPTOR_BACKEND="tpu"),
         # Megatron caches the blend's sample indices; keep them out of the shared dataset's folder.
@@ -229,6 +237,13 @@ def test_hf_tokenizer_model_missing(one_process_cases):
 
 
 # -- d) unknown backend -----------------------------------------------------------------------
+
+def test_attention_backend_the_mapped_kernel_cannot_serve(one_process_cases):
+    """Off Transformer Engine, --attention-backend flash is our FlashAttention, which has no sliding window."""
+    proc, scratch, _ = one_process_cases["attention_backend_window"].result()
+    assert_one_line_error(proc, ["--attention-backend flash maps to FlashAttention", "--window-size"], torchrun=False)
+    assert_nothing_written(scratch)
+
 
 def test_unknown_backend(one_process_cases):
     # run_python(TINY + MOCK + save_args(scratch), cwd=scratch, ADAPTOR_BACKEND="tpu")

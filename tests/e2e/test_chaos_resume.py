@@ -1,11 +1,12 @@
 """Training SIGKILLed at random moments and resumed ends bit for bit where an uninterrupted run ends, dropout on.
 
 A short version of ``benchmarks/chaos_resume.py``: each layout (two processes, the tiny Qwen3 with
-dropout 0.1, 12 iterations, a checkpoint every 3, ``--ckpt-format safetensors``) is trained once
-without interruption and once through one kill at a moment of its own kind, drawn from a fixed seed;
-the resumed run's final checkpoint (weights, optimizer state, RNG states) and every checkpoint a
-kill left must equal the uninterrupted run's, and every printed loss must too. The moments and the
-checks are in tests/helpers/chaos_resume.py.
+dropout 0.1, 12 iterations, a checkpoint every 3) and each sharded format (``--ckpt-format
+safetensors``, and Megatron's default ``torch_dist``) is trained once without interruption and once
+through one kill at a moment of its own kind, drawn from a fixed seed; the resumed run's final
+checkpoint (weights, optimizer state incl. Adam's step, RNG states) and every checkpoint a kill left
+must equal the uninterrupted run's, and every printed loss must too. The moments and the checks are
+in tests/helpers/chaos_resume.py.
 """
 from __future__ import annotations
 
@@ -15,18 +16,24 @@ import pytest
 
 from helpers.chaos_resume import reference_run, run_trial
 
-# One kind of moment per layout, so that the four cover the interesting ones.
+# One kind of moment per layout and format, so that together they cover the interesting ones; a
+# torch_dist kill always follows a finished save, so the resume reads the format back.
 CASES = {
-    "dp2_distopt": "commit_marked",
-    "pp2": "in_step",
-    "fsdp2": "sync_save",
-    "ep2": "async_save",
+    ("dp2_distopt", "safetensors"): "commit_marked",
+    ("pp2", "safetensors"): "in_step",
+    ("fsdp2", "safetensors"): "sync_save",
+    ("ep2", "safetensors"): "async_save",
+    ("dp2_distopt", "torch_dist"): "sync_save",
+    ("pp2", "torch_dist"): "between_steps",
+    ("fsdp2", "torch_dist"): "in_step",
+    ("ep2", "torch_dist"): "sync_save",
 }
 
 
-@pytest.mark.parametrize("layout", CASES)
-def test_killed_and_resumed_run_is_bit_exact(layout, tmp_path):
-    ref = reference_run(layout, "safetensors", tmp_path)
-    trial = run_trial(ref, tmp_path, random.Random(f"ci-{layout}"), kills=1, moments=[CASES[layout]])
+@pytest.mark.parametrize("layout, fmt", CASES, ids=[f"{layout}-{fmt}" for layout, fmt in CASES])
+def test_killed_and_resumed_run_is_bit_exact(layout, fmt, tmp_path):
+    ref = reference_run(layout, fmt, tmp_path)
+    trial = run_trial(ref, tmp_path, random.Random(f"ci-{layout}" + ("" if fmt == "safetensors" else f"-{fmt}")),
+                      kills=1, moments=[CASES[layout, fmt]])
     assert len(trial.kills) == 1 and trial.kills[0].landed, trial.kills
     assert trial.tensors_compared > 0

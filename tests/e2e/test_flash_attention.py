@@ -33,13 +33,18 @@ def _train(extra, nproc=1, launch=run_pretrain):
 def runs(shared_runs):
     """Without and with --use-flash-attn, on 1 process and on TP=2 (2 processes); two at a time.
 
+    With them, Transformer Engine's spelling (--transformer-impl transformer_engine --attention-backend flash)
+    at TP=2, which this backend maps onto --use-flash-attn.
+
     The one-process run without the flag is the session's shared 5-iteration run (test_fused_elementwise.py's too).
     """
     tp2 = ["--tensor-model-parallel-size", "2"]
     with ThreadPoolExecutor(2) as pool:
         ref, flash = pool.submit(_train, [], 1, shared_runs.run), pool.submit(_train, ["--use-flash-attn"])
         ref_tp2, flash_tp2 = pool.submit(_train, tp2, 2), pool.submit(_train, ["--use-flash-attn", *tp2], 2)
-        return {"1": (ref.result(), flash.result()), "tp2": (ref_tp2.result(), flash_tp2.result())}
+        te = pool.submit(_train, ["--transformer-impl", "transformer_engine", "--attention-backend", "flash", *tp2], 2)
+        return {"1": (ref.result(), flash.result()), "tp2": (ref_tp2.result(), flash_tp2.result()),
+                "te_spelling": te.result()}
 
 
 def _assert_close(curve, reference):
@@ -54,3 +59,13 @@ def test_flash_attn_reproduces_loss_curve(runs, layout):
     assert "flash_attention" not in ref.output.split("features:")[1].splitlines()[0]
     assert ref.curve()[-1] < ref.curve()[0]
     _assert_close(flash.curve(), ref.curve())
+
+
+def test_attention_backend_flash_trains_through_flash_attention(runs):
+    """TE's command line runs here: the flag maps onto our FlashAttention, printed, and trains the same model."""
+    te, (_, flash_tp2) = runs["te_spelling"], runs["tp2"]
+    assert "--attention-backend flash: FlashAttention (--use-flash-attn)" in te.output, tail(te.output)
+    assert "transformer_impl=local (for --transformer-impl transformer_engine" in te.output, tail(te.output)
+    assert "flash_attention" in te.output.split("features:")[1].splitlines()[0]
+    assert te.curve()[-1] < te.curve()[0]
+    assert te.curve() == flash_tp2.curve()  # the same command line once mapped: the same numbers

@@ -211,3 +211,22 @@ def test_converted_checkpoint_refuses_flags_without_its_rope_scaling(hf_dirs, tm
     assert errors == [f"megatron-adaptor: error: --load {converted}: --position-embedding-type is 'rope' on the "
                       f"command line but 'yarn' in the Hugging Face config ({converted / 'hf' / 'config.json'}); "
                       f"change the flag, or convert again"], tail(run.output)
+
+
+def test_hf_save_dir_from_flags_takes_the_vocabulary_from_the_tokenizer(tmp_path):
+    """No --hf-load-dir and a Hugging Face tokenizer (MindSpeed-LLM's PretrainedFromHF spelling): the vocabulary
+    is known once Megatron builds the tokenizer, after validation; config.json gets the padded size."""
+    from safetensors import safe_open
+
+    from helpers.megatron_runs import SAMPLE_TOKENIZER, TINY_QWEN3_MODEL
+
+    out = tmp_path / "hf_out"
+    run = run_pretrain(TINY_QWEN3_MODEL + ["--mock-data", "--tokenizer-type", "PretrainedFromHF", "--tokenizer-model",
+                                           str(SAMPLE_TOKENIZER), "--train-iters", "2", "--hf-save-dir", str(out),
+                                           "--model-type-hf", "qwen3"])
+    assert run.returncode == 0, tail(run.output)
+    padded = int(re.search(r"padded vocab \(size: \d+\) with \d+ dummy tokens \(new size: (\d+)\)", run.output)[1])
+    config = json.loads((out / "config.json").read_text())
+    assert config["model_type"] == "qwen3" and config["vocab_size"] == padded
+    with safe_open(str(out / "model.safetensors"), "pt") as f:
+        assert f.get_slice("model.embed_tokens.weight").get_shape() == [padded, 64]

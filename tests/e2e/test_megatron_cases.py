@@ -20,15 +20,11 @@ CASES = json.loads(run.CASES.read_text())["cases"]
 # case -> ("trains",) or ("refused", the flag its one line names) or ("not pretraining",)
 EXPECTED = {
     "gpt/gpt3_mcore_tp4_pp1_resume_torch": ("trains",),  # TP2, fp16, torch format: both legs
-    "gpt/gpt3_15b_8t_release": ("refused", "--apply-layernorm-1p"),
     "gpt/gpt3_mcore_te_tp1_pp1_dist_optimizer_fim_dataset": ("refused", "--fim-data"),
     "gpt/gpt3_mcore_te_tp2_pp1_gdn": ("refused", "--experimental-attention-variant"),
     "gpt/gpt3_mcore_te_tp2_pp1_modelopt_distill_resume": ("refused", "--export-te-mcore-model"),
     "gpt/gpt3_mcore_te_tp2_pp2_dsa": ("refused", "--dsa-indexer-head-dim"),
-    "gpt/gpt3_mcore_te_tp2_zp_z3_resume_fsdp_dtensor": ("refused", "--ckpt-format"),
-    "gpt/gpt3_mcore_te_tp4_pp1_qk_layernorm_test_mode": ("refused", "--test-mode"),
     "gpt/gpt3_weekly_mcore_tp2_pp2_current_scaling_native_fp8_tp_pp_sp_tp_overlap": ("refused", "--fp8-format"),
-    "moe/gpt3_moe_mcore_te_ep8_resume_torch_dist_muon": ("refused", "--muon-extra-scale-factor"),
     "moe/gpt3_moe_mcore_te_tp4_ep2_etp2_pp2_scoped_cudagraph": ("refused", "--first-last-layers-bf16"),
     "gpt/gpt_static_inference_tp1_pp1_583m_logitsmatch": ("not pretraining",),
 }

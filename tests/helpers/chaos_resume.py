@@ -18,8 +18,8 @@ Moments (``MOMENTS``), each found by watching the run's output, never by slowing
 * ``between_steps``: at the log line of iteration k (the optimizer step is done);
 * ``in_step``: a random fraction of one step after that line (the next forward/backward/step);
 * ``sync_save``: a random delay, up to the reference's save time, after "saving checkpoint at iteration k";
-* ``async_save``: the same with ``--async-save`` (state copy, the background write, the commit
-  of a later step), delays up to twice the save time plus two steps;
+* ``async_save`` (``--ckpt-format safetensors``): the same with ``--async-save`` (state copy, the
+  background write, the commit of a later step), delays up to twice the save time plus two steps;
 * ``commit_staged`` / ``commit_marked`` / ``commit_renamed`` (``--ckpt-format safetensors``): the
   run is started through ``tests/scripts/pretrain_gpt_stalled_commit.py``, which holds rank 0's
   commit of iteration k's save at that point (files written / marker written / directory renamed
@@ -83,7 +83,12 @@ _STEP_MS = re.compile(r"elapsed time per iteration \(ms\): ([0-9.]+)")
 
 
 def moments_for(fmt: str) -> tuple[str, ...]:
-    return MOMENTS if fmt == "safetensors" else tuple(m for m in MOMENTS if not m.startswith("commit_"))
+    """The commit points are our safetensors writer's; a torch_dist ``--async-save`` needs Megatron's
+    persistent checkpoint worker (``--use-persistent-ckpt-worker --async-strategy mcore``), not
+    drawn here."""
+    if fmt == "safetensors":
+        return MOMENTS
+    return tuple(m for m in MOMENTS if not m.startswith("commit_") and m != "async_save")
 
 
 def train_args(layout: str, save: Path, fmt: str, *extra: str, iters: int = ITERS, interval: int = INTERVAL) -> list[str]:

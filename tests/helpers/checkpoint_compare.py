@@ -175,3 +175,35 @@ def checkpoint_differences(a, b, limit: int = 20) -> tuple[list[str], int]:
     if count == 0:
         out.append("no tensors compared")
     return out[:limit], count
+
+
+def torch_dcp_differences(a, b, limit: int = 20) -> tuple[list[str], int]:
+    """(differences, number of tensors compared) between two ``--ckpt-format torch_dcp`` checkpoints.
+
+    Megatron writes that format (its torch FSDP2 path) with torch.distributed.checkpoint alone: no
+    ``metadata.json``, the arguments as a top-level ``args`` item, which is left out like the others'.
+    """
+    a, b = Path(a), Path(b)
+    for d in (a, b):
+        if (d / "metadata.json").exists() or not (d / ".metadata").is_file():
+            return [f"{d} is not a finished torch_dcp checkpoint"], 0
+    items_a, items_b = _dcp_items(a), _dcp_items(b)
+    for items in (items_a, items_b):
+        for key in _VOLATILE_STATE:
+            items.pop(key, None)
+    out: list[str] = []
+    _compare_values(items_a, items_b, "distcp", out)
+    count = _tensor_count(items_a)
+    if count == 0:
+        out.append("no tensors compared")
+    return out[:limit], count
+
+
+def _tensor_count(value) -> int:
+    if isinstance(value, torch.Tensor):
+        return 1
+    if isinstance(value, dict):
+        return sum(_tensor_count(v) for v in value.values())
+    if isinstance(value, (list, tuple)):
+        return sum(_tensor_count(v) for v in value)
+    return 0

@@ -285,6 +285,10 @@ freqs32 = torch.rand(10, 1, 1, 32, generator=gen) * 6
 thd_ref = lambda t: torch.cat([rope_utils._apply_rotary_pos_emb_bshd(t[:6, None], freqs32[:6]),
                                rope_utils._apply_rotary_pos_emb_bshd(t[6:, None], freqs32[:10])])[:, 0]
 check("rope_thd", lambda t: rope_utils.fused_apply_rotary_pos_emb_thd(t, cu, freqs32), thd_ref, t[:, 0])
+# --apply-layernorm-1p: the kernel takes 1 + gamma as an fp32 gamma (a pair it accepts with any x).
+check("rms_norm_1p", lambda x, w: rmsnorm.rms_norm(x, w, 1e-6, zero_centered=True),
+      lambda x, w: F.rms_norm(x, (64,), w + 1, 1e-6), x, w - 1)
+rmsnorm.rms_norm(x.bfloat16(), (w - 1).bfloat16(), 1e-6, zero_centered=True)
 facts["calls"] = [[n, [list(a.shape) if isinstance(a, torch.Tensor) else repr(a) for a in args],
                    {k: repr(v) for k, v in kw.items()}] for n, args, kw in torch_npu.calls]
 facts["diffs"] = diffs
@@ -325,7 +329,9 @@ def test_npu_path_calls_torch_npu_kernels_with_documented_arguments(npu_child):
     assert calls[3] == ["npu_rotary_mul", [[16, 2, 4, 16], [16, 1, 1, 16], [16, 1, 1, 16]], {"rotary_mode": "'half'", "rotate": "None"}]
     # Packed sequences: T1ND input with per-token angles.
     assert calls[4] == ["npu_rotary_mul", [[16, 1, 4, 32], [16, 1, 1, 32], [16, 1, 1, 32]], {"rotary_mode": "'half'", "rotate": "None"}]
-    assert len(calls) == 5, calls  # the references are plain torch
+    assert calls[5] == ["npu_rms_norm", [[8, 2, 64], [64]], {"epsilon": "1e-06"}]  # zero-centred, fp32 x
+    assert calls[6] == ["npu_rms_norm", [[8, 2, 64], [64]], {"epsilon": "1e-06"}]  # bf16 x, fp32 1 + gamma
+    assert len(calls) == 7, calls  # the references are plain torch
     for name, diff in facts["diffs"].items():
         assert diff <= 1e-5, (name, diff)
     assert len(facts["rejected"]) == 4, facts["rejected"]  # the stand-in refuses malformed calls

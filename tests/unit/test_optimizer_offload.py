@@ -86,6 +86,26 @@ def test_host_copies_are_reread_after_a_load():
     assert all(torch.equal(p, q) for p, q in zip(ours, theirs))
 
 
+@pytest.mark.parametrize("fraction", [0.5, 1.0])
+def test_views_of_the_parameters_are_stepped_in_place(fraction):
+    """The distributed optimizer steps fp32 parameters through views (non-leaf tensors), which torch's
+    optimizers refuse: ours takes them, steps them as AdamW steps leaves, and the parameters change."""
+    torch.manual_seed(0)
+    flat = torch.nn.Parameter(torch.randn(sum(SIZES)))
+    theirs = [torch.nn.Parameter(t.detach().clone()) for t in flat.detach().split(SIZES)]
+    ours = list(flat.view(-1).split(SIZES))  # what DistributedOptimizer puts in its groups for fp32
+    assert not any(p.is_leaf for p in ours)
+    offload = HostOffloadAdam([{"params": ours[:2]}, {"params": ours[2:]}], lr=1e-2, betas=(0.9, 0.999),
+                              eps=1e-8, weight_decay=0.1, decoupled_weight_decay=True, fraction=fraction,
+                              device_type="cpu")
+    assert all(a is b for a, b in zip(offload.param_groups[0]["params"] + offload.param_groups[1]["params"], ours))
+    plain = torch.optim.AdamW([{"params": theirs[:2]}, {"params": theirs[2:]}], lr=1e-2, weight_decay=0.1)
+    before = flat.detach().clone()
+    _steps(ours, theirs, offload, plain, 3)
+    assert not torch.equal(flat.detach(), before)
+    assert torch.equal(flat.detach(), torch.cat([q.detach() for q in theirs]))
+
+
 NPU_CHILD = r"""
 import json, torch, torch_npu
 from adaptor.memory.optimizer_offload import HostOffloadAdam

@@ -78,7 +78,7 @@ CPU = FeatureContext(backend=Backend("cpu", "gloo", "test"), flags=argparse.Name
     (dict(fp16=True), "--fp16"),
     (dict(gradient_accumulation_fusion=True), "gradient-accumulation fusion"),
     (dict(use_megatron_fsdp=True), "--use-megatron-fsdp"),
-    (dict(save="ckpt", ckpt_format="torch"), "--ckpt-format torch_dist or safetensors, not torch"),
+    (dict(save="ckpt", ckpt_format="torch"), "--ckpt-format torch_dist, safetensors or torch_dcp, not torch"),
     (dict(use_torch_fsdp2=False, fsdp2_config_path="x.yaml"), "--fsdp2-config-path needs --use-torch-fsdp2"),
 ])
 def test_unsupported_combinations_are_one_line(values, expected):
@@ -89,7 +89,8 @@ def test_unsupported_combinations_are_one_line(values, expected):
 
 def test_what_megatron_refused_and_is_lifted():
     """Tied embeddings, TP, and any --ckpt-format when nothing is saved or loaded pass validation."""
-    for values in (dict(ckpt_format="torch"), dict(save="ckpt", ckpt_format="safetensors"), dict(load="ckpt")):
+    for values in (dict(ckpt_format="torch"), dict(save="ckpt", ckpt_format="safetensors"), dict(load="ckpt"),
+                   dict(save="ckpt", ckpt_format="torch_dcp")):
         TorchFsdp2().validate(megatron_args(**values), CPU)
 
 

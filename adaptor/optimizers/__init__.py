@@ -1,0 +1,1 @@
+"""Optimizers Megatron names whose upstream implementation is not installable here."""

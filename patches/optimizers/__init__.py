@@ -1,0 +1,1 @@
+"""Optimizers that Megatron builds from packages not installed here."""
