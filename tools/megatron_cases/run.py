@@ -491,6 +491,8 @@ def main() -> None:
     parser.add_argument("--out", help="write the results here (JSON)")
     parser.add_argument("--work", help="folder for the corpus and each run's files (default: a temp folder)")
     parser.add_argument("--timeout", type=float, default=300, help="seconds per launch")
+    parser.add_argument("--docs", action="store_true",
+                        help="then regenerate docs/migrating.md's table (tools/gen_docs.py) from --out")
     parser.add_argument("--status", help="also write a Markdown summary here (tracebacks, refusals by reason)")
     args = parser.parse_args()
     table = json.loads(CASES.read_text())
@@ -515,6 +517,8 @@ def main() -> None:
             Path(args.status).write_text(status_markdown(record))
 
     write(run_cases(names, table["cases"], work, args.timeout, each=write))
+    if args.docs:
+        subprocess.run([sys.executable, str(ROOT / "tools" / "gen_docs.py")], cwd=ROOT, check=True)
 
 
 if __name__ == "__main__":
