@@ -243,6 +243,8 @@ def scale(argv: list[str], test_type: str, corpus_prefix: str) -> tuple[list[str
         cmd.set("--load", "${CHECKPOINT_SAVE_PATH}", " (the first leg's checkpoints)")
     elif cmd.get("--save") is not None:
         cmd.set("--save-interval", str(ITERS))
+    if any(flag.startswith("--wandb-") for flag, *_ in cmd.items):
+        cmd.changes.append("environment WANDB_MODE=offline (no network here: Weights & Biases writes its run locally)")
     if test_type in ("frozen-start", "frozen-resume", "release") and cmd.get("--load") is not None:
         cmd.changes.append("note: Megatron's stored checkpoint is not here: --load names an empty folder")
     return cmd.argv(), cmd.changes
@@ -279,7 +281,8 @@ def placeholders(argv: list[str], folder: Path) -> list[str]:
 
 def env() -> dict:
     out = {k: v for k, v in os.environ.items() if not k.startswith(("RANK", "WORLD_SIZE", "LOCAL_", "MASTER_"))}
-    out.update(OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", ADAPTOR_BACKEND=out.get("ADAPTOR_BACKEND", "cpu"))
+    out.update(OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", ADAPTOR_BACKEND=out.get("ADAPTOR_BACKEND", "cpu"),
+               WANDB_MODE="offline", WANDB_SILENT="true")
     return out
 
 
@@ -298,12 +301,40 @@ def torchrun(argv: list[str], timeout: float) -> tuple[int, str]:
 
     command = [*torchrun_command(), "--nproc-per-node", "2", "--master-port",
                str(_free_port()), str(ROOT / "pretrain_gpt.py"), *argv]
+    # Output goes to a file, not a pipe: a process a rank leaves behind (a checkpoint worker, a
+    # multiprocessing manager) would hold a pipe open and the read would never end. Every process of
+    # the launch carries a token in its environment, and whatever is left is ended afterwards.
+    token = f"{os.getpid()}-{time.monotonic_ns()}"
+    with tempfile.TemporaryFile("w+") as log:
+        proc = subprocess.Popen(command, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, text=True,
+                                env={**env(), "MEGATRON_CASES_LAUNCH": token}, start_new_session=True)
+        try:
+            rc = proc.wait(timeout=timeout)
+            timed_out = ""
+        except subprocess.TimeoutExpired:
+            rc, timed_out = 124, f"\nTimeoutError: no exit within {timeout} s"
+        _end_launch(proc, token)
+        log.seek(0)
+        return rc, log.read() + timed_out
+
+
+def _end_launch(proc: subprocess.Popen, token: str) -> None:
+    """Kill the launch's process group and any process that carries its token (ranks a warm launcher forked)."""
+    import signal
+
     try:
-        proc = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, env=env(), timeout=timeout)
-    except subprocess.TimeoutExpired as exc:
-        out = (exc.stdout or b"").decode() if isinstance(exc.stdout, bytes) else (exc.stdout or "")
-        return 124, out + f"\nTimeoutError: no exit within {timeout} s"
-    return proc.returncode, proc.stdout + proc.stderr
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+    proc.wait()
+    marker = f"MEGATRON_CASES_LAUNCH={token}".encode()
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit() and int(entry.name) != os.getpid():
+            try:
+                if marker in (entry / "environ").read_bytes().split(b"\0"):
+                    os.kill(int(entry.name), signal.SIGKILL)
+            except (OSError, ProcessLookupError):
+                continue
 
 
 def _free_port() -> int:
