@@ -25,6 +25,15 @@ def argument(call_args, kwargs, name: str, position: int = 0) -> Any:
     return kwargs[name] if name in kwargs else call_args[position]
 
 
+def transformer_config(call_args, kwargs):
+    """The ``TransformerConfig`` a module constructor was given, by keyword ``config`` or positionally."""
+    from megatron.core.transformer.transformer_config import TransformerConfig
+
+    if "config" in kwargs:
+        return kwargs["config"]
+    return next(a for a in call_args if isinstance(a, TransformerConfig))
+
+
 @contextlib.contextmanager
 def overridden(obj: Any, **values: Any):
     """Set attributes of ``obj`` for the duration of the block; the previous values come back after it,

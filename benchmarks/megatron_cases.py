@@ -4,13 +4,11 @@
 
 The same tool a user runs (``python tools/megatron_cases/run.py --all``), with its ``torchrun`` served by
 the test suite's zygote (tests/helpers/warm_torchrun.py, whose runs equal cold ones:
-tests/e2e/test_warm_launcher.py), so the whole set takes minutes instead of an hour on 2 cores. It
+tests/e2e/test_warm_launcher.py), which saves each launch its interpreter start and imports. It
 writes benchmarks/results/megatron_cases.json and regenerates docs/migrating.md's table.
 """
 from __future__ import annotations
 
-import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -19,16 +17,13 @@ sys.path.insert(0, str(ROOT / "tests"))
 
 
 def main(argv: list[str]) -> int:
-    from helpers.warm_launcher import ZYGOTES, base_env
+    from helpers.processes import run_tool
 
-    env = base_env()
-    socket_path = ZYGOTES.socket_for(env)
-    if socket_path:
-        env.update(ADAPTOR_TORCHRUN=f"{sys.executable} {ROOT / 'tests' / 'helpers' / 'warm_torchrun.py'}",
-                   ADAPTOR_TEST_ZYGOTE_SOCKET=socket_path)
-    command = [sys.executable, str(ROOT / "tools" / "megatron_cases" / "run.py"), "--all",
-               "--out", str(ROOT / "benchmarks" / "results" / "megatron_cases.json"), "--docs", *argv]
-    return subprocess.run(command, cwd=ROOT, env=env).returncode
+    proc = run_tool("megatron_cases/run.py", "--all", "--out", ROOT / "benchmarks" / "results" / "megatron_cases.json",
+                    "--docs", *argv, timeout=6 * 3600, cwd=ROOT)
+    sys.stdout.write(proc.stdout)
+    sys.stderr.write(proc.stderr[-5000:])
+    return proc.returncode
 
 
 if __name__ == "__main__":

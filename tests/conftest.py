@@ -104,6 +104,19 @@ def cpu_training_process():
     return setup(argv=[], quiet=True)
 
 
+@pytest.fixture(scope="module")
+def model_parallel(cpu_training_process):
+    """One gloo process with Megatron's model-parallel groups (all of size 1), for tests that build
+    Megatron modules in-process."""
+    import torch
+    from megatron.core import parallel_state as ps
+
+    if not torch.distributed.is_initialized():
+        torch.distributed.init_process_group("gloo", rank=0, world_size=1, store=torch.distributed.HashStore())
+    if not ps.model_parallel_is_initialized():
+        ps.initialize_model_parallel()
+
+
 @pytest.fixture(scope="session")
 def tiny_hf(tmp_path_factory) -> HfModels:
     return HfModels(tmp_path_factory.mktemp("tiny_hf"))

@@ -14,24 +14,16 @@ from __future__ import annotations
 
 from adaptor.errors import ArgumentError
 from adaptor.features import Feature
-from adaptor.wrapping import overridden
+from adaptor.wrapping import overridden, transformer_config
 
 OWNER = __name__
 NORMS = ("LayerNorm", "RMSNorm")
 
 
-def _config_of(args, kwargs):
-    from megatron.core.transformer.transformer_config import TransformerConfig
-
-    if "config" in kwargs:
-        return kwargs["config"]
-    return next(a for a in args if isinstance(a, TransformerConfig))
-
-
 def _torch_norm_new(wrapped, instance, call_args, kwargs):
     from adaptor.ops.zero_centered_norm import zero_centre
 
-    config = _config_of(call_args, kwargs)
+    config = transformer_config(call_args, kwargs)
     if not config.layernorm_zero_centered_gamma:
         return wrapped(*call_args, **kwargs)
     with overridden(config, layernorm_zero_centered_gamma=False):  # hide it from the assert only

@@ -16,21 +16,13 @@ https://github.com/NVIDIA/Megatron-LM/issues/1448 (open).
 from __future__ import annotations
 
 from adaptor.features import Feature
-from adaptor.wrapping import overridden
+from adaptor.wrapping import overridden, transformer_config
 
 OWNER = __name__
 
 
-def _config_of(args, kwargs):
-    from megatron.core.transformer.transformer_config import TransformerConfig
-
-    if "config" in kwargs:
-        return kwargs["config"]
-    return next(a for a in args if isinstance(a, TransformerConfig))
-
-
 def _torch_norm_new(wrapped, instance, call_args, kwargs):
-    config = _config_of(call_args, kwargs)
+    config = transformer_config(call_args, kwargs)
     if not config.sequence_parallel:
         return wrapped(*call_args, **kwargs)
     with overridden(config, sequence_parallel=False):  # hide it from the assert only

@@ -39,16 +39,6 @@ S, B, H, FFN, R, ALPHA = 8, 2, 32, 64, 4, 8.0
 ALL = ("linear_qkv", "linear_proj", "linear_fc1", "linear_fc2")
 
 
-@pytest.fixture(scope="module")
-def model_parallel(cpu_training_process):
-    from megatron.core import parallel_state as ps
-
-    if not torch.distributed.is_initialized():
-        torch.distributed.init_process_group("gloo", rank=0, world_size=1, store=torch.distributed.HashStore())
-    if not ps.model_parallel_is_initialized():
-        ps.initialize_model_parallel()
-
-
 def transformer_config(mla: bool = False):
     from megatron.core.transformer.transformer_config import MLATransformerConfig, TransformerConfig
 

@@ -154,16 +154,6 @@ def test_coefficient_schedules_follow_megatrons_step_rules():
             schedule(kind, steps)
 
 
-@pytest.fixture(scope="module")
-def model_parallel(cpu_training_process):
-    from megatron.core import parallel_state as ps
-
-    if not torch.distributed.is_initialized():
-        torch.distributed.init_process_group("gloo", rank=0, world_size=1, store=torch.distributed.HashStore())
-    if not ps.model_parallel_is_initialized():
-        ps.initialize_model_parallel()
-
-
 def test_megatrons_factory_gives_muon_the_matrices_and_adam_the_rest(model_parallel):
     import torch.nn.functional as F
     from megatron.core.models.gpt import GPTModel

@@ -30,16 +30,6 @@ S, B, H, FFN = 16, 2, 32, 64
 FLOAT = 4
 
 
-@pytest.fixture(scope="module")
-def model_parallel(cpu_training_process):
-    from megatron.core import parallel_state as ps
-
-    if not torch.distributed.is_initialized():
-        torch.distributed.init_process_group("gloo", rank=0, world_size=1, store=torch.distributed.HashStore())
-    if not ps.model_parallel_is_initialized():
-        ps.initialize_model_parallel()
-
-
 def build(num_experts=None, mindspeed=(), **recompute):
     """A two-layer Qwen3-like block (RMSNorm, qk-layernorm, SwiGLU), weights from seed 1234."""
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
