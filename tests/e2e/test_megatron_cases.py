@@ -20,6 +20,9 @@ CASES = json.loads(run.CASES.read_text())["cases"]
 # case -> ("trains",) or ("refused", the flag its one line names) or ("not pretraining",)
 EXPECTED = {
     "gpt/gpt3_mcore_tp4_pp1_resume_torch": ("trains",),  # TP2, fp16, torch format: both legs
+    # the rerun state machine (validate results), async torch_dist saves through Megatron's persistent worker
+    "gpt/gpt3_mcore_reruns_enable": ("trains",),
+    "gpt/gpt3_mcore_te_tp2_zp_z3_resume_fsdp_dtensor": ("refused", "--ckpt-format"),
     "gpt/gpt3_mcore_te_tp1_pp1_dist_optimizer_fim_dataset": ("refused", "--fim-data"),
     "gpt/gpt3_mcore_te_tp2_pp1_gdn": ("refused", "--experimental-attention-variant"),
     "gpt/gpt3_mcore_te_tp2_pp1_modelopt_distill_resume": ("refused", "--export-te-mcore-model"),
