@@ -81,17 +81,22 @@ def _load_state_dict(wrapped, instance, call_args, kwargs):
     return result
 
 
+def _bucket_entries(state: dict):
+    """Every parameter or padding entry of a ``dp_reshardable`` state: state[gbuf][dtype][bucket][i]."""
+    for key, per_dtype in state.items():
+        if isinstance(key, int):
+            for buckets in per_dtype.values():
+                for bucket in buckets:
+                    yield from bucket
+
+
 def _load_dp_reshardable(wrapped, instance, call_args, kwargs):
     import torch
 
     state_dict = call_args[0] if call_args else kwargs.get("state_dict")
-    for key, per_dtype in (state_dict or {}).items():
-        if isinstance(key, int):
-            for buckets in per_dtype.values():
-                for bucket in buckets:
-                    for entry in bucket:
-                        if "step" in entry:
-                            entry["step"] = None  # not in the checkpoint: this rank's pre-load value
+    for entry in _bucket_entries(state_dict or {}):
+        if "step" in entry:
+            entry["step"] = None  # not in the checkpoint: this rank's pre-load value
     with torch.no_grad():
         return wrapped(*call_args, **kwargs)
 
@@ -103,17 +108,12 @@ def _sharded_dp_reshardable(wrapped, instance, call_args, kwargs):
     state = wrapped(*call_args, **kwargs)
     if kwargs.get("is_loading", call_args[1] if len(call_args) > 1 else False):
         return state
-    for key, per_dtype in state.items():
-        if not isinstance(key, int):
-            continue
-        for buckets in per_dtype.values():
-            for bucket in buckets:
-                for entry in bucket:
-                    padding = entry.get("padding")
-                    if isinstance(padding, LocalNonpersistentObject) and padding.obj is True:
-                        for value in entry.values():
-                            if isinstance(value, ShardedTensor):
-                                value.data.zero_()
+    for entry in _bucket_entries(state):
+        padding = entry.get("padding")
+        if isinstance(padding, LocalNonpersistentObject) and padding.obj is True:
+            for value in entry.values():
+                if isinstance(value, ShardedTensor):
+                    value.data.zero_()
     return state
 
 
