@@ -58,6 +58,7 @@ def all_features():
     from patches.preflight.checkpoint_inputs import CheckpointInputs
     from patches.preflight.data_files import DataFiles
     from patches.preflight.output_dirs import OutputDirs
+    from patches.upstream_fixes.async_save_host_snapshot import AsyncSaveHostSnapshot
     from patches.upstream_fixes.atomic_tracker import AtomicTracker
     from patches.upstream_fixes.checkpoint_results_queue import CheckpointResultsQueue
     from patches.upstream_fixes.disable_jit_fuser import DisableJitFuser
@@ -99,6 +100,7 @@ def all_features():
         DisableJitFuser(),
         AtomicTracker(),
         CheckpointResultsQueue(),
+        AsyncSaveHostSnapshot(),
         DistributedOptimizerResume(),
         SequenceParallelTorchNorm(),
         ResumeRngState(),
