@@ -4,7 +4,8 @@ A ``.pt`` file is a pickle, and unpickling may call any function the file names 
 included). torch's ``weights_only`` unpickler builds only tensors, containers and primitive types
 plus the globals allowed for the call. :data:`ALLOWED` names the few types Megatron's checkpoints
 hold beside those (the argument namespace, the RNG states, its enums and rerun state: what
-``megatron.core.safe_globals`` registers); nothing else is rebuilt. ``weights_only=True`` is passed
+``megatron.core.safe_globals`` registers, plus the rerun state machine's ``Call`` and ``Caller``,
+which a checkpoint saved to rerun an iteration elsewhere holds); nothing else is rebuilt. ``weights_only=True`` is passed
 explicitly, so ``TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD`` cannot turn it off.
 
 Used by the conversion library (``adaptor.convert``) and by the ``safe_torch_load`` feature,
@@ -36,6 +37,8 @@ ALLOWED: tuple[tuple[str, str], ...] = (
     ("megatron.core.transformer.enums", "CudaGraphScope"),
     ("megatron.core.transformer.enums", "InferenceCudaGraphScope"),
     ("megatron.core.optimizer", "OptimizerConfig"),
+    ("megatron.core.rerun_state_machine", "Call"),     # the failed validation a rerun checkpoint holds
+    ("megatron.core.rerun_state_machine", "Caller"),   # (NamedTuples of a str and ints)
     ("megatron.core.rerun_state_machine", "RerunDiagnostic"),
     ("megatron.core.rerun_state_machine", "RerunMode"),
     ("megatron.core.rerun_state_machine", "RerunState"),

@@ -38,7 +38,7 @@ class _RunsPython:
 
 def megatron_like_state() -> dict:
     from megatron.core.enums import ModelType
-    from megatron.core.rerun_state_machine import RerunDiagnostic, RerunMode, RerunState
+    from megatron.core.rerun_state_machine import Call, Caller, RerunDiagnostic, RerunMode, RerunState
     from megatron.core.transformer.enums import AttnBackend
 
     args = argparse.Namespace(params_dtype=torch.bfloat16, attention_backend=AttnBackend.auto,
@@ -49,9 +49,11 @@ def megatron_like_state() -> dict:
            "rng_tracker_states": {"model-parallel-rng": torch.get_rng_state()}}
     return {"args": args, "checkpoint_version": 3.0, "iteration": 7, "model": {"w": torch.arange(6.0).view(2, 3),
             "linear._extra_state": None}, "rng_state": [rng],
-            # the enums RerunStateMachine.state_dict() stores (it needs a process group to run)
+            # the types RerunStateMachine.state_dict() stores (it needs a process group to run); the
+            # failed validation call is set in a checkpoint saved to rerun an iteration elsewhere
             "rerun_state_machine": {"mode": list(RerunMode)[0], "state": list(RerunState)[0],
-                                    "diagnostic": list(RerunDiagnostic)[0], "rerun_requested": False},
+                                    "diagnostic": list(RerunDiagnostic)[0], "rerun_requested": False,
+                                    "failed_validation_call": Call(Caller("loss is NaN", 1), 3)},
             "num_floating_point_operations_so_far": 12.5}
 
 
@@ -67,6 +69,7 @@ def test_megatrons_own_types_load_even_with_torch_force_no_weights_only(tmp_path
     assert np.array_equal(rng["np_rng_state"][1], state["rng_state"][0]["np_rng_state"][1])
     assert torch.equal(rng["torch_rng_state"], state["rng_state"][0]["torch_rng_state"])
     assert loaded["rerun_state_machine"] == state["rerun_state_machine"]
+    assert type(loaded["rerun_state_machine"]["failed_validation_call"].caller).__name__ == "Caller"
 
 
 @pytest.mark.parametrize("payload,refused", [(_RunsShell, "posix.system"), (_RunsPython, "exec")])
