@@ -68,12 +68,12 @@ class _Zygote:
             with open(self._log, "w") as log:
                 self._proc = subprocess.Popen([sys.executable, str(ZYGOTE), self._path], cwd=ROOT, env=self.env(),
                                               stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=log, text=True)
-            threading.Thread(target=self._await_ready, daemon=True).start()
+            threading.Thread(target=self._await_ready, args=(self._proc,), daemon=True).start()
 
-    def _await_ready(self) -> None:
-        line = self._proc.stdout.readline()
+    def _await_ready(self, proc: subprocess.Popen) -> None:  # its own reference: stop() clears self._proc
+        line = proc.stdout.readline()
         if line.strip() != "ready":
-            self._proc.wait()
+            proc.wait()
             self.failed = f"zygote did not start: {line}{Path(self._log).read_text()[-3000:]}"
         self._ready.set()
 
