@@ -28,6 +28,8 @@ from megatron.training.arguments import core_transformer_config_from_args, parse
 from megatron.training.utils import get_blend_and_blend_per_split, is_first_or_last_pipeline_stage
 
 from adaptor.batch_format import batch_format
+from adaptor.errors import fail
+from adaptor.fim_data import fim_fields
 from adaptor.finetune.batches import finetune_batch
 from adaptor.finetune.instruction_dataset import InstructionDataset
 from adaptor.layer_specs import gpt_layer_spec, gpt_mtp_block_spec
@@ -158,8 +160,17 @@ def forward_step(data_iterator, model: GPTModel):
 
 
 def gpt_dataset_config(args) -> GPTDatasetConfig:
+    """GPTDatasetConfig from the arguments; Megatron's GPTFIMDatasetConfig for --fim-data."""
     blend, blend_per_split = get_blend_and_blend_per_split(args)
-    return GPTDatasetConfig(
+    config_type, fim = GPTDatasetConfig, {}
+    if args.fim_data:
+        from megatron.training.datasets.fim_dataset import GPTFIMDatasetConfig
+
+        try:
+            config_type, fim = GPTFIMDatasetConfig, fim_fields(args, get_tokenizer())
+        except ValueError as exc:
+            fail(str(exc))
+    return config_type(
         random_seed=args.seed,
         sequence_length=args.seq_length,
         blend=blend,
@@ -177,6 +188,7 @@ def gpt_dataset_config(args) -> GPTDatasetConfig:
         allow_ambiguous_pad_tokens=args.allow_ambiguous_pad_tokens,
         inter_document_masking=bool(args.dataloader_inter_document_masking),
         context_parallel_size=args.context_parallel_size,
+        **fim,
     )
 
 
@@ -186,10 +198,15 @@ def is_dataset_built_on_rank(vp_stage=None):
 
 
 def train_valid_test_datasets_provider(train_val_test_num_samples, vp_stage=None):
-    """GPTDataset blends for --data-path, MockGPTDataset for --mock-data; for fine-tuning, instruction
-    datasets (--is-instruction-dataset) or Megatron's SFTDataset (--sft)."""
+    """GPTDataset blends for --data-path (Megatron's GPTFIMDataset with --fim-data), MockGPTDataset for
+    --mock-data; for fine-tuning, instruction datasets (--is-instruction-dataset) or Megatron's SFTDataset
+    (--sft)."""
     args = get_args()
     dataset_type = MockGPTDataset if args.mock_data else GPTDataset
+    if args.fim_data and not args.mock_data:
+        from megatron.training.datasets.fim_dataset import GPTFIMDataset
+
+        dataset_type = GPTFIMDataset
     if getattr(args, "is_instruction_dataset", False):
         dataset_type = InstructionDataset
     elif args.sft:

@@ -76,7 +76,6 @@ _HETEROGENEOUS_LAYERS_CONFIG_PATH = Refused(
     "are not applied; drop it (heterogeneous models are not supported yet)",
 )
 _MASK_PROB = Refused("is read only by Megatron-LM's BERT and T5 pretraining scripts; pretrain_gpt.py builds GPT samples, so drop it")
-_FIM_RATE = Refused('applies only to --fim-data samples, which pretrain_gpt.py does not build; drop it')
 _RL_PROMPTS_PER_EVAL = Refused(
     "only RL training (--perform-rl-step) reads it, and that is not available here; drop it",
 )
@@ -921,19 +920,9 @@ MEGATRON_FLAGS = {
     "object_storage_cache_path": Refused(
         "pretrain_gpt.py does not pass it to GPTDataset, so object-storage (s3://, msc://) datasets cannot "
         "be read; copy the data to a local or mounted filesystem"),
-    "fim_data": Refused(
-        "pretrain_gpt.py builds plain GPTDataset samples, not fill-in-the-middle ones; drop it (or write "
-        "FIM samples when preprocessing)"),
-    "fim_rate": _FIM_RATE,
-    "fim_spm_rate": _FIM_RATE,
-    "fim_split_sample": _FIM_RATE,
-    "fim_fragment_rate": _FIM_RATE,
-    "fim_no_prefix": _FIM_RATE,
-    "fim_prefix_token": _FIM_RATE,
-    "fim_middle_token": _FIM_RATE,
-    "fim_suffix_token": _FIM_RATE,
-    "fim_pad_token": _FIM_RATE,
-    "fim_eod_token": _FIM_RATE,
+    "fim_data": Honoured("pretrain_gpt.py builds Megatron's GPTFIMDataset; adaptor.fim_data checks its tokens first"),
+    **honoured("fim_rate fim_spm_rate fim_split_sample fim_fragment_rate fim_no_prefix fim_prefix_token "
+               "fim_middle_token fim_suffix_token fim_pad_token fim_eod_token"),
     # --- tokenizer ---
     **honoured(
         "padded_vocab_size vocab_file merge_file tokenizer_model metadata_path tiktoken_num_special_tokens "
