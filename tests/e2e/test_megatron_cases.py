@@ -17,13 +17,14 @@ from helpers.processes import import_tool, run_tool
 run = import_tool("megatron_cases.run")
 CASES = json.loads(run.CASES.read_text())["cases"]
 
-# case -> ("trains",) or ("refused", the flag its one line names) or ("not pretraining",)
+# case -> ("trains",), ("checks pass",), ("refused", the flag its one line names) or ("not pretraining",)
 EXPECTED = {
     "gpt/gpt3_mcore_tp4_pp1_resume_torch": ("trains",),  # TP2, fp16, torch format: both legs
-    # the rerun state machine (validate results), async torch_dist saves through Megatron's persistent worker
-    "gpt/gpt3_mcore_reruns_enable": ("trains",),
+    # the rerun state machine validating results with a transient fault injected, async torch_dist saves
+    # through Megatron's persistent worker: judged by the case's own log checks
+    "gpt/gpt3_mcore_reruns_transient": ("checks pass",),
     "gpt/gpt3_mcore_te_tp2_zp_z3_resume_fsdp_dtensor": ("refused", "--ckpt-format"),
-    "gpt/gpt3_mcore_te_tp1_pp1_dist_optimizer_fim_dataset": ("refused", "--fim-data"),
+    "gpt/gpt3_mcore_te_tp1_pp1_dist_optimizer_fim_dataset": ("trains",),  # Megatron's FIM samples
     "gpt/gpt3_mcore_te_tp2_pp1_gdn": ("refused", "--experimental-attention-variant"),
     "gpt/gpt3_mcore_te_tp2_pp1_modelopt_distill_resume": ("refused", "--export-te-mcore-model"),
     "gpt/gpt3_mcore_te_tp2_pp2_dsa": ("refused", "--dsa-indexer-head-dim"),
@@ -55,6 +56,9 @@ def test_case_outcome(name, results):
         assert result["reason"] == expected[1], result
         assert result["line"].startswith(run.ERROR) and "\n" not in result["line"]
         assert result.get("early"), "refused before torch is imported"
+    elif expected[0] == "checks pass":  # every check of the case's AFTER_SCRIPT, Megatron's own judgement
+        assert result["checks"] == len(CASES[name]["log_checks"]) > 0, result
+        assert result["exit_code"] != 0, result  # the machine stops the run (its ranks exit 17) after the rerun
     else:
         curve = result["losses"]
         assert len(curve) == run.ITERS and all(math.isfinite(v) for v in curve) and curve[-1] < curve[0], curve

@@ -6,12 +6,14 @@ Reads ``tests/functional_tests/test_cases/{gpt,moe}/*/model_config.yaml`` at ``-
 the checkout's work tree is not needed) and writes, per case: its MODE (pretraining, inference, rl),
 TEST_TYPE, launcher, the environment variables it sets, and MODEL_ARGS (and MODEL_ARGS_2, the second
 leg's flags, where a case has it) as the argv Megatron's ``_run_training.sh`` builds from them:
-``true`` -> the flag alone, ``false``/empty -> omitted, ``[a, b]`` -> the flag then its values.
+``true`` -> the flag alone, ``false``/empty -> omitted, ``[a, b]`` -> the flag then its values; and
+the log checks of its AFTER_SCRIPT, by which Megatron's CI judges the cases that carry one.
 """
 from __future__ import annotations
 
 import argparse
 import json
+import re
 import subprocess
 from pathlib import Path
 
@@ -54,7 +56,26 @@ def case_of(config: dict) -> dict:
     }
     if "MODEL_ARGS_2" in config:
         case["argv_2"] = argv_of(config["MODEL_ARGS_2"] or {})
+    if config.get("AFTER_SCRIPT"):
+        case.update(after_script(config["AFTER_SCRIPT"]))
     return case
+
+
+CHECK = re.compile(r"""^\s*(check_log|check_log_not)\s+(-[EF])\s+"(.*)"\s*$""")
+
+
+def after_script(script: str) -> dict:
+    """The log checks of a case's AFTER_SCRIPT (``check_log[_not] -F|-E "pattern"``), and whether it then
+    sets ``EXIT_CODE=0``: such a case is judged by its log, whatever the training's exit code."""
+    checks = []
+    for line in script.splitlines():
+        if match := CHECK.match(line):
+            kind, mode, pattern = match.groups()
+            checks.append({"present": kind == "check_log", "regex": mode == "-E",
+                           "pattern": pattern.replace('\\"', '"')})
+        elif line.strip() and not line.strip().startswith(("check_log()", "check_log_not()", "EXIT_CODE=")):
+            raise ValueError(f"AFTER_SCRIPT line not understood: {line.strip()}")
+    return {"log_checks": checks, "exit_code_ignored": any(l.strip() == "EXIT_CODE=0" for l in script.splitlines())}
 
 
 def extract(repo: str, ref: str) -> dict:

@@ -11,12 +11,18 @@ except what a 2-core CPU cannot hold; :func:`scale` changes those and records ea
 * parallel sizes: the world is 2 ranks; one of TP/PP/CP keeps 2 (TP first, PP first where the case is
   interleaved), EP keeps 2 where the expert grid allows (ETP drops to 1 first);
 * data and tokenizer: the repository's sample corpus and tokenizer (``--mock-data`` cases keep mock
-  data, with a 512-token vocabulary); ``${...}`` paths: folders under the work folder.
+  data, with a 512-token vocabulary; ``--fim-data`` cases get the tokenizer with the FIM tokens
+  added); ``${...}`` paths: folders under the work folder.
 
-Outcomes: ``trains`` (every iteration logged, finite, the last loss below the first), ``refused``
+Outcomes: ``trains`` (every iteration logged, finite, the last loss below the first), ``checks pass``
+(a case whose AFTER_SCRIPT judges it by its log, as the rerun state machine's cases are: every check
+holds, with the exit code it asks for), ``loss flat`` (every iteration logged and finite, but the
+last loss not below the first: at some cases' learning rates 4 iterations move the loss less than
+the batches differ), ``refused``
 (one ``megatron-adaptor: error:`` line; the reason is the first flag it names), ``traceback`` (any
-other failure: a defect), ``not pretraining`` (inference and RL cases: another entry file serves
-them). A ``ckpt-resume`` or ``frozen-resume`` case trains twice, as Megatron's CI does: 4 iterations
+other failure: a defect), ``needs another host`` (a check that holds only when the job is resumed
+on another node or device: :data:`NEEDS_ANOTHER_HOST`), ``not pretraining`` (inference and RL
+cases: another entry file serves them). A ``ckpt-resume`` or ``frozen-resume`` case trains twice, as Megatron's CI does: 4 iterations
 saving at 2 and 4, then iteration 4's checkpoint is removed and the same command resumes from 2; the
 resumed iterations 3 and 4 must log the very losses of the first leg. A command line is checked
 before torch is imported (``adaptor/command_line/early_check.py``), so a refusal costs a fraction of
@@ -47,6 +53,7 @@ ITERS = 4
 NOT_PRETRAINING = ("generation and evaluation: not served by pretrain_gpt.py; "
                    "inference.py (generation) and evaluation.py serve them")
 RESUME_TYPES = ("ckpt-resume", "frozen-resume")
+OUTCOMES = ("trains", "checks pass", "loss flat", "refused", "traceback", "needs another host", "not pretraining")
 
 # Sizes a 2-core CPU holds. A flag absent from the case stays absent.
 SIZES = {
@@ -201,6 +208,8 @@ def scale_sizes(cmd: CommandLine) -> None:
             cmd.set(flag, value)
     if cmd.get("--train-samples") is None:
         cmd.set("--train-iters", str(ITERS))
+    if cmd.get("--global-batch-size") is None:  # Megatron's default, micro x DP, is 1 micro-batch here
+        cmd.set("--global-batch-size", "4")
     cmd.set("--log-interval", "1", " (each iteration's loss is read)")
     topk = cmd.get("--moe-router-topk")
     if topk is not None and _int(topk) > 2:
@@ -222,7 +231,11 @@ def scale_data(cmd: CommandLine, corpus_prefix: str) -> None:
     cmd.drop("--vocab-size")
     cmd.set("--data-path", corpus_prefix, " (the sample corpus)")
     cmd.set("--tokenizer-type", "HuggingFaceTokenizer")
-    cmd.set("--tokenizer-model", str(TOKENIZER))
+    if cmd.get("--fim-data"):
+        cmd.set("--tokenizer-model", str(Path(corpus_prefix).parent / FIM_TOKENIZER),
+                " (the sample tokenizer with Megatron's default fill-in-the-middle tokens added)")
+    else:
+        cmd.set("--tokenizer-model", str(TOKENIZER))
     if cmd.get("--split") is None:
         cmd.set("--split", "99,1,0")
 
@@ -265,7 +278,25 @@ def corpus(work: Path) -> str:
                         "--output-prefix", str(prefix), "--tokenizer-type", "HuggingFaceTokenizer",
                         "--tokenizer-model", str(TOKENIZER), "--append-eod", "--workers", "1"],
                        check=True, capture_output=True)
+    fim_tokenizer(prefix.parent / FIM_TOKENIZER)
     return f"{prefix}_text_document"
+
+
+FIM_TOKENIZER = "fim_tokenizer"
+FIM_TOKENS = ("<fim_prefix>", "<fim_middle>", "<fim_suffix>", "<fim_pad>")  # Megatron's --fim-*-token defaults
+
+
+def fim_tokenizer(folder: Path) -> Path:
+    """The sample tokenizer with Megatron's default FIM tokens added as special tokens after its
+    vocabulary (ids 1436-1439): the corpus's ids are unchanged, and ``--fim-data`` finds its tokens."""
+    from tokenizers import AddedToken, Tokenizer
+
+    folder.mkdir(parents=True, exist_ok=True)
+    tokenizer = Tokenizer.from_file(str(TOKENIZER / "tokenizer.json"))
+    tokenizer.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in FIM_TOKENS])
+    tokenizer.save(str(folder / "tokenizer.json"))
+    shutil.copy(TOKENIZER / "tokenizer_config.json", folder / "tokenizer_config.json")
+    return folder
 
 
 def placeholders(argv: list[str], folder: Path) -> list[str]:
@@ -371,7 +402,8 @@ def judge(rc: int, output: str, iters: range) -> dict:
         curve = [got[i] for i in iters]
         if curve[-1] < curve[0]:
             return {"outcome": "trains", "losses": curve}
-        return {"outcome": "traceback", "reason": f"loss did not fall: {curve}", "losses": curve}
+        return {"outcome": "loss flat", "reason": f"loss did not fall in {len(curve)} iterations: {curve}",
+                "losses": curve}
     line = failure_line(output)
     if line.startswith(ERROR):
         return {"outcome": "refused", "reason": flag_named(line), "line": line}
@@ -379,6 +411,42 @@ def judge(rc: int, output: str, iters: range) -> dict:
         line = f"exit 0 but losses {got} for iterations {list(iters)}"
     trained = [got[i] for i in sorted(got)]  # how far it trained before failing
     return {"outcome": "traceback", "reason": line, "losses_before": trained, "tail": output.splitlines()[-40:]}
+
+
+# Checks of core_r0.19.0's AFTER_SCRIPTs that no longer match the messages of the megatron-core they
+# run with (the same branch's megatron/core/rerun_state_machine.py and megatron/training/training.py):
+# the same event, in the words megatron-core 0.19.2 prints it.
+UPDATED_CHECKS = {
+    # training.py, setting the rerun state machine's iteration: "Overwriting ... from {old} to {new}..."
+    "Setting rerun_state_machine.current_iteration to 0...": (
+        False, "Overwriting rerun_state_machine.current_iteration from -1 to 0..."),
+    # RerunStateMachine.validate_result.log_failure: "Rank r, node n, device d, iteration #i: message!"
+    r"ERROR:megatron\.core\.rerun_state_machine:Rank [0-9]+, node ([0-9a-z]|\-)+, device [0-9]+: Possible transient error!!": (
+        True, r"ERROR:megatron\.core\.rerun_state_machine:Rank [0-9]+, node ([0-9a-z]|\-)+, device [0-9]+, iteration #[0-9]+: Possible transient error!!"),
+    r"ERROR:megatron\.core\.rerun_state_machine:Rank [0-9]+, node ([0-9a-z]|\-)+, device [0-9]+: Possible persistent error!!": (
+        True, r"ERROR:megatron\.core\.rerun_state_machine:Rank [0-9]+, node ([0-9a-z]|\-)+, device [0-9]+, iteration #[0-9]+: Possible persistent error!!"),
+}
+
+
+def check_holds(check: dict, output: str) -> bool:
+    regex, pattern = UPDATED_CHECKS.get(check["pattern"], (check["regex"], check["pattern"]))
+    return bool(re.search(pattern, output) if regex else pattern in output) == check["present"]
+
+
+def judge_by_log(rc: int, output: str, checks: list[dict], exit_code_ignored: bool) -> dict:
+    """A case whose AFTER_SCRIPT judges it, as Megatron's CI does: every log check holds (and the exit
+    code is 0 unless the script ignores it)."""
+    line = failure_line(output)
+    if rc and line.startswith(ERROR):
+        return {"outcome": "refused", "reason": flag_named(line), "line": line}
+    failed = [c["pattern"] for c in checks if not check_holds(c, output)]
+    if failed or (rc and not exit_code_ignored):
+        why = line if rc else ""
+        if failed:  # and, where the run failed, the failure that kept the message from the log
+            why = f"log check failed: {failed[0]!r}" + (f" (exit {rc}: {line})" if rc else "")
+        return {"outcome": "traceback", "reason": why, "exit_code": rc, "tail": output.splitlines()[-40:]}
+    got = losses(output)
+    return {"outcome": "checks pass", "exit_code": rc, "checks": len(checks), "losses": [got[i] for i in sorted(got)]}
 
 
 def refused_early(line: str) -> dict:
@@ -393,17 +461,27 @@ def check_early(argv: list[str], work: Path) -> str | None:
         shutil.rmtree(folder, ignore_errors=True)
 
 
-def run_case(argv: list[str], test_type: str, work: Path, timeout: float) -> dict:
-    """Run one scaled command line (both legs for a resume case) and judge it."""
+def run_case(argv: list[str], test_type: str, work: Path, timeout: float, case: dict | None = None,
+             stored: list[str] | None = None) -> dict:
+    """Run one scaled command line (both legs for a resume case) and judge it: by its log checks where
+    Megatron's case has them, else by its losses. ``stored``: a command line that first writes the
+    checkpoint the case loads (``${CHECKPOINT_LOAD_PATH}``)."""
     folder = Path(tempfile.mkdtemp(prefix="case-", dir=work))
     try:
         concrete = placeholders(argv, folder)
         refusal = early_refusal(concrete)
         if refusal:
             return refused_early(refusal)
+        if stored:
+            rc, output = torchrun(placeholders(stored, folder), timeout)
+            if not (folder / "checkpoint_load_path" / "latest_checkpointed_iteration.txt").is_file():
+                return {"outcome": "traceback", "reason": f"stored checkpoint: {failure_line(output)}",
+                        "tail": output.splitlines()[-40:]}
         rc, output = torchrun(concrete, timeout)
+        if case and case.get("log_checks") and test_type not in RESUME_TYPES:
+            return judge_by_log(rc, output, case["log_checks"], case.get("exit_code_ignored", False))
         first = judge(rc, output, range(1, ITERS + 1))
-        if test_type not in RESUME_TYPES or first["outcome"] != "trains":
+        if test_type not in RESUME_TYPES or first["outcome"] not in ("trains", "loss flat"):
             return first
         save = folder / "checkpoint_save_path"
         shutil.rmtree(save / f"iter_{ITERS:07d}", ignore_errors=True)
@@ -419,9 +497,46 @@ def run_case(argv: list[str], test_type: str, work: Path, timeout: float) -> dic
         if got != expected:
             return {"outcome": "traceback", "reason": f"resume differs: {got} != {expected}",
                     "losses": first["losses"]}
-        return {"outcome": "trains", "losses": first["losses"], "resumed": got}
+        return {**first, "resumed": got}
     finally:
         shutil.rmtree(folder, ignore_errors=True)
+
+
+# Frozen-start cases judged by what they log on loading Megatron's stored checkpoint, which is not
+# here: the case (or own command) whose run writes a checkpoint of that kind. The persistent-error
+# case's second run loads the checkpoint the first one saves on exiting to rerun elsewhere (exit 16);
+# the reshard case loads it at another layout (TP2 here, PP2 there), which Megatron's distributed
+# optimizer reads only from its fully reshardable layout.
+STORED_BY = {"gpt/gpt3_mcore_reruns_persistent_2": ("gpt/gpt3_mcore_reruns_persistent_1", []),
+             "gpt/gpt3_mcore_reruns_reshard": ("gpt/gpt3_mcore_reruns_persistent_1",
+                                               ["--dist-ckpt-optim-fully-reshardable"]),
+             "gpt/gpt3_mcore_reruns_resume": ("own", [])}
+
+
+# Cases whose checks need what one host cannot be: the rerun state machine tells a persistent error
+# from a transient one only when the job that resumes runs on another node or device than the one that
+# saw the fault (RerunStateMachine.validate_result compares node name and device; here both are the same,
+# so the resumed job exits 16 to be rescheduled again, as it should).
+NEEDS_ANOTHER_HOST = {"gpt/gpt3_mcore_reruns_persistent_2"}
+
+
+def stored_checkpoint(name: str, table: dict, prefix: str) -> list[str] | None:
+    """The command line that writes the checkpoint case ``name`` loads, or None."""
+    source, extra = STORED_BY.get(name, (None, []))
+    if source is None:
+        return None
+    cmd = CommandLine(scale(table[name if source == "own" else source]["argv"], "regular", prefix)[0] + extra)
+    cmd.set("--save", "${CHECKPOINT_LOAD_PATH}")
+    cmd.drop("--load")
+    if source == "own":  # the same schedule, stopped half-way
+        cmd.set("--exit-interval", str(ITERS // 2))
+        cmd.set("--save-interval", str(ITERS // 2))
+    return cmd.argv()
+
+
+def case_key(argv: list[str], case: dict) -> tuple:
+    """Cases with this key are the same run: the same command line, legs and log checks."""
+    return tuple(argv), case["test_type"] in RESUME_TYPES, json.dumps(case.get("log_checks"))
 
 
 def run_cases(names: list[str], table: dict, work: Path, timeout: float, log=print, each=None) -> dict:
@@ -434,21 +549,24 @@ def run_cases(names: list[str], table: dict, work: Path, timeout: float, log=pri
         case = table[name]
         if case["mode"] == "pretraining":
             argv, _ = scale(case["argv"], case["test_type"], prefix)
-            key = (tuple(argv), case["test_type"] in RESUME_TYPES)
+            key = case_key(argv, case)
             if key not in done and (line := check_early(argv, work)):
                 done[key] = dict(refused_early(line), wall_s=0.0, first_of=name)
-    names = sorted(names, key=lambda n: table[n]["mode"] == "pretraining" and (tuple(
-        scale(table[n]["argv"], table[n]["test_type"], prefix)[0]), table[n]["test_type"] in RESUME_TYPES) not in done)
+    names = sorted(names, key=lambda n: table[n]["mode"] == "pretraining" and case_key(
+        scale(table[n]["argv"], table[n]["test_type"], prefix)[0], table[n]) not in done)
     for name in names:
         case = table[name]
         if case["mode"] != "pretraining":
             results[name] = {"outcome": "not pretraining", "reason": case["mode"], "line": NOT_PRETRAINING}
             continue
+        if name in NEEDS_ANOTHER_HOST:
+            results[name] = {"outcome": "needs another host", "reason": "rescheduled on the same node and device"}
+            continue
         argv, changes = scale(case["argv"], case["test_type"], prefix)
-        key = (tuple(argv), case["test_type"] in RESUME_TYPES)
+        key = case_key(argv, case)
         started = time.monotonic()
         if key not in done:
-            done[key] = run_case(argv, case["test_type"], work, timeout)
+            done[key] = run_case(argv, case["test_type"], work, timeout, case, stored_checkpoint(name, table, prefix))
             done[key]["wall_s"] = round(time.monotonic() - started, 1)
             done[key]["first_of"] = name
         result = dict(done[key], test_type=case["test_type"], changes=changes, argv=argv)
@@ -481,8 +599,8 @@ def table_markdown(record: dict) -> str:
              f"{len(results)} of {record.get('total', len(results))} cases judged; measured {record['date'][:10]} at {record['measured_at'][:12]}, "
              f"{record['cores']} CPU cores, 2 ranks each.", "",
              "| outcome | cases |", "|---|---|"]
-    lines += [f"| {o} | {count[o]} |" for o in ("trains", "refused", "traceback", "not pretraining") if o in count]
-    for outcome in ("trains", "refused", "traceback", "not pretraining"):
+    lines += [f"| {o} | {count[o]} |" for o in OUTCOMES if o in count]
+    for outcome in OUTCOMES:
         if outcome not in groups:
             continue
         lines += ["", f"**{outcome}**", ""]
