@@ -25,11 +25,29 @@ ROOT = Path(__file__).resolve().parents[2]
 ENTRY_FILES = ("pretrain_gpt.py", "posttrain_gpt.py", "pretrain_mm.py")
 
 
+# The flags Megatron-LM's own pretrain_gpt.py adds when nvidia-modelopt is installed
+# (megatron/post_training/arguments.py at core_r0.19.0): that package is not in the megatron-core wheel.
+MODELOPT_FLAGS = frozenset(
+    "--enable-gpt-oss --export-default-te-spec --export-force-local-attention --export-kd-cfg "
+    "--export-kd-teacher-ckpt-format --export-kd-teacher-load --export-kd-teacher-model-config "
+    "--export-kv-cache-quant --export-legacy-megatron --export-model-type --export-moe-apply-probs-on-input "
+    "--export-offline-model --export-qk-l2-norm --export-quant-cfg --export-real-quant-cfg "
+    "--export-te-mcore-model --finetune-data-split --finetune-hf-dataset --freeze-base-for-mtp "
+    "--modelopt-enabled --qad-train-target".split())
+
+
 def one_line(message: str, options) -> str:
-    """argparse's ``message`` with the nearest known spelling of each unknown flag."""
+    """argparse's ``message`` with the nearest known spelling of each unknown flag; Megatron-LM's ModelOpt
+    flags are named for what they are."""
     prefix = "unrecognized arguments: "
     if not message.startswith(prefix):
         return message
+    modelopt = [t for t in message[len(prefix):].split() if t.split("=", 1)[0] in MODELOPT_FLAGS]
+    if modelopt:
+        return (f"{modelopt[0].split('=', 1)[0]}: a NVIDIA ModelOpt flag (distillation, quantization and their "
+                "exports), which Megatron-LM's pretrain_gpt.py adds from its megatron.post_training package when "
+                "nvidia-modelopt is installed; neither ships with megatron-core, so ModelOpt runs are not "
+                "supported here: drop the --export-* and ModelOpt flags")
     hints = []
     for token in message[len(prefix):].split():
         flag = token.split("=", 1)[0]

@@ -26,7 +26,7 @@ EXPECTED = {
     "gpt/gpt3_mcore_te_tp2_zp_z3_resume_fsdp_dtensor": ("refused", "--ckpt-format"),
     "gpt/gpt3_mcore_te_tp1_pp1_dist_optimizer_fim_dataset": ("trains",),  # Megatron's FIM samples
     "gpt/gpt3_mcore_te_tp2_pp1_gdn": ("refused", "--experimental-attention-variant"),
-    "gpt/gpt3_mcore_te_tp2_pp1_modelopt_distill_resume": ("refused", "--export-te-mcore-model"),
+    "gpt/gpt3_mcore_te_tp2_pp1_modelopt_distill_resume": ("refused", "--export-te-mcore-model"),  # ModelOpt
     "gpt/gpt3_mcore_te_tp2_pp2_dsa": ("refused", "--dsa-indexer-head-dim"),
     "gpt/gpt3_weekly_mcore_tp2_pp2_current_scaling_native_fp8_tp_pp_sp_tp_overlap": ("refused", "--fp8-format"),
     "moe/gpt3_moe_mcore_te_tp4_ep2_etp2_pp2_scoped_cudagraph": ("refused", "--first-last-layers-bf16"),

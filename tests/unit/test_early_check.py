@@ -102,6 +102,13 @@ def test_unknown_flag_gets_the_nearest_spelling():
     assert early_check.one_line("argument --lr: expected one argument", options) == "argument --lr: expected one argument"
 
 
+def test_modelopt_flags_are_named_for_what_they_are():
+    """Megatron-LM's ModelOpt flags (its megatron/post_training, not in the wheel): one line naming the first."""
+    line = early_check.one_line("unrecognized arguments: --export-te-mcore-model --export-kd-cfg a.yaml", ["--lr"])
+    assert line.startswith("--export-te-mcore-model: a NVIDIA ModelOpt flag"), line
+    assert "not supported here" in line and "\n" not in line
+
+
 def test_only_the_entry_files_are_checked(tmp_path):
     assert early_check.is_entry_file(str(early_check.ROOT / "pretrain_gpt.py"))
     assert early_check.is_entry_file(str(early_check.ROOT / "posttrain_gpt.py"))
