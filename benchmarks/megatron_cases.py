@@ -1,6 +1,7 @@
 """Every Megatron-LM functional-test case through tools/megatron_cases/run.py, its launches warm.
 
     python benchmarks/megatron_cases.py [run.py options, e.g. --status FILE]
+    python benchmarks/megatron_cases.py --merge gpt/NAME moe/NAME ...   # those cases again, the rest kept
 
 The same tool a user runs (``python tools/megatron_cases/run.py --all``), with its ``torchrun`` served by
 the test suite's zygote (tests/helpers/warm_torchrun.py, whose runs equal cold ones:
@@ -19,8 +20,11 @@ sys.path.insert(0, str(ROOT / "tests"))
 def main(argv: list[str]) -> int:
     from helpers.processes import run_tool
 
-    proc = run_tool("megatron_cases/run.py", "--all", "--out", ROOT / "benchmarks" / "results" / "megatron_cases.json",
-                    "--docs", *argv, timeout=6 * 3600, cwd=ROOT)
+    import json
+
+    named = set(argv) & set(json.loads((ROOT / "tools" / "megatron_cases" / "cases.json").read_text())["cases"])
+    proc = run_tool("megatron_cases/run.py", *([] if named else ["--all"]), "--out",
+                    ROOT / "benchmarks" / "results" / "megatron_cases.json", "--docs", *argv, timeout=6 * 3600, cwd=ROOT)
     sys.stdout.write(proc.stdout)
     sys.stderr.write(proc.stderr[-5000:])
     return proc.returncode

@@ -561,6 +561,7 @@ def run_cases(names: list[str], table: dict, work: Path, timeout: float, log=pri
             continue
         if name in NEEDS_ANOTHER_HOST:
             results[name] = {"outcome": "needs another host", "reason": "rescheduled on the same node and device"}
+            log(f"{name}: {results[name]['outcome']}", flush=True)
             continue
         argv, changes = scale(case["argv"], case["test_type"], prefix)
         key = case_key(argv, case)
@@ -590,13 +591,25 @@ def grouped(results: dict) -> dict[str, dict[str, list[str]]]:
     return out
 
 
+def measured(record: dict) -> str:
+    """When and at which commit: "2026-11-27 at abc (12 cases), 2026-11-26 at def (90 cases)"."""
+    runs: dict[tuple, int] = {}
+    for r in record["cases"].values():
+        key = (r.get("date", record["date"][:10]), r.get("measured_at", record["measured_at"])[:12])
+        runs[key] = runs.get(key, 0) + 1
+    if len(runs) == 1:
+        (date, commit), = runs
+        return f"{date} at {commit}"
+    return ", ".join(f"{d} at {c} ({n} cases)" for (d, c), n in sorted(runs.items(), reverse=True))
+
+
 def table_markdown(record: dict) -> str:
     """The results as docs/migrating.md shows them: counts, then the cases by outcome and reason."""
     results = record["cases"]
     groups = grouped(results)
     count = {o: sum(map(len, g.values())) for o, g in groups.items()}
     lines = [f"Megatron-LM {record['megatron_lm']['branch']} ({record['megatron_lm']['commit'][:12]}): "
-             f"{len(results)} of {record.get('total', len(results))} cases judged; measured {record['date'][:10]} at {record['measured_at'][:12]}, "
+             f"{len(results)} of {record.get('total', len(results))} cases judged, measured {measured(record)}; "
              f"{record['cores']} CPU cores, 2 ranks each.", "",
              "| outcome | cases |", "|---|---|"]
     lines += [f"| {o} | {count[o]} |" for o in OUTCOMES if o in count]
@@ -643,6 +656,8 @@ def main() -> None:
     parser.add_argument("--docs", action="store_true",
                         help="then regenerate docs/migrating.md's table (tools/gen_docs.py) from --out")
     parser.add_argument("--status", help="also write a Markdown summary here (tracebacks, refusals by reason)")
+    parser.add_argument("--merge", action="store_true",
+                        help="keep --out's other cases, each with the commit it was measured at")
     args = parser.parse_args()
     table = json.loads(CASES.read_text())
     unknown = [c for c in args.cases if c not in table["cases"]]
@@ -653,13 +668,21 @@ def main() -> None:
     work.mkdir(parents=True, exist_ok=True)
     commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
 
+    kept = {}
+    if args.merge and args.out and Path(args.out).is_file():
+        old = json.loads(Path(args.out).read_text())
+        kept = {name: {"measured_at": old["measured_at"], "date": old["date"][:10], **r}
+                for name, r in old["cases"].items() if name not in names}
+
     def write(results: dict) -> None:
         if not args.out:
             return
+        now = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+        cases = {**kept, **{name: {"measured_at": commit, "date": now[:10], **r} for name, r in results.items()}}
         record = {"megatron_lm": {"branch": table["branch"], "commit": table["commit"]},
-                  "measured_at": commit, "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+                  "measured_at": commit, "date": now,
                   "cpu": platform.processor() or platform.machine(), "cores": os.cpu_count(),
-                  "total": len(table["cases"]), "cases": results}
+                  "total": len(table["cases"]), "cases": dict(sorted(cases.items()))}
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         Path(args.out).write_text(json.dumps(record, indent=1) + "\n")
         if args.status:
