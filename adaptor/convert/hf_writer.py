@@ -34,14 +34,29 @@ def copy_side_files(src: Path, dst: Path) -> None:
             shutil.copyfile(src / name, dst / name)
 
 
+TOKENIZER_FILES = HF_SIDE_FILES[2:]  # all but config.json and generation_config.json
+
+
+def copy_tokenizer_files(src: Path, dst: Path) -> None:
+    """The tokenizer of ``src``: a Hugging Face tokenizer directory (its model's config is not taken)
+    or a ``tokenizer.json`` file."""
+    if src.is_file():
+        shutil.copyfile(src, dst / "tokenizer.json")
+        return
+    for name in TOKENIZER_FILES:
+        if (src / name).is_file():
+            shutil.copyfile(src / name, dst / name)
+
+
 def write_hf_dir(save_dir, source, model_type, hf_config: dict, layout: Layout, padded_vocab_size: int, *,
-                 side_files=None, extra_files: dict[str, str] | None = None, max_shard_bytes: int = 5 * 2**30,
-                 flag: str = "--save-dir") -> Path:
+                 side_files=None, tokenizer=None, extra_files: dict[str, str] | None = None,
+                 max_shard_bytes: int = 5 * 2**30, flag: str = "--save-dir") -> Path:
     """Write the Hugging Face directory ``save_dir`` of the model ``source`` holds at ``layout``.
 
     ``source``: ``get((tp, pp, ep), megatron_name)``, ``get_meta`` (the same as a meta tensor), ``release``
     (its pages may go) and ``path`` (named in errors). Config.json and the tokenizer files are copied from
-    the directory ``side_files`` when given, else config.json is ``hf_config``; ``extra_files``: name -> text.
+    the directory ``side_files`` when given, else config.json is ``hf_config`` and the tokenizer files come
+    from ``tokenizer`` (see :func:`copy_tokenizer_files`) when given; ``extra_files``: name -> text.
     """
     mapping = model_mapping(model_type, hf_config) if isinstance(model_type, str) else model_type
     mapping.check_layout(layout)
@@ -59,6 +74,8 @@ def write_hf_dir(save_dir, source, model_type, hf_config: dict, layout: Layout, 
         write_shards(temp, specs, export(source.get, source.release), max_shard_bytes)
         if side_files is not None:
             copy_side_files(Path(side_files), temp)
+        elif tokenizer is not None:
+            copy_tokenizer_files(Path(tokenizer), temp)
         if not (temp / "config.json").is_file():
             (temp / "config.json").write_text(json.dumps(hf_config, indent=2) + "\n")
         for name, text in (extra_files or {}).items():

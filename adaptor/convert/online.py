@@ -228,6 +228,15 @@ def _hf_config(args) -> dict:
     raise ConversionError("the base architecture is unknown: pass --model-type-hf qwen3")
 
 
+def hf_tokenizer_source(args) -> Path | None:
+    """Where ``--hf-save-dir`` takes the tokenizer from without ``--hf-load-dir``: the run's own Hugging
+    Face tokenizer (``--tokenizer-model``, a directory or a tokenizer.json), so the directory loads whole."""
+    if args.tokenizer_type not in ("HuggingFaceTokenizer", "PretrainedFromHF") or not args.tokenizer_model:
+        return None
+    path = Path(args.tokenizer_model)
+    return path if path.is_dir() or path.name == "tokenizer.json" and path.is_file() else None
+
+
 def save_hf_dir(model, args, iteration: int) -> None:
     """Gather the model from all ranks and write ``--hf-save-dir`` (rank 0), all or nothing.
 
@@ -271,7 +280,8 @@ def save_hf_dir(model, args, iteration: int) -> None:
                                                  flag="--hf-save-dir")
                 else:
                     write_hf_dir(final, RankStates(work, layout), args.model_type_hf, hf_config, layout,
-                                 args.padded_vocab_size, side_files=args.hf_load_dir, flag="--hf-save-dir")
+                                 args.padded_vocab_size, side_files=args.hf_load_dir,
+                                 tokenizer=hf_tokenizer_source(args), flag="--hf-save-dir")
         except Exception as exc:  # noqa: BLE001
             error = f"{type(exc).__name__}: {exc}"
         finally:

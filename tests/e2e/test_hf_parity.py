@@ -215,7 +215,8 @@ def test_converted_checkpoint_refuses_flags_without_its_rope_scaling(hf_dirs, tm
 
 def test_hf_save_dir_from_flags_takes_the_vocabulary_from_the_tokenizer(tmp_path):
     """No --hf-load-dir and a Hugging Face tokenizer (MindSpeed-LLM's PretrainedFromHF spelling): the vocabulary
-    is known once Megatron builds the tokenizer, after validation; config.json gets the padded size."""
+    is known once Megatron builds the tokenizer, after validation; config.json gets the padded size, and the
+    tokenizer's files are written beside it."""
     from safetensors import safe_open
 
     from helpers.megatron_runs import SAMPLE_TOKENIZER, TINY_QWEN3_MODEL
@@ -230,3 +231,10 @@ def test_hf_save_dir_from_flags_takes_the_vocabulary_from_the_tokenizer(tmp_path
     assert config["model_type"] == "qwen3" and config["vocab_size"] == padded
     with safe_open(str(out / "model.safetensors"), "pt") as f:
         assert f.get_slice("model.embed_tokens.weight").get_shape() == [padded, 64]
+    # the run's tokenizer comes along, so the directory loads whole (transformers' AutoTokenizer)
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        assert (out / name).read_bytes() == (SAMPLE_TOKENIZER / name).read_bytes(), name
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(str(out))
+    assert tokenizer.decode(tokenizer("a b")["input_ids"]) == "a b"
