@@ -24,7 +24,6 @@ EXPECTED = {
     # through Megatron's persistent worker: judged by the case's own log checks
     "gpt/gpt3_mcore_reruns_transient": ("checks pass",),
     "gpt/gpt3_mcore_te_tp2_zp_z3_resume_fsdp_dtensor": ("refused", "--ckpt-format"),
-    "gpt/gpt3_mcore_te_tp1_pp1_dist_optimizer_fim_dataset": ("trains",),  # Megatron's FIM samples
     "gpt/gpt3_mcore_te_tp2_pp1_gdn": ("refused", "--experimental-attention-variant"),
     "gpt/gpt3_mcore_te_tp2_pp1_modelopt_distill_resume": ("refused", "--export-te-mcore-model"),  # ModelOpt
     "gpt/gpt3_mcore_te_tp2_pp2_dsa": ("refused", "--dsa-indexer-head-dim"),

@@ -111,3 +111,45 @@ def test_a_tokenizer_without_the_tokens_is_refused_by_the_flag_that_names_them(c
         fim_fields(fim_args(fim_split_sample="two words"), tok)
     with pytest.raises(ValueError, match=r"^--fim-rate 1.5"):
         fim_fields(fim_args(fim_rate=1.5), tok)
+
+
+def test_pretrain_gpt_reads_fim_data_through_megatrons_fim_dataset(corpus, model_parallel, capsys):
+    """pretrain_gpt.py's own dataset provider, in this process set up as a training run: --fim-data
+    builds GPTFIMDataset samples; with a tokenizer that lacks the tokens it stops in one line."""
+    import sys
+    from pathlib import Path
+
+    from megatron.training import global_vars
+    from megatron.training.arguments import parse_args
+
+    root = str(Path(run.ROOT))
+    if root not in sys.path:
+        sys.path.insert(0, root)
+    import pretrain_gpt
+
+    prefix, tok = corpus
+
+    def provider(tokenizer_dir):
+        sys.argv = ["pretrain_gpt.py", "--tokenizer-type", "HuggingFaceTokenizer", "--tokenizer-model",
+                    str(tokenizer_dir), "--data-path", prefix, "--split", "100,0,0", "--seq-length", "64",
+                    "--fim-data", "--fim-rate", "1.0", "--fim-spm-rate", "0.0"]
+        args = parse_args()
+        args.rank = 0
+        global_vars.set_args(args)
+        global_vars.rebuild_tokenizer(args)
+        return pretrain_gpt.train_valid_test_datasets_provider([4, 0, 0])
+
+    argv = sys.argv
+    try:
+        train, _, _ = provider(Path(prefix).parent / run.FIM_TOKENIZER)
+        assert type(train).__name__ == "GPTFIMDataset"
+        assert int(train[0]["tokens"][0]) == tok._tokenizer.tokens_to_ids(["<fim_prefix>"])[0]
+        global_vars.unset_global_variables()
+        with pytest.raises(SystemExit) as exit_:
+            provider(run.TOKENIZER)
+        assert exit_.value.code == 2
+        assert capsys.readouterr().err.splitlines()[-1].startswith(
+            "megatron-adaptor: error: --fim-prefix-token <fim_prefix>: the tokenizer has no such token")
+    finally:
+        sys.argv = argv
+        global_vars.unset_global_variables()
