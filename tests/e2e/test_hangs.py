@@ -6,7 +6,9 @@ iteration 3 is logged:
 * SIGKILL: torchrun ends rank 0 at once; its report names rank 1 and signal 9;
 * SIGSTOP (a rank that hangs without dying): rank 0 blocks in its next collective until
   ``--distributed-timeout-seconds`` (10 s here) passes, then exits with one line naming
-  itself, the collective and its caller; torchrun ends the stopped rank.
+  itself, the collective and its caller; torchrun ends the stopped rank. Once rank 0 has printed
+  its line the stopped rank is continued, so that it takes torchrun's SIGTERM at once, as a
+  rank hung in a collective or a kernel does (a stopped one would hold torchrun 30 s more).
 
 Bounds are generous multiples of the timeout (a loaded CI machine): the point is that the
 run ends by itself, not how fast.
@@ -50,7 +52,7 @@ def run_and_disturb(tmp_path: Path, sig: int) -> tuple[subprocess.Popen, str, fl
     end_all = lambda: os.killpg(proc.pid, signal.SIGKILL)  # noqa: E731
     timer = threading.Timer(400, end_all)
     timer.start()
-    lines, sent = [], None
+    lines, sent, victim = [], None, None
     try:
         for line in proc.stdout:
             lines.append(line)
@@ -59,6 +61,12 @@ def run_and_disturb(tmp_path: Path, sig: int) -> tuple[subprocess.Popen, str, fl
                 assert victim is not None, "rank 1 not found"
                 os.kill(victim, sig)
                 sent = time.monotonic()
+            elif sig == signal.SIGSTOP and victim and line.startswith("megatron-adaptor: error:"):
+                # rank 0 gave up and leaves; torchrun then ends the others with SIGTERM, which a hung rank
+                # obeys at once but a stopped one only once continued (else torchrun waits 30 s, then
+                # SIGKILLs it). Continued, it meets a dead peer and would wait its error grace (10 s).
+                os.kill(victim, signal.SIGCONT)
+                victim = None
         proc.wait()
     finally:
         timer.cancel()
