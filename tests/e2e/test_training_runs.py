@@ -1,4 +1,4 @@
-"""Whole runs a user makes: the Qwen3 example script, and bf16 training."""
+"""Whole runs a user makes: the Qwen3 example scripts (README's quick start among them), and bf16 training."""
 from __future__ import annotations
 
 import math
@@ -7,29 +7,6 @@ import subprocess
 import sys
 
 from helpers.megatron_runs import LOSS_LINE, ROOT, TINY_QWEN3, free_port, run_pretrain, side_by_side, tail
-
-
-def test_example_script_trains_tiny_qwen3_and_loss_falls(tmp_path):
-    """`bash examples/qwen3/pretrain.sh` with no model arguments, as in README's quick start."""
-    env = dict(os.environ, ADAPTOR_BACKEND="cpu", TRAIN_ITERS="20", LOG_INTERVAL="1",
-               MASTER_PORT=str(free_port()), SAVE=str(tmp_path / "ckpt"), DATA_CACHE=str(tmp_path / "data"),
-               PATH=os.path.dirname(sys.executable) + os.pathsep + os.environ["PATH"])
-    proc = subprocess.run(["bash", "examples/qwen3/pretrain.sh"], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=900)
-    out = proc.stdout + proc.stderr
-    assert proc.returncode == 0, tail(out)
-    losses = [float(v) for _, v in LOSS_LINE.findall(out)]
-    assert len(losses) == 20, tail(out)
-    assert all(math.isfinite(x) for x in losses)
-    # The embedded corpus, not random tokens: 20 steps at lr 3e-3 take the loss well down.
-    assert "(GPTDataset)" in out and "MockGPTDataset" not in out, tail(out)
-    assert sum(losses[-3:]) / 3 < losses[0] - 1.0, losses
-    assert (tmp_path / "ckpt" / "latest_checkpointed_iteration.txt").read_text().strip() == "20"
-    assert "backend=cpu" in out
-    # Without Transformer Engine or apex, Megatron's torch Adam runs torch's fused kernel.
-    assert "torch's fused Adam kernel" in out, tail(out)
-    # Tokenized once into DATA_CACHE; a second run would reuse this pair.
-    assert len(list((tmp_path / "data").glob("sample_corpus-*_text_document.idx"))) == 1
 
 
 def test_bf16_trains_on_cpu_and_tracks_fp32(shared_runs):
@@ -52,8 +29,9 @@ def test_bf16_trains_on_cpu_and_tracks_fp32(shared_runs):
     assert "Float16OptimizerWithFloat16Params" not in bf16.output or "Error" not in bf16.output
 
 
-def test_example_finetune_script_pretrains_a_base_then_tunes_lora_and_full(tmp_path):
-    """`bash examples/qwen3/finetune.sh`: without a base it pretrains the tiny example first, then LoRA on the
+def test_example_scripts_pretrain_then_tune_lora_and_full(tmp_path):
+    """`bash examples/qwen3/finetune.sh`: without a base it first runs README's quick start,
+    `bash examples/qwen3/pretrain.sh` with no model arguments and its default 60 iterations, then LoRA on the
     sample instructions writes adapters only and a PEFT directory; METHOD=full tunes every weight of that base."""
     base_env = dict(os.environ, ADAPTOR_BACKEND="cpu", LOG_INTERVAL="1", MASTER_PORT=str(free_port()),
                     BASE_CACHE=str(tmp_path / "base"), DATA_CACHE=str(tmp_path / "data"),
@@ -67,6 +45,16 @@ def test_example_finetune_script_pretrains_a_base_then_tunes_lora_and_full(tmp_p
     assert (tmp_path / "base" / "latest_checkpointed_iteration.txt").read_text().strip() == "60"
     losses = [float(v) for _, v in LOSS_LINE.findall(out)]
     assert len(losses) == 60 + 20, tail(out)  # the base's pretraining, then the fine-tuning
+    assert all(math.isfinite(x) for x in losses)
+    # The quick start trains on the embedded corpus, not random tokens, and the loss goes well down.
+    assert "(GPTDataset)" in out and "MockGPTDataset" not in out, tail(out)
+    pretrained = losses[:60]
+    assert sum(pretrained[-3:]) / 3 < pretrained[0] - 1.0, pretrained
+    assert "backend=cpu" in out
+    # Without Transformer Engine or apex, Megatron's torch Adam runs torch's fused kernel.
+    assert "torch's fused Adam kernel" in out, tail(out)
+    # Tokenized once into DATA_CACHE; a second run would reuse this pair.
+    assert len(list((tmp_path / "data").glob("sample_corpus-*_text_document.idx"))) == 1
     tuned = losses[60:]
     assert tuned[-1] < tuned[0], tuned
     assert (tmp_path / "lora_hf" / "adapter_config.json").is_file(), tail(out)
