@@ -27,7 +27,8 @@ import sys
 import threading
 from pathlib import Path
 
-from helpers.megatron_runs import TINY_QWEN3, TORCHRUN
+from helpers.megatron_runs import TINY_QWEN3, TORCHRUN, run_pretrain
+from helpers.megatron_runs import tail as megatron_tail
 from helpers.one_line_errors import base_env, child_frames, error_lines
 from helpers.paths import ROOT
 from helpers.processes import descendants, free_port
@@ -63,8 +64,8 @@ def test_failed_save_exits_and_keeps_the_previous_checkpoint(tmp_path):
     save = tmp_path / "ckpt"
     common = TINY_QWEN3 + FORMAT + ["--save", str(save), "--load", str(save), "--save-interval", "2",
                                     "--train-iters", "6"]
-    first = torchrun(2, common + ["--exit-interval", "2"], tmp_path)
-    assert first.returncode == 0, tail(first)
+    first = run_pretrain(common + ["--exit-interval", "2"], nproc=2)  # no limit: warm, as any run
+    assert first.returncode == 0, megatron_tail(first.output)
     kept = digest(save / "iter_0000002")
     assert kept and (save / "latest_checkpointed_iteration.txt").read_text().strip() == "2"
 
@@ -82,10 +83,10 @@ def test_failed_save_exits_and_keeps_the_previous_checkpoint(tmp_path):
     assert digest(save / "iter_0000002") == kept
     assert (save / "latest_checkpointed_iteration.txt").read_text().strip() == "2"
 
-    resumed = torchrun(2, common + ["--exit-interval", "4"], tmp_path)
-    assert resumed.returncode == 0, tail(resumed)
-    assert re.search(r"iteration\s+3/\s*6", resumed.stdout), tail(resumed)
-    assert not re.search(r"iteration\s+1/", resumed.stdout), "the resumed run started from scratch"
+    resumed = run_pretrain(common + ["--exit-interval", "4"], nproc=2)
+    assert resumed.returncode == 0, megatron_tail(resumed.output)
+    assert re.search(r"iteration\s+3/\s*6", resumed.output), megatron_tail(resumed.output)
+    assert not re.search(r"iteration\s+1/", resumed.output), "the resumed run started from scratch"
     assert (save / "latest_checkpointed_iteration.txt").read_text().strip() == "4"
 
 
