@@ -111,10 +111,18 @@ def model_parallel(cpu_training_process):
     import torch
     from megatron.core import parallel_state as ps
 
-    if not torch.distributed.is_initialized():
+    made_group = not torch.distributed.is_initialized()
+    if made_group:
         torch.distributed.init_process_group("gloo", rank=0, world_size=1, store=torch.distributed.HashStore())
-    if not ps.model_parallel_is_initialized():
+    made_parallel = not ps.model_parallel_is_initialized()
+    if made_parallel:
         ps.initialize_model_parallel()
+    yield
+    # Undone after the module, so that tests elsewhere that make their own group find none.
+    if made_parallel:
+        ps.destroy_model_parallel()
+    if made_group:
+        torch.distributed.destroy_process_group()
 
 
 @pytest.fixture(scope="session")
