@@ -204,7 +204,8 @@ def scale_layers(cmd: CommandLine) -> None:
 
 def scale_sizes(cmd: CommandLine) -> None:
     for flag, value in {**SIZES, **SCHEDULE}.items():
-        if cmd.get(flag) not in (None, "0") and flag not in ("--train-iters", "--log-interval"):
+        # the layer count is scale_layers' (a pipeline split may need more than 4)
+        if cmd.get(flag) not in (None, "0") and flag not in ("--train-iters", "--log-interval", "--num-layers"):
             cmd.set(flag, value)
     if cmd.get("--train-samples") is None:
         cmd.set("--train-iters", str(ITERS))
