@@ -504,12 +504,11 @@ def run_case(argv: list[str], test_type: str, work: Path, timeout: float, case: 
 
 
 # Frozen-start cases judged by what they log on loading Megatron's stored checkpoint, which is not
-# here: the case (or own command) whose run writes a checkpoint of that kind. The persistent-error
-# case's second run loads the checkpoint the first one saves on exiting to rerun elsewhere (exit 16);
-# the reshard case loads it at another layout (TP2 here, PP2 there), which Megatron's distributed
-# optimizer reads only from its fully reshardable layout.
-STORED_BY = {"gpt/gpt3_mcore_reruns_persistent_2": ("gpt/gpt3_mcore_reruns_persistent_1", []),
-             "gpt/gpt3_mcore_reruns_reshard": ("gpt/gpt3_mcore_reruns_persistent_1",
+# here: the case (or own command) whose run writes a checkpoint of that kind. The reshard case loads
+# the checkpoint the persistent-error case saves on exiting to rerun elsewhere (exit 16), at another
+# layout (TP2 here, PP2 there), which Megatron's distributed optimizer reads only from its fully
+# reshardable layout. (The persistent-error case's own second run would load it too, on another host.)
+STORED_BY = {"gpt/gpt3_mcore_reruns_reshard": ("gpt/gpt3_mcore_reruns_persistent_1",
                                                ["--dist-ckpt-optim-fully-reshardable"]),
              "gpt/gpt3_mcore_reruns_resume": ("own", [])}
 
