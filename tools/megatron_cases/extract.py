@@ -7,7 +7,8 @@ the checkout's work tree is not needed) and writes, per case: its MODE (pretrain
 TEST_TYPE, launcher, the environment variables it sets, and MODEL_ARGS (and MODEL_ARGS_2, the second
 leg's flags, where a case has it) as the argv Megatron's ``_run_training.sh`` builds from them:
 ``true`` -> the flag alone, ``false``/empty -> omitted, ``[a, b]`` -> the flag then its values; and
-the log checks of its AFTER_SCRIPT, by which Megatron's CI judges the cases that carry one.
+the log checks of its AFTER_SCRIPT, by which Megatron's CI judges the cases that carry one. A case
+with no MODEL_ARGS runs a script of its own instead (MODE ``own script``, its files listed).
 """
 from __future__ import annotations
 
@@ -87,7 +88,13 @@ def extract(repo: str, ref: str) -> dict:
             if not path.endswith("/model_config.yaml"):
                 continue
             name = path[len(root):-len("/model_config.yaml")]
-            cases[f"{suite}/{name}"] = case_of(yaml.safe_load(git(repo, "show", f"{commit}:{path}")))
+            case = case_of(yaml.safe_load(git(repo, "show", f"{commit}:{path}")))
+            if not case["argv"]:  # no command line: the case runs a script of its own from its folder
+                folder = path[:-len("model_config.yaml")]
+                case["mode"] = "own script"
+                case["scripts"] = sorted(p[len(folder):] for p in git(repo, "ls-tree", "--name-only", commit, folder)
+                                         .splitlines() if not p.endswith("model_config.yaml"))
+            cases[f"{suite}/{name}"] = case
     return {"source": "NVIDIA/Megatron-LM tests/functional_tests/test_cases/{gpt,moe}/*/model_config.yaml",
             "branch": ref, "commit": commit, "cases": dict(sorted(cases.items()))}
 
