@@ -43,9 +43,11 @@ def setup(argv=None, quiet: bool = False) -> FeatureContext:
     enabled = registry.enabled(context)
     if backend.name != "cuda":  # expected off CUDA; Megatron warns once per module otherwise
         warnings.filterwarnings("ignore", message=r".*(transformer[ -]engine|apex)")  # case-insensitive
-    arguments_hook.register(patch_manager, registry, context)
     for feature in enabled:
         feature.register_patches(patch_manager, context)
+    # registered last, so outermost: the features check the arguments as given, before any feature's
+    # own wrapper of validate_args adjusts them for Megatron's checks
+    arguments_hook.register(patch_manager, registry, context)
     patch_manager.apply()
     if not (quiet or env.quiet()) and is_rank0():
         print(summary(enabled), flush=True)
