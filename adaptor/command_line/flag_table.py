@@ -486,8 +486,8 @@ MEGATRON_FLAGS = {
         "patches/memory/activation_offload on the local spec (saved-tensor hooks, any backend); Megatron's own with "
         "Transformer Engine"),
     "offload_modules": Honoured(
-        "patches/memory/activation_offload: attn_norm, qkv_linear, core_attn, attn_proj, mlp_norm, expert_fc1; "
-        "moe_act and fused_group_mlp are refused without Transformer Engine"),
+        "patches/memory/activation_offload: attn_norm, qkv_linear, core_attn, attn_proj, mlp_norm, expert_fc1, "
+        "moe_act (sequential or grouped experts); fused_group_mlp (TE's op fuser) is refused without it"),
     "min_offloaded_tensor_size": Honoured("patches/memory/activation_offload (elements), Megatron's with TE"),
     "delay_offload_until_cuda_graph": _MIN_OFFLOADED_TENSOR_SIZE,
     "delta_offload_bytes_across_pp_ranks": _MIN_OFFLOADED_TENSOR_SIZE,

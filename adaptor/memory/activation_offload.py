@@ -201,6 +201,14 @@ def attach(module: torch.nn.Module, name: str, offloader: ActivationOffloader) -
     module.register_forward_hook(post, always_call=True)
 
 
+def attach_between(first: torch.nn.Module, second: torch.nn.Module, name: str,
+                   offloader: ActivationOffloader) -> None:
+    """Offload what is saved after ``first`` returns and before ``second`` starts (an activation that
+    runs inline between two linears), counted under ``name``."""
+    first.register_forward_hook(lambda mod, args, output: offloader.enter(name))
+    second.register_forward_pre_hook(lambda mod, args: offloader.exit())
+
+
 def attach_pass_start(module: torch.nn.Module, offloader: ActivationOffloader) -> None:
     """A call of ``module`` (a stack of layers) starts a new forward pass for prefetching."""
     module.register_forward_pre_hook(lambda mod, args: offloader.new_pass())

@@ -9,7 +9,10 @@ Both move what chosen modules save for backward to host memory through
   and sets ``args.fine_grained_activation_offloading`` back to False so none of Megatron's
   offloading runs; with TE, Megatron's runs.
 * ``megatron.core.transformer.transformer_block.TransformerBlock.__init__`` (wrapped): forward hooks
-  on the chosen submodules open and close the offload scope, one on the block starts a pass.
+  on the chosen submodules open and close the offload scope, one on the block starts a pass. The
+  experts' activation (``moe_act``) runs inline in ``MLP.forward``, so its scope opens when an
+  expert's ``linear_fc1`` returns and closes when its ``linear_fc2`` starts; the grouped experts of
+  ``--moe-grouped-gemm`` run their linears as modules too (``adaptor.ops.grouped_matmul``).
 * ``megatron.training.training.train_step`` (wrapped): after the first step rank 0 logs the bytes
   offloaded per module.
 
@@ -32,15 +35,19 @@ MODULES = {
     "core_attn": ("self_attention.core_attention",),
     "attn_proj": ("self_attention.linear_proj",),
     "mlp_norm": ("pre_mlp_layernorm",),
-    "expert_fc1": ("mlp.experts.local_experts.*.linear_fc1",),
+    # the grouped experts' fc1 (adaptor.ops.grouped_matmul, --moe-grouped-gemm), else each expert's
+    "expert_fc1": ("mlp.experts._proxy.linear_fc1", "mlp.experts.local_experts.*.linear_fc1"),
+    # the experts' activation: what MLP.forward runs between an expert MLP's linear_fc1 and linear_fc2
+    "moe_act": ("mlp.experts._proxy", "mlp.experts.local_experts.*"),
     # MindSpeed's --swap-modules names.
     "input_norm": ("input_layernorm",),
     "self_attention": ("self_attention",),
     "post_attention_norm": ("pre_mlp_layernorm",),
 }
-OFFLOAD_MODULES = ("attn_norm", "qkv_linear", "core_attn", "attn_proj", "mlp_norm", "expert_fc1")
+OFFLOAD_MODULES = ("attn_norm", "qkv_linear", "core_attn", "attn_proj", "mlp_norm", "expert_fc1", "moe_act")
+#: names whose every path is attached (the others: the first path that exists)
+EVERY_PATH = ("qkv_linear", "expert_fc1", "moe_act")
 REFUSED_MODULES = {
-    "moe_act": "the local experts call their activation as a function, not a module; offload expert_fc1 instead",
     "fused_group_mlp": "it is Transformer Engine's fused grouped MLP (--use-transformer-engine-op-fuser)",
 }
 SWAP_MODULES = ("input_norm", "self_attention", "post_attention_norm")
@@ -75,14 +82,18 @@ def attach_to_layer(layer, modules, offl) -> None:
     """Offload the saved tensors of ``modules`` (names of :data:`MODULES`) of one TransformerLayer."""
     from megatron.core.transformer.identity_op import IdentityOp
 
-    from adaptor.memory.activation_offload import attach
+    from adaptor.memory.activation_offload import attach, attach_between
 
-    for name in modules:
+    # in MODULES' order, whatever the command line's: expert_fc1's scope closes before moe_act's opens
+    for name in [n for n in MODULES if n in modules]:
         for path in MODULES[name]:
             targets = [m for m in _submodules(layer, path) if not isinstance(m, IdentityOp)]
             for module in targets:
-                attach(module, name, offl)
-            if targets and name != "qkv_linear":
+                if name == "moe_act":
+                    attach_between(module.linear_fc1, module.linear_fc2, name, offl)
+                else:
+                    attach(module, name, offl)
+            if targets and name not in EVERY_PATH:
                 break
 
 
@@ -157,9 +168,6 @@ class ActivationOffload(Feature):
             if name not in OFFLOAD_MODULES:
                 raise ArgumentError(f"--offload-modules: unknown module {name!r}; "
                                     f"choose from {', '.join(OFFLOAD_MODULES)}")
-        if "expert_fc1" in offload and getattr(args, "moe_grouped_gemm", False):
-            raise ArgumentError("--offload-modules expert_fc1 needs the sequential experts; the grouped experts of "
-                                "--moe-grouped-gemm run fc1 inside one operator, so drop one of them")
         swap = (_names(args.swap_modules) or [SWAP_DEFAULT]) if args.swap_attention else []
         for name in swap:
             if name not in SWAP_MODULES:

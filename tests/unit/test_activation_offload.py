@@ -91,6 +91,35 @@ def test_small_tensors_parameters_and_recomputation_stay():
     assert offl.packed == 0  # the recomputation inside backward offloads nothing
 
 
+@pytest.mark.parametrize("grouped", [True, False], ids=["grouped_experts", "sequential_mlp"])
+def test_expert_fc1_and_activation_offload_in_megatron_moe_layers(grouped, model_parallel):
+    """``--offload-modules moe_act expert_fc1`` on real MoE layers, the experts grouped (--moe-grouped-gemm)
+    or sequential: each name offloads what its part saves, and the gradients do not change by a bit."""
+    from helpers.blocks import B, FFN, H, S, build
+    from patches.memory.activation_offload import attach_to_layer
+
+    def grads(block):
+        torch.manual_seed(0)
+        x = torch.randn(S, B, H, requires_grad=True)
+        block(x, attention_mask=None).square().sum().backward()
+        return [x.grad] + [p.grad for p in block.parameters()]
+
+    reference = grads(build(num_experts=2, grouped=grouped))
+    block = build(num_experts=2, grouped=grouped)
+    offl = ActivationOffloader("cpu", min_numel=1)
+    for layer in block.layers:
+        attach_to_layer(layer, ["moe_act", "expert_fc1"], offl)  # the scopes nest the same either order
+    got = grads(block)
+    assert not offl._open and offl.unpacked == offl.packed > 0
+    rows = S * B  # top-1: every token's row goes through one expert, in each of the two layers
+    assert offl.bytes["expert_fc1"] >= 2 * rows * H * 4  # fc1's input rows
+    assert offl.bytes["moe_act"] >= 2 * rows * 2 * FFN * 4  # SwiGLU's input, both halves of fc1's output
+    for name in ("attn_norm", "core_attn", "mlp_norm"):
+        assert name not in offl.bytes
+    for a, b in zip(got, reference):
+        assert torch.equal(a, b)
+
+
 def _args(**values):
     base = dict(swap_attention=False, swap_modules=None, min_offloaded_tensor_size=1024,
                 offload_modules=["core_attn"], fine_grained_activation_offloading=False,
@@ -100,7 +129,8 @@ def _args(**values):
 
 @pytest.mark.parametrize("values, message", [
     ({"offload_modules": ["core_attn", "lm_head"]}, "--offload-modules: unknown module 'lm_head'"),
-    ({"offload_modules": ["moe_act"]}, "--offload-modules moe_act is not available without Transformer Engine"),
+    ({"offload_modules": ["fused_group_mlp"]},
+     "--offload-modules fused_group_mlp is not available without Transformer Engine"),
     ({"min_offloaded_tensor_size": -1}, "--min-offloaded-tensor-size must be >= 0 elements, not -1"),
     ({"offload_modules": []}, "--fine-grained-activation-offloading needs --offload-modules"),
     ({"swap_attention": True, "swap_modules": "self_attention,mlp"}, "--swap-modules: unknown module 'mlp'"),
