@@ -32,6 +32,7 @@ a second; cases whose scaled command lines are identical run once.
 from __future__ import annotations
 
 import argparse
+import collections
 import datetime
 import json
 import math
@@ -625,6 +626,11 @@ def table_markdown(record: dict) -> str:
              f"{record['cores']} CPU cores, 2 ranks each.", "",
              "| outcome | cases |", "|---|---|"]
     lines += [f"| {o} | {count[o]} |" for o in OUTCOMES if o in count]
+    spans = collections.Counter(len(r["losses"]) for r in results.values() if "losses" in r)
+    if len(spans) > 1:  # measured under an earlier rule too
+        lines += ["", "Launched cases by the iterations they were judged over: " + ", ".join(
+            f"{n} over {iters}" for iters, n in sorted(spans.items(), reverse=True)) + f" (before the "
+            f"{ITERS}-iteration rule, a case trained when its last loss was below its first)."]
     for outcome in OUTCOMES:
         if outcome not in groups:
             continue
