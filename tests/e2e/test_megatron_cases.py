@@ -84,3 +84,17 @@ def test_scaling_fits_two_ranks_and_says_so():
     kept = [a for a in case["argv"] if a.startswith("--")]
     dropped = {c.split()[1] for c in changes if c.startswith("dropped")}
     assert set(kept) - dropped <= {a for a in argv if a.startswith("--")}, "every flag kept unless dropped"
+
+
+def _log(curve):
+    return "\n".join(f" [2026] iteration {i:8d}/{len(curve):8d} | lm loss: {v:.6E} |" for i, v in enumerate(curve, 1))
+
+
+def test_a_fall_within_the_spread_of_batches_is_flat():
+    """Losses of new batches differ by a few hundredths: a last loss below the first is no fall."""
+    noise = [7.334, 7.345, 7.346, 7.333]  # a 4-iteration curve the old rule called trains
+    flat = noise * 4
+    assert run.judge(0, _log(flat), range(1, 17))["outcome"] == "loss flat"
+    falling = noise + [7.30, 7.29, 7.31, 7.28] + [7.25, 7.26, 7.24, 7.23] + [7.21, 7.20, 7.22, 7.19]
+    assert run.judge(0, _log(falling), range(1, 17)) == {"outcome": "trains", "losses": falling}
+    assert run.judge(0, _log(falling[:-1] + [float("nan")]), range(1, 17))["outcome"] == "traceback"
