@@ -626,7 +626,8 @@ def table_markdown(record: dict) -> str:
              f"{record['cores']} CPU cores, 2 ranks each.", "",
              "| outcome | cases |", "|---|---|"]
     lines += [f"| {o} | {count[o]} |" for o in OUTCOMES if o in count]
-    spans = collections.Counter(len(r["losses"]) for r in results.values() if "losses" in r)
+    spans = collections.Counter(len(r["losses"]) for r in results.values()  # those judged by their curve
+                                if r["outcome"] in ("trains", "loss flat"))
     if len(spans) > 1:  # measured under an earlier rule too
         lines += ["", "Launched cases by the iterations they were judged over: " + ", ".join(
             f"{n} over {iters}" for iters, n in sorted(spans.items(), reverse=True)) + f" (before the "
