@@ -8,7 +8,8 @@ Without a file (or for a key the file leaves out) the defaults are:
   the embedding and the output layer. With tied embeddings those two stay in the root unit,
   which shards them too and keeps the shared weight gathered for both of its uses;
 * ``reshard_after_forward``: true, or false with Megatron's ``--torch-fsdp2-no-reshard-after-forward``;
-* ``param_dtype``: bf16 under ``--bf16``, else fp32; ``reduce_dtype``: fp32;
+* ``param_dtype``: bf16 under ``--bf16``, fp16 under ``--fp16``, else fp32; ``reduce_dtype``: fp32
+  (fp16 is accepted there only under ``--fp16``, whose loss scaling keeps small gradients);
 * ``offload_to_cpu``: false; ``ignored_modules``, ``recompute_modules``: none;
   ``num_to_forward_prefetch``: 0 (FSDP2's implicit prefetching only).
 """
@@ -22,8 +23,8 @@ import torch
 
 from adaptor.fsdp2.patterns import ModulePattern, PatternError, compile_pattern
 
-DTYPES = {"bf16": torch.bfloat16, "bfloat16": torch.bfloat16, "fp32": torch.float32, "float32": torch.float32}
-LOW_PRECISION_REFUSED = ("fp16", "float16", "half")
+DTYPES = {"bf16": torch.bfloat16, "bfloat16": torch.bfloat16, "fp16": torch.float16, "float16": torch.float16,
+          "half": torch.float16, "fp32": torch.float32, "float32": torch.float32}
 PATTERN_KEYS = ("sub_modules_to_wrap", "ignored_modules", "recompute_modules")
 KEYS = PATTERN_KEYS + ("reshard_after_forward", "param_dtype", "reduce_dtype", "offload_to_cpu",
                        "num_to_forward_prefetch")
@@ -71,11 +72,8 @@ def _patterns(key: str, value, where: str) -> list[ModulePattern]:
 
 
 def _dtype(key: str, value, where: str) -> torch.dtype:
-    if isinstance(value, str) and value.lower() in LOW_PRECISION_REFUSED:
-        raise Fsdp2ConfigError(f"{where}: {key} {value} is not supported: FSDP2 here has no loss scaling "
-                               f"for fp16; use bf16 or fp32")
     if not isinstance(value, str) or value.lower() not in DTYPES:
-        raise Fsdp2ConfigError(f"{where}: {key} must be one of bf16, fp32, got {value!r}")
+        raise Fsdp2ConfigError(f"{where}: {key} must be one of bf16, fp16, fp32, got {value!r}")
     return DTYPES[value.lower()]
 
 
@@ -135,20 +133,29 @@ def load_config(path: Optional[str]) -> Fsdp2Config:
     return parse_config(data, where)
 
 
+def compute_precision(args) -> tuple[torch.dtype, str, str]:
+    """The compute dtype the command line asks for, its name, and the flag that says so."""
+    if getattr(args, "bf16", False):
+        return torch.bfloat16, "bf16", "--bf16 is given"
+    if getattr(args, "fp16", False):
+        return torch.float16, "fp16", "--fp16 is given"
+    return torch.float32, "fp32", "neither --bf16 nor --fp16 is given"
+
+
 def resolve_config(config: Fsdp2Config, args) -> Fsdp2Config:
     """Fill the defaults that depend on the command line and check the file against it."""
     where = config.source
-    bf16 = bool(getattr(args, "bf16", False))
-    precision = torch.bfloat16 if bf16 else torch.float32
+    precision, want, flag = compute_precision(args)
     if config.param_dtype is None:
         config.param_dtype = precision
     elif config.param_dtype != precision:
-        want = "bf16" if bf16 else "fp32"
-        flag = "--bf16 is given" if bf16 else "--bf16 is not given"
         raise Fsdp2ConfigError(f"{where}: param_dtype must be {want} when {flag} (Megatron builds the model's "
                                f"precision-dependent parts from that flag); change param_dtype or the flag")
     if config.reduce_dtype is None:
         config.reduce_dtype = torch.float32
+    elif config.reduce_dtype == torch.float16 and precision != torch.float16:
+        raise Fsdp2ConfigError(f"{where}: reduce_dtype fp16 needs --fp16 (only fp16 training scales the loss, "
+                               f"without which small fp16 gradients round to zero); use bf16 or fp32")
     flag_value = bool(getattr(args, "torch_fsdp2_reshard_after_forward", True))
     if config.reshard_after_forward is None:
         config.reshard_after_forward = flag_value

@@ -8,8 +8,9 @@ subclasses it (Megatron's ``isinstance`` checks hold) and:
   the 2-D layout, TP slices sharded along dim 0;
 * shards :func:`adaptor.fsdp2.plan.sharding_plan`'s units, then the root, prefetching
   ``num_to_forward_prefetch`` units;
-* ``--bf16``: shards are fp32 masters (widened from ``Float16Module``'s values), gathered as bf16,
-  gradients reduce-scattered in fp32; inputs are not cast (rotary frequencies stay fp32);
+* ``--bf16`` / ``--fp16``: shards are fp32 masters (widened from ``Float16Module``'s values), gathered
+  as bf16 / fp16, gradients reduce-scattered in fp32; inputs are not cast (rotary frequencies stay
+  fp32). fp16's loss scaling is the optimizer's: :mod:`adaptor.fsdp2.loss_scaling`;
 * ``ignored_modules`` stay replicated: averaged in :meth:`finish_grad_sync`, counted once in the
   gradient norm (``shared``), fp32 compute under mixed precision;
 * ``--calculate-per-token-loss``: summed gradients divided in :meth:`scale_gradients`, as DDP does.
@@ -47,7 +48,8 @@ def local(tensor: torch.Tensor) -> torch.Tensor:
 def _fallback_config(config, ddp_config) -> Fsdp2Config:
     """The plan when Megatron's training loop did not attach one (direct construction)."""
     return Fsdp2Config(reshard_after_forward=getattr(ddp_config, "reshard_after_forward", True),
-                       param_dtype=torch.bfloat16 if config.bf16 else torch.float32,
+                       param_dtype=(torch.bfloat16 if config.bf16 else torch.float16 if config.fp16
+                                    else torch.float32),
                        reduce_dtype=torch.float32)
 
 

@@ -14,6 +14,9 @@ Enabled with ``--use-torch-fsdp2`` (see :mod:`patches.fsdp2.torch_fsdp2`). Upstr
   (``common_step``, saved once for all parameters) was never restored, and the first step after a
   resume failed with ``KeyError: 'step'``. We take ``common_step`` from the state dict
   ``_load_base_checkpoint`` returns and give each parameter's state its copy after ``load_checkpoint``.
+  Under ``--fp16`` the same holds for the loss scaler (scale, growth and hysteresis trackers) that
+  :class:`adaptor.fsdp2.loss_scaling.LossScaledFP32Optimizer` saves under ``grad_scaler``: it is
+  restored from that state dict too, so a resume continues with the scale it stopped at.
 * ``megatron.core.utils.make_sharded_tensor_for_checkpoint`` / ``make_tp_sharded_tensor_for_checkpoint``
   assume rows divide evenly over ranks (a 17-row tensor on 2 ranks was refused); the DTensor's true
   offset and row count are used, and a whole tensor is written once.
@@ -21,7 +24,7 @@ Enabled with ``--use-torch-fsdp2`` (see :mod:`patches.fsdp2.torch_fsdp2`). Upstr
 Remove when: each upstream function handles FSDP2's DTensors itself, and each wrapper can go on its
 own: ``get_optim_param_to_id_map`` keys a DTensor by an object that is the same on every call,
 ``FP32Optimizer.load_state_dict`` restores the state of a DTensor parameter as DTensors, an in-place
-``torch_dist`` load restores ``common_step``, and
+``torch_dist`` load restores ``common_step`` (and a loss-scaled optimizer's ``grad_scaler``), and
 ``make_sharded_tensor_for_checkpoint``/``make_tp_sharded_tensor_for_checkpoint`` use the shard's
 real offset and row count. None is fixed upstream as of megatron-core 0.19.2 nor on Megatron-LM main
 (d98e8a64, 2026-08-22); no upstream issue or PR found.
@@ -63,40 +66,42 @@ def _dtensor_optimizer_state(wrapped, instance, call_args, kwargs):
     return result
 
 
-_loaded_steps: list = []  # common_step of each optimizer in the state dict last loaded
+_loaded: list = []  # (common_step, grad_scaler) of each optimizer in the state dict last loaded
 
 
-def _common_steps(optimizer_state) -> list:
-    """The ``common_step`` of each optimizer in a loaded optimizer state dict, in chain order."""
+def _loaded_states(optimizer_state) -> list:
+    """The ``common_step`` and ``grad_scaler`` of each optimizer in a loaded optimizer state dict, in chain order."""
     if isinstance(optimizer_state, dict) and isinstance(optimizer_state.get("state"), dict):
-        return [optimizer_state["state"].get("common_step")]
+        return [(optimizer_state["state"].get("common_step"), optimizer_state.get("grad_scaler"))]
     if isinstance(optimizer_state, dict):  # a chain: {0: {...}, 1: {...}}
-        return [step for key in sorted(k for k in optimizer_state if isinstance(k, int))
-                for step in _common_steps(optimizer_state[key])]
+        return [found for key in sorted(k for k in optimizer_state if isinstance(k, int))
+                for found in _loaded_states(optimizer_state[key])]
     return []
 
 
-def _remember_common_step(wrapped, instance, call_args, kwargs):
+def _remember_loaded_state(wrapped, instance, call_args, kwargs):
     result = wrapped(*call_args, **kwargs)
     state_dict = result[0] if isinstance(result, tuple) else None
-    _loaded_steps[:] = _common_steps(state_dict.get("optimizer")) if isinstance(state_dict, dict) else []
+    _loaded[:] = _loaded_states(state_dict.get("optimizer")) if isinstance(state_dict, dict) else []
     return result
 
 
-def _restore_common_step(wrapped, instance, call_args, kwargs):
-    _loaded_steps.clear()
+def _restore_loaded_state(wrapped, instance, call_args, kwargs):
+    _loaded.clear()
     result = wrapped(*call_args, **kwargs)
     optimizer = call_args[1] if len(call_args) > 1 else kwargs.get("optimizer")
-    if optimizer is not None and _loaded_steps:
+    if optimizer is not None and _loaded:
         chain = getattr(optimizer, "chained_optimizers", [optimizer])
-        for megatron_optimizer, step in zip(chain, _loaded_steps):
+        for megatron_optimizer, (step, scaler_state) in zip(chain, _loaded):
+            if scaler_state is not None and hasattr(megatron_optimizer, "load_grad_scaler"):
+                megatron_optimizer.load_grad_scaler(scaler_state)
             inner = getattr(megatron_optimizer, "optimizer", None)
             if step is None or inner is None:
                 continue
             for state in inner.state.values():
                 if state and "step" not in state:
                     state["step"] = torch.as_tensor(step, dtype=torch.float32).detach().clone()
-    _loaded_steps.clear()
+    _loaded.clear()
     return result
 
 
@@ -161,7 +166,7 @@ class ShardedCheckpoint(Feature):
                                 _optim_param_to_id_map, OWNER)
         pm.register_wrapper("megatron.core.optimizer.optimizer.FP32Optimizer.load_state_dict",
                             _dtensor_optimizer_state, OWNER)
-        pm.register_wrapper("megatron.training.checkpointing._load_base_checkpoint", _remember_common_step, OWNER)
-        pm.register_wrapper("megatron.training.checkpointing.load_checkpoint", _restore_common_step, OWNER)
+        pm.register_wrapper("megatron.training.checkpointing._load_base_checkpoint", _remember_loaded_state, OWNER)
+        pm.register_wrapper("megatron.training.checkpointing.load_checkpoint", _restore_loaded_state, OWNER)
         pm.register_wrapper("megatron.core.utils.make_tp_sharded_tensor_for_checkpoint", _tp_sharded_tensor, OWNER)
         pm.register_wrapper("megatron.core.utils.make_sharded_tensor_for_checkpoint", _sharded_tensor, OWNER)

@@ -11,6 +11,7 @@ import argparse
 import re
 
 import pytest
+import torch
 
 from adaptor.backend import Backend
 from adaptor.features import ArgumentError, FeatureContext
@@ -29,8 +30,7 @@ BAD_YAML = {
     "backwards_range": ('recompute_modules: ["decoder.layers.{3-1}"]\n', "range 3-1 runs backwards"),
     "unbalanced": ('ignored_modules: ["decoder.layers.{0"]\n', "unbalanced brace"),
     "reshard_int": ("reshard_after_forward: 2\n", "reshard_after_forward must be true or false"),
-    "param_dtype": ("param_dtype: int8\n", "param_dtype must be one of bf16, fp32"),
-    "fp16": ("reduce_dtype: fp16\n", "reduce_dtype fp16 is not supported"),
+    "param_dtype": ("param_dtype: int8\n", "param_dtype must be one of bf16, fp16, fp32"),
     "prefetch": ("num_to_forward_prefetch: -1\n", "num_to_forward_prefetch must be a non-negative integer"),
     "offload": ("offload_to_cpu: yes please\n", "offload_to_cpu must be true or false"),
     "not_mapping": ("- a\n- b\n", "must be a mapping"),
@@ -75,7 +75,6 @@ CPU = FeatureContext(backend=Backend("cpu", "gloo", "test"), flags=argparse.Name
     (dict(expert_model_parallel_size=2), "expert parallelism"),
     (dict(use_distributed_optimizer=True), "--use-distributed-optimizer (FSDP2 already shards"),
     (dict(init_model_with_meta_device=True), "--init-model-with-meta-device"),
-    (dict(fp16=True), "--fp16"),
     (dict(gradient_accumulation_fusion=True), "gradient-accumulation fusion"),
     (dict(use_megatron_fsdp=True), "--use-megatron-fsdp"),
     (dict(save="ckpt", ckpt_format="torch"), "--ckpt-format torch_dist, safetensors or torch_dcp, not torch"),
@@ -88,15 +87,18 @@ def test_unsupported_combinations_are_one_line(values, expected):
 
 
 def test_what_megatron_refused_and_is_lifted():
-    """Tied embeddings, TP, and any --ckpt-format when nothing is saved or loaded pass validation."""
+    """Tied embeddings, TP, --fp16, and any --ckpt-format when nothing is saved or loaded pass validation."""
     for values in (dict(ckpt_format="torch"), dict(save="ckpt", ckpt_format="safetensors"), dict(load="ckpt"),
-                   dict(save="ckpt", ckpt_format="torch_dcp")):
+                   dict(save="ckpt", ckpt_format="torch_dcp"), dict(fp16=True)):
         TorchFsdp2().validate(megatron_args(**values), CPU)
 
 
 @pytest.mark.parametrize("text, values, expected", [
-    ("param_dtype: bf16\n", {}, "param_dtype must be fp32 when --bf16 is not given"),
+    ("param_dtype: bf16\n", {}, "param_dtype must be fp32 when neither --bf16 nor --fp16 is given"),
     ("param_dtype: fp32\n", dict(bf16=True), "param_dtype must be bf16 when --bf16 is given"),
+    ("param_dtype: bf16\n", dict(fp16=True), "param_dtype must be fp16 when --fp16 is given"),
+    ("param_dtype: fp16\n", {}, "param_dtype must be fp32 when neither --bf16 nor --fp16 is given"),
+    ("reduce_dtype: fp16\n", dict(bf16=True), "reduce_dtype fp16 needs --fp16"),
     ("reshard_after_forward: true\n", dict(torch_fsdp2_reshard_after_forward=False),
      "contradicts --torch-fsdp2-no-reshard-after-forward"),
     ('recompute_modules: ["decoder.layers.{*}"]\n', dict(recompute_granularity="full"),
@@ -107,6 +109,15 @@ def test_yaml_must_agree_with_the_command_line(tmp_path, text, values, expected)
     path.write_text(text)
     with pytest.raises(Fsdp2ConfigError, match=re.escape(expected)):
         resolve_config(load_config(str(path)), megatron_args(**values))
+
+
+def test_fp16_computes_in_fp16_and_reduces_in_fp32_unless_told(tmp_path):
+    config = resolve_config(load_config(None), megatron_args(fp16=True))
+    assert (config.param_dtype, config.reduce_dtype) == (torch.float16, torch.float32)
+    path = tmp_path / "fsdp2.yaml"
+    path.write_text("param_dtype: float16\nreduce_dtype: half\n")  # the YAML names fp16 three ways
+    config = resolve_config(load_config(str(path)), megatron_args(fp16=True))
+    assert (config.param_dtype, config.reduce_dtype) == (torch.float16, torch.float16)
 
 
 def test_defaults_follow_the_command_line():
