@@ -9,7 +9,7 @@ The model is ``pretrain_gpt.py``'s (its ``model_provider``), built by Megatron's
 layout the flags give (TP, PP) and filled by Megatron's ``load_checkpoint`` (any format the training
 writes: safetensors, torch_dist, torch; no optimizer state) or from a Hugging Face directory
 (``--hf-load-dir``, the training's online conversion). The generation loop is ``adaptor.inference``;
-the flags are ``patches.inference.generation``'s. ``--micro-batch-size`` prompts go together in one
+the flags are ``patches.inference.generation``'s. ``--micro-batch-size`` prompts (8 unless given) go together in one
 batch. With ``--input-file`` rank 0 writes one JSON object per prompt, in order; ``--prompt`` prints
 the generated text.
 """
@@ -85,7 +85,8 @@ def main():
     from adaptor.errors import fail
     from adaptor.inference import greedy_batch, stop_ids
 
-    parse_and_validate_args(args_defaults={"tokenizer_type": "GPT2BPETokenizer"})
+    # --micro-batch-size: prompts generated together (8 unless given)
+    parse_and_validate_args(args_defaults={"tokenizer_type": "GPT2BPETokenizer", "micro_batch_size": 8})
     initialize_megatron()
     args = get_args()
     tokenizer = get_tokenizer()
