@@ -19,7 +19,7 @@ import json
 import sys
 from pathlib import Path
 
-from patches.inference.generation import running_inference
+from adaptor.inference import running_inference
 
 
 def read_prompts(path: str) -> list[str]:

@@ -20,6 +20,14 @@ from dataclasses import dataclass
 
 import torch
 
+#: Set by inference.py before Megatron parses (:func:`running_inference`): its flags
+#: (``patches.inference.generation``) are read by that entry only.
+ENTRY = {"inference": False}
+
+
+def running_inference() -> None:
+    ENTRY["inference"] = True
+
 
 @dataclass
 class Generated:

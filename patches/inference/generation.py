@@ -21,13 +21,6 @@ LATER_TASKS = ("greedy_search_with_sampling", "beam_search", "beam_search_with_s
 DESTS = ("task", "max_new_tokens", "max_length", "add_eos_token", "use_kv_cache", "input_file", "output_file",
          "prompt")
 
-#: Set by inference.py before Megatron parses: the flags are read by that entry only.
-ENTRY = {"inference": False}
-
-
-def running_inference() -> None:
-    ENTRY["inference"] = True
-
 
 def _flag(dest: str) -> str:
     return "--" + dest.replace("_", "-")
@@ -58,6 +51,8 @@ class Generation(Feature):
                            help="inference.py: one prompt; the generated text is printed")
 
     def validate(self, args, ctx) -> None:
+        from adaptor.inference import ENTRY
+
         if not ENTRY["inference"]:
             given = [d for d in DESTS if d in ctx.explicit]
             if given:
