@@ -63,7 +63,7 @@ elif [ -n "${PROMPT:-}" ]; then
   IO_ARGS=(--prompt "$PROMPT")
 else
   INPUT="$(mktemp -d)/prompts.jsonl"; OUTPUT="${INPUT%.jsonl}_out.jsonl"
-  printf '%s\n' '{"prompt": "Once upon a time, a little fox"}' '{"prompt": "The recipe needs two cups of"}' > "$INPUT"
+  printf '%s\n' '{"prompt": "Yara was a beekeeper who lived in"}' '{"prompt": "Twenty-four plus forty-seven is"}' > "$INPUT"
   IO_ARGS=(--input-file "$INPUT" --output-file "$OUTPUT")
   PRINT_OUTPUT=1
 fi
