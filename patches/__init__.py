@@ -44,6 +44,7 @@ def all_features():
     from patches.fusions.rope import RopeFusion
     from patches.fusions.swiglu import SwigluFusion
     from patches.hf.online_conversion import OnlineConversion
+    from patches.inference.generation import Generation
     from patches.long_context.context_parallel import ContextParallel
     from patches.long_context.packed_sequences import PackedSequences
     from patches.memory.activation_offload import ActivationOffload
@@ -128,6 +129,8 @@ def all_features():
         SaveFailures(),
         LoadShapeCheck(),
         SafeTorchLoad(),
+        # inference.py's flags.
+        Generation(),
         # LoRA after them: its load and save wrappers go around theirs.
         Lora(),
         # pretrain_mm.py.

@@ -32,7 +32,8 @@ def test_bf16_trains_on_cpu_and_tracks_fp32(shared_runs):
 def test_example_scripts_pretrain_then_tune_lora_and_full(tmp_path):
     """`bash examples/qwen3/finetune.sh`: without a base it first runs README's quick start,
     `bash examples/qwen3/pretrain.sh` with no model arguments and its default 60 iterations, then LoRA on the
-    sample instructions writes adapters only and a PEFT directory; METHOD=full tunes every weight of that base."""
+    sample instructions writes adapters only and a PEFT directory; METHOD=full tunes every weight of that base;
+    `bash examples/qwen3/generate.sh` generates from that base."""
     base_env = dict(os.environ, ADAPTOR_BACKEND="cpu", LOG_INTERVAL="1", MASTER_PORT=str(free_port()),
                     BASE_CACHE=str(tmp_path / "base"), DATA_CACHE=str(tmp_path / "data"),
                     PATH=os.path.dirname(sys.executable) + os.pathsep + os.environ["PATH"])
@@ -71,3 +72,22 @@ def test_example_scripts_pretrain_then_tune_lora_and_full(tmp_path):
     losses = [float(v) for _, v in LOSS_LINE.findall(out)]
     assert len(losses) == 10 and all(math.isfinite(x) for x in losses), tail(out)
     assert (tmp_path / "full" / "latest_checkpointed_iteration.txt").read_text().strip() == "10"
+
+    check_generate_script(base_env, tmp_path)
+
+
+def check_generate_script(base_env: dict, tmp_path) -> None:
+    """`bash examples/qwen3/generate.sh` on the pretrained base (BASE_CACHE): its two sample prompts, greedy,
+    with the KV cache, through inference.py --load on the safetensors checkpoint."""
+    import json
+
+    env = dict(base_env, MAX_NEW_TOKENS="8", MASTER_PORT=str(free_port()))
+    proc = subprocess.run(["bash", "examples/qwen3/generate.sh"], cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=600)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, tail(out)
+    assert "pretraining the tiny example" not in out and "successfully loaded checkpoint" in out, tail(out)
+    records = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith('{"prompt"')]
+    assert [r["prompt"] for r in records] == ["Yara was a beekeeper who lived in", "Twenty-four plus forty-seven is"]
+    for record in records:
+        assert 1 <= len(record["token_ids"]) <= 8 and record["text"].strip(), record

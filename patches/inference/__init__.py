@@ -1,0 +1,1 @@
+"""Inference: ``inference.py``'s flags and checks (greedy generation from a Megatron checkpoint)."""

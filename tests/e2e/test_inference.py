@@ -1,0 +1,107 @@
+"""inference.py: greedy tokens equal transformers' generate on the same weights, and bad input is one line.
+
+A tiny random Qwen3 (tests/helpers/hf_fixtures.py, fp32) with the repository's sample tokenizer's
+vocabulary is read through --hf-load-dir (the training's online conversion). Three prompts of
+different lengths go in one batch (--micro-batch-size 3, right-padded inside the loop); the token ids
+written to --output-file equal ``model.generate(do_sample=False, max_new_tokens=N)`` prompt by prompt:
+
+* TP1 without the KV cache;
+* TP1 with --use-kv-cache, and a second stop token (--add-eos-token) that ends one prompt early, so
+  that rows end one by one;
+* TP2 (two processes, gloo) with --use-kv-cache and the same stop token.
+"""
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from helpers.hf_fixtures import make_tiny_qwen3
+from helpers.megatron_runs import SAMPLE_TOKENIZER, launch, tail
+from helpers.one_line_errors import assert_one_line_error, run_python
+
+PROMPTS = ["Once upon a time", "The capital of the old kingdom was a small town near the", "Add"]
+NEW_TOKENS = 10
+
+
+@pytest.fixture(scope="module")
+def qwen3(tmp_path_factory):
+    """The HF directory and the model flags that describe it (with the sample tokenizer)."""
+    from transformers import AutoTokenizer
+
+    import adaptor  # noqa: F401  (before patches: it registers them)
+    from adaptor.convert.config_check import model_flags
+
+    tokenizer = AutoTokenizer.from_pretrained(str(SAMPLE_TOKENIZER))
+    hf_dir = make_tiny_qwen3(tmp_path_factory.mktemp("inference") / "qwen3", vocab_size=len(tokenizer), seed=3)
+    flags = model_flags("qwen3", json.loads((hf_dir / "config.json").read_text()))
+    flags += ["--seq-length", "64", "--tokenizer-type", "HuggingFaceTokenizer", "--tokenizer-model",
+              str(SAMPLE_TOKENIZER), "--disable-jit-fuser"]
+    return hf_dir, tokenizer, flags  # the weights' flag is each test's
+
+
+def hf_greedy(hf_dir, tokenizer, eos_ids: list[int]) -> list[list[int]]:
+    """transformers' greedy continuation of each prompt alone, cut after its first stop token."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(str(hf_dir), dtype=torch.float32, attn_implementation="eager")
+    model.eval()
+    out = []
+    for prompt in PROMPTS:
+        ids = tokenizer(prompt, return_tensors="pt").input_ids
+        with torch.no_grad():
+            generated = model.generate(ids, do_sample=False, max_new_tokens=NEW_TOKENS, eos_token_id=eos_ids,
+                                       pad_token_id=tokenizer.pad_token_id)[0, ids.shape[1]:].tolist()
+        cut = next((i + 1 for i, t in enumerate(generated) if t in eos_ids), len(generated))
+        out.append(generated[:cut])
+    return out
+
+
+def generate(flags, tmp_path, name, nproc=1, extra=()):
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in PROMPTS))
+    out = tmp_path / f"{name}.jsonl"
+    run = launch("inference.py", [*flags, "--input-file", str(prompts), "--output-file", str(out),
+                                  "--micro-batch-size", "3", "--max-new-tokens", str(NEW_TOKENS),
+                                  "--tensor-model-parallel-size", str(nproc), *extra], nproc=nproc)
+    assert run.returncode == 0, tail(run.output)
+    records = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [r["prompt"] for r in records] == PROMPTS
+    return records
+
+
+def test_greedy_tokens_equal_transformers(qwen3, tmp_path):
+    hf_dir, tokenizer, flags = qwen3
+    flags = [*flags, "--hf-load-dir", str(hf_dir)]
+    eos = tokenizer.eos_token_id
+    expected = hf_greedy(hf_dir, tokenizer, [eos])
+    assert len({len(tokenizer(p).input_ids) for p in PROMPTS}) == 3  # three prompt lengths in one batch
+
+    plain = generate(flags, tmp_path, "tp1")
+    assert [r["token_ids"] for r in plain] == expected
+    for record in plain:
+        kept = [t for t in record["token_ids"] if t != eos]
+        assert record["text"] == tokenizer.decode(kept, skip_special_tokens=True)
+
+    # A second stop token: the first token prompt 0 generates that prompt 1 does not, so prompt 0
+    # ends early and the others go on in the same batch.
+    stop = next(t for t in expected[0] if t not in expected[1] and t != eos)
+    stopped = hf_greedy(hf_dir, tokenizer, [eos, stop])
+    assert len(stopped[0]) < len(expected[0]) and stopped[1] == expected[1]
+    extra = ["--use-kv-cache", "--add-eos-token", str(stop)]
+    assert [r["token_ids"] for r in generate(flags, tmp_path, "tp1_kv", extra=extra)] == stopped
+    assert [r["token_ids"] for r in generate(flags, tmp_path, "tp2_kv", nproc=2, extra=extra)] == stopped
+
+
+def test_missing_checkpoint_is_one_line(qwen3, tmp_path):
+    _, _, flags = qwen3
+    run = run_python([*flags, "--load", str(tmp_path / "no_such_ckpt"), "--prompt", "Once"], tmp_path,
+                     script="inference.py")
+    assert_one_line_error(run, ["--load", "no_such_ckpt"], torchrun=False)
+
+
+def test_prompt_longer_than_seq_length_is_one_line(qwen3, tmp_path):
+    hf_dir, _, flags = qwen3
+    run = run_python([*flags, "--hf-load-dir", str(hf_dir), "--prompt", "word " * 80], tmp_path, script="inference.py")
+    assert_one_line_error(run, ["--prompt", "--seq-length 64"], torchrun=False)
