@@ -156,3 +156,20 @@ def test_gdn_block_trains_through_our_spec(model_parallel, dtype, num_experts):
     for name, param in block.named_parameters():
         assert param.grad is not None, name
         assert torch.isfinite(param.grad).all(), name
+
+
+@pytest.mark.parametrize("given,message", [
+    (dict(experimental_attention_variant="dsa"), "--experimental-attention-variant dsa: DeepSeek sparse attention"),
+    (dict(experimental_attention_variant="gated_delta_net", reset_attention_mask=True),
+     "--reset-attention-mask with --experimental-attention-variant gated_delta_net"),
+])
+def test_what_the_local_gdn_cannot_give_is_one_line(given, message):
+    from adaptor.errors import ArgumentError
+    from patches.models.gated_delta_net import GatedDeltaNetWithoutFla
+
+    args = SimpleNamespace(**({"reset_attention_mask": False, "context_parallel_size": 1} | given))
+    with pytest.raises(ArgumentError, match=message) as err:
+        GatedDeltaNetWithoutFla().validate(args, None)
+    assert "\n" not in str(err.value)
+    GatedDeltaNetWithoutFla().validate(SimpleNamespace(experimental_attention_variant="gated_delta_net",
+                                                       reset_attention_mask=False, context_parallel_size=1), None)
