@@ -63,6 +63,13 @@ def fla_missing() -> bool:
         return True
 
 
+_BOUNDARY_FLAGS = {
+    "eod": "--reset-attention-mask",
+    "documents": "--dataloader-inter-document-masking",
+    "conversations": "fine-tuning data (conversation boundaries)",
+}
+
+
 def is_gated_delta_net(args) -> bool:
     return getattr(args, "experimental_attention_variant", None) == "gated_delta_net"
 
@@ -86,7 +93,16 @@ class GatedDeltaNetWithoutFla(Feature):
                                 "DSA kernels, which the local spec lacks); drop it")
         if not is_gated_delta_net(args):
             return
-        if args.reset_attention_mask:
-            raise ArgumentError("--reset-attention-mask with --experimental-attention-variant gated_delta_net: "
-                                "gated-delta-net layers read no attention mask, so their recurrence would run "
-                                "across document boundaries; drop it")
+        from adaptor.batch_format import Boundaries, batch_format
+
+        fmt = batch_format(args)
+        if fmt.boundaries is not Boundaries.NONE and not fmt.thd:
+            raise ArgumentError(f"{_BOUNDARY_FLAGS[fmt.boundaries.value]} with --experimental-attention-variant "
+                                "gated_delta_net: document boundaries would reach the layers as a dense attention "
+                                "mask, which gated-delta-net layers do not read, so their recurrence would run "
+                                "across documents; add --use-flash-attn (packed THD batches, whose cu_seqlens "
+                                "GDN takes) or drop it")
+        if fmt.thd and getattr(args, "deterministic_mode", False):
+            raise ArgumentError("packed sequences with --experimental-attention-variant gated_delta_net and "
+                                "--deterministic-mode: megatron-core's GDN runs packed (THD) batches only "
+                                "outside deterministic mode; drop --deterministic-mode")

@@ -162,6 +162,8 @@ def test_gdn_block_trains_through_our_spec(model_parallel, dtype, num_experts):
     (dict(experimental_attention_variant="dsa"), "--experimental-attention-variant dsa: DeepSeek sparse attention"),
     (dict(experimental_attention_variant="gated_delta_net", reset_attention_mask=True),
      "--reset-attention-mask with --experimental-attention-variant gated_delta_net"),
+    (dict(experimental_attention_variant="gated_delta_net", reset_attention_mask=True, use_flash_attn=True,
+          deterministic_mode=True), "packed sequences with --experimental-attention-variant gated_delta_net"),
 ])
 def test_what_the_local_gdn_cannot_give_is_one_line(given, message):
     from adaptor.errors import ArgumentError
@@ -171,5 +173,7 @@ def test_what_the_local_gdn_cannot_give_is_one_line(given, message):
     with pytest.raises(ArgumentError, match=message) as err:
         GatedDeltaNetWithoutFla().validate(args, None)
     assert "\n" not in str(err.value)
-    GatedDeltaNetWithoutFla().validate(SimpleNamespace(experimental_attention_variant="gated_delta_net",
-                                                       reset_attention_mask=False, context_parallel_size=1), None)
+    for packed in (False, True):  # no boundaries, or boundaries as THD (cu_seqlens, which GDN reads)
+        GatedDeltaNetWithoutFla().validate(SimpleNamespace(
+            experimental_attention_variant="gated_delta_net", reset_attention_mask=packed, use_flash_attn=packed,
+            context_parallel_size=1), None)
