@@ -111,7 +111,7 @@ def test_causal_conv1d_is_left_padded_conv_then_activation(activation):
     torch.testing.assert_close(packed, torch.cat(alone, dim=1))
 
 
-def gdn_block(dtype=torch.float32, num_experts=None):
+def gdn_block(dtype=torch.float32, num_experts=None, **extra):
     """A 3-layer Qwen3-Next-like block through adaptor.layer_specs: GDN, GDN, then gated attention."""
     from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
     from megatron.core.transformer.transformer_block import TransformerBlock
@@ -127,7 +127,7 @@ def gdn_block(dtype=torch.float32, num_experts=None):
         attention_dropout=0.0, hidden_dropout=0.0, bias_activation_fusion=False, attention_output_gate=True,
         experimental_attention_variant="gated_delta_net", linear_attention_freq=3,
         linear_conv_kernel_dim=4, linear_key_head_dim=8, linear_value_head_dim=8, linear_num_key_heads=2,
-        linear_num_value_heads=4, params_dtype=dtype, bf16=dtype == torch.bfloat16, **moe)
+        linear_num_value_heads=4, params_dtype=dtype, bf16=dtype == torch.bfloat16, **moe, **extra)
     args = SimpleNamespace(transformer_impl="local", experimental_attention_variant="gated_delta_net",
                            num_experts=num_experts, moe_grouped_gemm=False, qk_layernorm=False,
                            multi_latent_attention=False, normalization="RMSNorm", mtp_num_layers=None)
@@ -156,6 +156,22 @@ def test_gdn_block_trains_through_our_spec(model_parallel, dtype, num_experts):
     for name, param in block.named_parameters():
         assert param.grad is not None, name
         assert torch.isfinite(param.grad).all(), name
+
+
+def test_gdn_norm_out_recompute_keeps_the_gradients(model_parallel):
+    """``--recompute-modules gdn_norm_out``: the gated output norm is recomputed in backward
+    (megatron-core's CheckpointWithoutOutput, which patches/memory/recompute makes work without TE)."""
+    x = torch.randn(70, 2, 32)
+    results = []
+    for extra in ({}, dict(recompute_granularity="selective", recompute_modules=["gdn_norm_out"])):
+        block = gdn_block(**extra)
+        assert block.layers[0].self_attention.recompute_norm_out == bool(extra)
+        inp = x.clone().requires_grad_()
+        out = block(inp, attention_mask=None)
+        (out[0] if isinstance(out, tuple) else out).square().mean().backward()
+        results.append([inp.grad] + [p.grad for p in block.parameters()])
+    for plain, recomputed in zip(*results):
+        torch.testing.assert_close(recomputed, plain, rtol=1e-5, atol=1e-7)
 
 
 @pytest.mark.parametrize("given,message", [
