@@ -1,11 +1,11 @@
-"""Gated DeltaNet layers under tensor and context parallelism reproduce the single-process loss curve.
+"""Gated DeltaNet layers under tensor, context and pipeline parallelism reproduce the single-process loss curve.
 
 The tiny Qwen3 of test_parallel_loss_curves.py with every other layer a GDN layer (the torch kernels of
 adaptor.ops.gated_delta_rule: fla is not installed here), fp32, uncompiled. All runs start from one
 checkpoint written by a single process and train 10 iterations on the same mock data. TP=2 splits the
 GDN heads, its in/out projections, convolution channels and gate parameters; CP=2 moves each rank's
-sequence chunks to whole sequences over half the heads (GDN's own all-to-alls). Both add the same numbers
-in another order, so the curves agree to fp32 rounding (RTOL as in test_parallel_loss_curves.py).
+sequence chunks to whole sequences over half the heads (GDN's own all-to-alls); PP=2 gives each stage
+its slice of the layer pattern. They add the same numbers in another order, so the curves agree to fp32 rounding (RTOL as in test_parallel_loss_curves.py).
 """
 from __future__ import annotations
 
@@ -26,6 +26,7 @@ GDN = TINY_QWEN3 + [
 LAYOUTS = {
     "tp2_sequence_parallel": ["--tensor-model-parallel-size", "2", "--sequence-parallel"],
     "cp2": ["--context-parallel-size", "2"],
+    "pp2": ["--pipeline-model-parallel-size", "2"],  # each stage builds its slice of the GDN/attention pattern
 }
 
 
