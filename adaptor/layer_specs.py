@@ -14,6 +14,7 @@ import functools
 import importlib
 from typing import Any, Mapping
 
+from megatron.core.models.backends import LocalSpecProvider
 from megatron.core.models.gpt.gpt_layer_specs import (
     get_gpt_decoder_block_spec,
     get_gpt_decoder_layer_specs,
@@ -21,10 +22,12 @@ from megatron.core.models.gpt.gpt_layer_specs import (
     get_gpt_layer_with_transformer_engine_spec,
     get_gpt_mtp_block_spec,
 )
+from megatron.core.tensor_parallel.layers import ColumnParallelLinear
 from megatron.core.transformer.spec_utils import ModuleSpec
 from megatron.core.transformer.transformer_config import TransformerConfig
 
 from adaptor.batch_format import batch_format
+from adaptor.wrapping import overridden
 
 
 def _load(path: str):
@@ -94,10 +97,67 @@ def swap_modules(spec: Any, swaps: Mapping[type, type]) -> Any:
     return spec
 
 
+class _LocalGatedDeltaNetBackend(LocalSpecProvider):
+    """megatron-core's local provider, with the plain ``ColumnParallelLinear`` as GDN's ``in_proj``.
+
+    Transformer Engine fuses the layer's input norm into ``in_proj`` (``TELayerNormColumnParallelLinear``,
+    ``layer_norm_weight`` inside ``in_proj``); the local provider has no such module. We keep the norm
+    where every local-spec layer keeps it, as the layer's own ``input_layernorm`` (so the same swaps
+    apply to it: ``--use-fused-rmsnorm``, ``--apply-layernorm-1p``, recompute of norms), and the GDN
+    input projection is the plain column-parallel linear: the same function, and the state-dict names
+    the local spec's attention layers already use (``input_layernorm.weight``, as ``linear_qkv`` has).
+    """
+
+    def column_parallel_layer_norm_linear(self) -> type:
+        return ColumnParallelLinear
+
+
+def _gated_delta_net_block_spec(args, config: TransformerConfig, vp_stage=None):
+    """The local block of ``--experimental-attention-variant gated_delta_net``: megatron-core's layer pattern
+    (``get_linear_attention_pattern``: GDN layers, every ``--linear-attention-freq``-th standard attention;
+    ``get_moe_layer_pattern`` for the MLPs), built from the local spec's layers with GDN put in place of
+    self-attention where the pattern says, then sliced for this pipeline stage as upstream slices it."""
+    from megatron.core.models.gpt.experimental_attention_variant_module_specs import (
+        get_gated_delta_net_module_spec,
+        get_linear_attention_pattern,
+    )
+    from megatron.core.transformer.enums import LayerType
+    from megatron.core.transformer.transformer_block import get_num_layers_to_build
+    from megatron.core.transformer.transformer_layer import get_transformer_layer_offset
+
+    with overridden(config, experimental_attention_variant=None):  # upstream's standard builder asserts it is unset
+        layers = get_gpt_decoder_layer_specs(config, use_transformer_engine=False, normalization=args.normalization)
+        block = get_gpt_decoder_block_spec(
+            config, use_transformer_engine=False, normalization=args.normalization, vp_stage=vp_stage)
+    gdn = get_gated_delta_net_module_spec(config, backend=_LocalGatedDeltaNetBackend())
+    gdn = dataclasses.replace(gdn, metainfo={**gdn.metainfo, "fuse_input_layernorm": False})
+    pattern = get_linear_attention_pattern(config)
+    layers = [
+        dataclasses.replace(layer, submodules=dataclasses.replace(layer.submodules, self_attention=gdn))
+        if linear else layer
+        for layer, linear in zip(layers, pattern)
+    ]
+    if config.pipeline_model_parallel_layout is not None:
+        local_ids = config.pipeline_model_parallel_layout.get_layer_id_list(
+            layer_type=LayerType.decoder, vp_stage=vp_stage)
+    else:
+        offset = get_transformer_layer_offset(config, vp_stage=vp_stage)
+        local_ids = range(offset, offset + get_num_layers_to_build(config, vp_stage=vp_stage))
+    return dataclasses.replace(block, layer_specs=[layers[i] for i in local_ids])
+
+
 def gpt_layer_spec(args, config: TransformerConfig, vp_stage=None):
-    """Spec for one decoder layer, or a block spec when MoE layers vary per layer."""
+    """Spec for one decoder layer, or a block spec when MoE layers vary per layer (or GDN layers)."""
     use_te = args.transformer_impl == "transformer_engine"
-    if args.num_experts:
+    if getattr(args, "experimental_attention_variant", None) == "gated_delta_net":
+        if use_te:
+            from megatron.core.models.gpt.experimental_attention_variant_module_specs import (
+                get_transformer_block_with_experimental_attention_variant_spec,
+            )
+
+            return get_transformer_block_with_experimental_attention_variant_spec(config, vp_stage=vp_stage)
+        spec = _gated_delta_net_block_spec(args, config, vp_stage=vp_stage)
+    elif args.num_experts:
         spec = get_gpt_decoder_block_spec(
             config, use_transformer_engine=use_te, normalization=args.normalization, vp_stage=vp_stage
         )
@@ -125,8 +185,10 @@ def gpt_mtp_block_spec(args, config: TransformerConfig, layer_spec, vp_stage=Non
         return None
     use_te = args.transformer_impl == "transformer_engine"
     if args.num_experts:
-        layer_spec = get_gpt_decoder_layer_specs(
-            config, use_transformer_engine=use_te, normalization=args.normalization
-        )[-1]
+        # With GDN too the MTP layer is a standard-attention layer (Qwen3-Next's MTP layer attends fully).
+        with overridden(config, experimental_attention_variant=None):
+            layer_spec = get_gpt_decoder_layer_specs(
+                config, use_transformer_engine=use_te, normalization=args.normalization
+            )[-1]
     spec = get_gpt_mtp_block_spec(config, layer_spec, use_transformer_engine=use_te, vp_stage=vp_stage)
     return spec if use_te or spec is None else swap_modules(spec, module_swaps(args))

@@ -51,6 +51,7 @@ def all_features():
     from patches.memory.optimizer_offload import OptimizerOffload
     from patches.memory.recompute import Recompute
     from patches.hf.tokenizer_json import TokenizerJsonSupport
+    from patches.models.gated_delta_net import GatedDeltaNetWithoutFla
     from patches.models.layernorm_1p import Layernorm1p
     from patches.models.mla import MlaWithoutTransformerEngine
     from patches.multimodal.mm_arguments import MultimodalArguments
@@ -110,6 +111,7 @@ def all_features():
         QkNormConsistencyCheck(),
         # Models, then the fused operators (their swaps win over the model's).
         MlaWithoutTransformerEngine(),
+        GatedDeltaNetWithoutFla(),
         Layernorm1p(),
         RmsNormFusion(),
         SwigluFusion(),

@@ -21,9 +21,9 @@ _QK_CLIP_SETTING = Refused(
 _DSA_ONLY = Refused(
     "only read by DeepSeek sparse attention layers (--experimental-attention-variant dsa), which "
     "pretrain_gpt.py does not build; drop it")
-_GATED_DELTA_NET_ONLY = Refused(
-    "only read by gated-delta-net layers (--experimental-attention-variant gated_delta_net), which "
-    "pretrain_gpt.py does not build; drop it")
+_GATED_DELTA_NET_SIZE = Honoured(
+    "gated-delta-net layers (--experimental-attention-variant gated_delta_net): the local spec's GDN layers, "
+    "torch kernels where fla is missing (patches/models/gated_delta_net)")
 _MUP_BASE_HIDDEN_SIZE = Honoured("with --use-mup")
 _MUP_BASE_HEAD_DIM = Honoured("with --use-mup (softmax scale)")
 _FP8_ONLY = Refused(
@@ -273,9 +273,10 @@ MEGATRON_FLAGS = {
     "qk_clip_alpha": _QK_CLIP_SETTING,
     "qk_clip_threshold": _QK_CLIP_SETTING,
     "multi_latent_attention": Honoured("local spec with the adaptor's MLADotProductAttention"),
-    "experimental_attention_variant": Refused(
-        "the layer spec pretrain_gpt.py builds has standard or multi-latent attention only, so no gated-delta-net "
-        "or DSA layers would be built; drop it"),
+    "experimental_attention_variant": Honoured(
+        "gated_delta_net: adaptor.layer_specs builds megatron-core's GDN layer pattern from the local spec "
+        "(patches/models/gated_delta_net fills fla's kernels with torch ones where fla is missing); dsa is "
+        "refused in one line by patches/models/gated_delta_net"),
     "dsa_indexer_n_heads": _DSA_ONLY,
     "dsa_indexer_head_dim": _DSA_ONLY,
     "dsa_indexer_topk": _DSA_ONLY,
@@ -289,11 +290,11 @@ MEGATRON_FLAGS = {
     "dsa_indexer_scoring_relu": _DSA_ONLY,
     "dsa_indexer_k_norm_epsilon": _DSA_ONLY,
     "dsa_indexer_k_norm_fp32": _DSA_ONLY,
-    "linear_conv_kernel_dim": _GATED_DELTA_NET_ONLY,
-    "linear_key_head_dim": _GATED_DELTA_NET_ONLY,
-    "linear_value_head_dim": _GATED_DELTA_NET_ONLY,
-    "linear_num_key_heads": _GATED_DELTA_NET_ONLY,
-    "linear_num_value_heads": _GATED_DELTA_NET_ONLY,
+    "linear_conv_kernel_dim": _GATED_DELTA_NET_SIZE,
+    "linear_key_head_dim": _GATED_DELTA_NET_SIZE,
+    "linear_value_head_dim": _GATED_DELTA_NET_SIZE,
+    "linear_num_key_heads": _GATED_DELTA_NET_SIZE,
+    "linear_num_value_heads": _GATED_DELTA_NET_SIZE,
     "embedding_init_method_std": Honoured("embedding init; the optimizer then skips weight decay on embeddings"),
     "init_model_with_meta_device": Refused(
         "the model is built on the meta device and only Megatron FSDP initialises it afterwards, so under DDP "
@@ -322,8 +323,8 @@ MEGATRON_FLAGS = {
         requires=("transformer_engine",)),
     "distribute_saved_activations": Honoured("with tensor parallelism and full recompute (Megatron checks both)"),
     "recompute_modules": Honoured(
-        "with --recompute-granularity selective; layernorm, moe_act and mla_up_proj through "
-        "patches/memory/recompute, which refuses gdn_norm_out (no gated-delta-net layers) in one line"),
+        "with --recompute-granularity selective; layernorm, moe_act, mla_up_proj and gdn_norm_out through "
+        "patches/memory/recompute"),
     "fp8": Refused(
         "the FP8 training path runs through Transformer Engine's modules, which the local layer spec does not use, so the "
         "model would train in its usual precision; drop it, or run on CUDA with Transformer Engine",
@@ -756,10 +757,7 @@ MEGATRON_FLAGS = {
         requires=("transformer_engine",),
     ),
     # --- experimental_attention_variant ---
-    "linear_attention_freq": Refused(
-        "pretrain_gpt.py builds standard attention layers only, so no layer becomes linear attention; drop it "
-        "(linear-attention variants are not supported yet)"
-    ),
+    "linear_attention_freq": _GATED_DELTA_NET_SIZE,
     # --- heterogeneous architecture ---
     "heterogeneous_layers_config_path": _HETEROGENEOUS_LAYERS_CONFIG_PATH,
     "heterogeneous_layers_config_encoded_json": _HETEROGENEOUS_LAYERS_CONFIG_PATH,

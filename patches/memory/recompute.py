@@ -1,7 +1,7 @@
 """Recompute without Transformer Engine: Megatron's ``--recompute-*`` flags and MindSpeed's.
 
 Megatron's ``--recompute-granularity``/``--recompute-method``/``--recompute-num-layers`` run as
-upstream on the local spec. Three ``--recompute-modules`` choices use
+upstream on the local spec. Four ``--recompute-modules`` choices (layernorm, moe_act, mla_up_proj, gdn_norm_out) use
 ``megatron.core.tensor_parallel.random.CheckpointWithoutOutput``, which needed TE;
 ``adaptor.memory.recompute`` fixes its ``__init__`` and ``_get_share_storage`` where TE is missing.
 ``moe_act`` upstream covers TE's grouped experts only; for the local experts a wrapper of
@@ -111,9 +111,9 @@ class Recompute(Feature):
         if unknown:
             raise ArgumentError(f"--recompute-modules {unknown[0]}: not a module Megatron recomputes; "
                                 f"choose from {', '.join(MEGATRON_MODULES)}")
-        if "gdn_norm_out" in modules:
-            raise ArgumentError("--recompute-modules gdn_norm_out recomputes gated-delta-net layers, which "
-                                "pretrain_gpt.py does not build; drop it")
+        if "gdn_norm_out" in modules and getattr(args, "experimental_attention_variant", None) != "gated_delta_net":
+            raise ArgumentError("--recompute-modules gdn_norm_out recomputes gated-delta-net layers, and this model "
+                                "has none (--experimental-attention-variant gated_delta_net)")
         if "moe_act" in modules and not getattr(args, "moe_grouped_gemm", False):
             raise ArgumentError("--recompute-modules moe_act needs --moe-grouped-gemm (as in Megatron); "
                                 "or use --recompute-activation-function, which also covers SequentialMLP experts")

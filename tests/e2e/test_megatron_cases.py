@@ -24,7 +24,7 @@ EXPECTED = {
     # through Megatron's persistent worker: judged by the case's own log checks
     "gpt/gpt3_mcore_reruns_transient": ("checks pass",),
     "gpt/gpt3_mcore_te_tp2_zp_z3_resume_fsdp_dtensor": ("refused", "--ckpt-format"),
-    "gpt/gpt3_mcore_te_tp2_pp1_gdn": ("refused", "--experimental-attention-variant"),
+    "gpt/gpt3_mcore_te_tp2_pp1_gdn": ("trains",),  # Qwen3-Next-like GDN layers, TP2+SP, bf16: both legs
     "gpt/gpt3_mcore_te_tp2_pp1_modelopt_distill_resume": ("refused", "--export-te-mcore-model"),  # ModelOpt
     "gpt/gpt3_mcore_te_tp2_pp2_dsa": ("refused", "--dsa-indexer-head-dim"),
     "gpt/gpt3_weekly_mcore_tp2_pp2_current_scaling_native_fp8_tp_pp_sp_tp_overlap": ("refused", "--fp8-format"),

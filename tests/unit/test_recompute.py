@@ -118,6 +118,8 @@ def test_good_recompute_input_passes():
     Recompute().validate(args(recompute_norm=True, recompute_norm_num_layers=4, recompute_granularity="full",
                               recompute_method="block", recompute_activation_function=True), None)
     Recompute().validate(args(recompute_activations=True, recompute_modules=["core_attn", "layernorm", "mlp"]), None)
+    Recompute().validate(args(recompute_granularity="selective", recompute_modules=["gdn_norm_out"],
+                              experimental_attention_variant="gated_delta_net"), None)
 
 
 def test_fsdp2_yaml_recompute_modules_and_the_finer_recompute_are_one_or_the_other(tmp_path):
