@@ -261,6 +261,9 @@ def scale(argv: list[str], test_type: str, corpus_prefix: str) -> tuple[list[str
         cmd.set("--load", "${CHECKPOINT_SAVE_PATH}", " (the first leg's checkpoints)")
     elif cmd.get("--save") is not None:
         cmd.set("--save-interval", str(ITERS))
+    if cmd.get("--save-retain-interval") is not None and cmd.get("--save-interval") is not None:
+        # Megatron asks for a multiple of --save-interval
+        cmd.set("--save-retain-interval", cmd.get("--save-interval"), " (a multiple of --save-interval)")
     if any(flag.startswith("--wandb-") for flag, *_ in cmd.items):
         cmd.changes.append("environment WANDB_MODE=offline (no network here: Weights & Biases writes its run locally)")
     if test_type in ("frozen-start", "frozen-resume", "release") and cmd.get("--load") is not None:
