@@ -50,6 +50,26 @@ def tagged_json(output: str, tag: str = "FACTS"):
     return json.loads(next(line for line in output.splitlines() if line.startswith(tag))[len(tag):])
 
 
+_TWO_RANKS_MAIN = r"""
+if __name__ == "__main__":
+    import json as _json, tempfile as _tempfile
+    import torch.multiprocessing as _mp
+    _store = _tempfile.mktemp()
+    with _mp.Manager() as _manager:
+        _results = _manager.dict()
+        _mp.start_processes(rank_main, args=(_store, _results), nprocs=2, start_method="fork")
+        print("FACTS" + _json.dumps(dict(_results)))
+"""
+
+
+def two_gloo_ranks(code: str, env: dict, timeout: float = 300) -> dict:
+    """Run ``code``'s ``rank_main(rank, store, results)`` on two forked ranks (their gloo group meets at
+    the file ``store``) in a fresh interpreter; what each put in ``results[rank]``, keyed "0" and "1"."""
+    out = run_child(code + _TWO_RANKS_MAIN, env=env, timeout=timeout, warm=False)
+    assert out.returncode == 0, out.stderr[-3000:]
+    return tagged_json(out.stdout)
+
+
 def tool_command(name: str, *args) -> list[str]:
     """The command line of ``tools/<name>`` with ``args``."""
     return [sys.executable, str(TOOLS / name), *map(str, args)]

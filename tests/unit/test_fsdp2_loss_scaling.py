@@ -9,14 +9,12 @@ in a fresh optimizer. The training runs: tests/e2e/test_fsdp2_fp16.py.
 """
 from __future__ import annotations
 
-from helpers.processes import run_child, tagged_json
+from helpers.processes import two_gloo_ranks
 from helpers.warm_launcher import base_env
 
 CHILD = r"""
-import json, tempfile
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
 def build(mesh, value):
     from torch.distributed.tensor import Shard, distribute_tensor
@@ -69,19 +67,11 @@ def rank_main(rank, store, results):
     results[rank] = out
     dist.destroy_process_group()
 
-if __name__ == "__main__":
-    store = tempfile.mktemp()
-    with mp.Manager() as m:
-        results = m.dict()
-        mp.start_processes(rank_main, args=(store, results), nprocs=2, start_method="fork")
-        print("FACTS" + json.dumps(dict(results)))
 """
 
 
 def test_an_inf_on_one_rank_skips_the_step_on_both_and_the_scaler_state_round_trips():
-    out = run_child(CHILD, env=base_env({"ADAPTOR_QUIET": "1"}), timeout=300, warm=False)
-    assert out.returncode == 0, out.stderr[-3000:]
-    facts = tagged_json(out.stdout)
+    facts = two_gloo_ranks(CHILD, env=base_env({"ADAPTOR_QUIET": "1"}))
     for rank in ("0", "1"):
         got = facts[rank]
         assert got["kept_attribute"] == "kept", got

@@ -6,14 +6,12 @@ named on both.
 """
 from __future__ import annotations
 
-from helpers.processes import run_child, tagged_json
+from helpers.processes import two_gloo_ranks
 from helpers.warm_launcher import base_env
 
 CHILD = r"""
-import json, os, sys, tempfile
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
 def rank_main(rank, store, results):
     import adaptor
@@ -37,19 +35,11 @@ def rank_main(rank, store, results):
                 out[f"{norm}-{differ}"] = str(e)
     results[rank] = out
 
-if __name__ == "__main__":
-    store = tempfile.mktemp()
-    with mp.Manager() as m:
-        results = m.dict()
-        mp.start_processes(rank_main, args=(store, results), nprocs=2, start_method="fork")
-        print("FACTS" + json.dumps(dict(results)))
 """
 
 
 def test_check_passes_equal_rmsnorm_and_layernorm_and_names_a_difference():
-    out = run_child(CHILD, env=base_env({"ADAPTOR_QUIET": "1"}), timeout=300, warm=False)
-    assert out.returncode == 0, out.stderr[-3000:]
-    facts = tagged_json(out.stdout)
+    facts = two_gloo_ranks(CHILD, env=base_env({"ADAPTOR_QUIET": "1"}))
     for rank in ("0", "1"):
         for norm in ("RMSNorm", "LayerNorm"):
             assert facts[rank][f"{norm}-False"] == "ok", facts
