@@ -598,10 +598,10 @@ MEGATRON_FLAGS = {
     "bias_gelu_fusion": HONOURED,  # --no-*-fusion flags select the unfused code, which runs everywhere
     "use_flash_attn": Honoured("layer-spec swap to adaptor.ops.flash_attention.FlashAttention; TE's attention with TE"),
     "optimizer": Refused(
-        "only adam, sgd and muon (patches.optimizers.muon) run here; lion, soap and "
-        "adaptive_muon need the emerging-optimizers package, and dist_muon is Megatron's layer-wise "
-        "distributed optimizer; use adam or muon",
-        values=lambda v: v in ("dist_muon", "adaptive_muon", "lion", "soap"),
+        "only adam, sgd, muon (patches.optimizers.muon) and dist_muon (Megatron maps it to muon with its "
+        "layer-wise distributed optimizer) run here; lion, soap and adaptive_muon need the "
+        "emerging-optimizers package; use adam or muon",
+        values=lambda v: v in ("adaptive_muon", "lion", "soap"),
     ),
     "optimizer_cpu_offload": Honoured(
         "patches.memory.optimizer_offload: torch's Adam keeps and steps a fraction of the state in host memory, "

@@ -29,8 +29,9 @@ the rows back where they came from. Under tensor parallelism (``--muon-tp-mode b
 holds whole query groups of the weight and does the same with its own rows.
 
 What is not Megatron's Muon here is refused by :func:`unsupported` in one line: the gathered or
-distributed tensor-parallel modes, Lion for the scalar parameters and the layer-wise distributed
-optimizer (``--use-distributed-optimizer``/``dist_muon``).
+distributed tensor-parallel modes and Lion for the scalar parameters. ``--use-distributed-optimizer``
+(and the deprecated ``dist_muon``) is Megatron's own layer-wise distributed optimizer, which shards
+whole matrices over the data-parallel ranks and steps each with this class.
 """
 from __future__ import annotations
 
@@ -135,9 +136,6 @@ def optimizer_kwargs(config) -> dict:
 
 def unsupported(args) -> str | None:
     """One line saying what of ``--optimizer muon``'s settings cannot run here, or None."""
-    if args.optimizer == "dist_muon" or getattr(args, "use_distributed_optimizer", False):
-        return ("--optimizer muon with --use-distributed-optimizer (or dist_muon) is Megatron's layer-wise "
-                "distributed optimizer, which is not supported here; drop --use-distributed-optimizer")
     if args.muon_coefficient_type not in COEFFICIENTS:
         return (f"--muon-coefficient-type is one of {', '.join(COEFFICIENTS)} (Megatron's NSCoeffT; 'custom' "
                 f"has no flag for its coefficients), not {args.muon_coefficient_type}")

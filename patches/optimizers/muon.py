@@ -55,6 +55,9 @@ def _megatron_muon(wrapped, instance, call_args, kwargs):
         _EMERGING_OPTIMIZERS["muon"], optimizer_module.HAVE_EMERGING_OPTIMIZERS = held_entry, held_flag
     notice_once("optimizer: Megatron's Muon (adaptor.optimizers.muon) for the 2-D weight matrices, "
                 "Adam for the other parameters")
+    if getattr(config, "use_layer_wise_distributed_optimizer", False):
+        notice_once("optimizer: Megatron's layer-wise distributed optimizer: each data-parallel rank steps "
+                    "its share of whole Muon matrices, then the ranks gather them")
     return optimizer
 
 

@@ -209,8 +209,8 @@ def _args(**overrides):
     ({"muon_coefficient_type": "custom"}, "has no flag for its coefficients"),
     ({"muon_num_ns_steps": 4}, "must be a multiple of 5"),
     ({"muon_coefficient_type": "polar_express"}, "polar_express needs --muon-num-ns-steps >= 8"),
-    ({"use_distributed_optimizer": True}, "layer-wise"),
-    ({"optimizer": "dist_muon"}, "layer-wise"),
+    ({"use_distributed_optimizer": True}, None),  # Megatron's layer-wise distributed optimizer
+    ({"optimizer": "dist_muon"}, None),
     ({"muon_tp_mode": "duplicated", "tensor_model_parallel_size": 2}, "blockwise"),
     ({"muon_tp_mode": "distributed"}, "blockwise"),
     ({"muon_scalar_optimizer": "lion"}, "use adam"),
@@ -225,8 +225,9 @@ def test_what_megatron_muon_cannot_give_is_one_line(overrides, words):
         assert why and words in why and "\n" not in why
 
 
-def test_megatrons_default_muon_flags_pass_and_its_layer_wise_optimizer_is_refused():
-    """Through Megatron's own parser: plain --optimizer muon (quintic, QKV split, medium) runs here."""
+def test_megatrons_default_muon_flags_and_its_layer_wise_optimizer_pass():
+    """Through Megatron's own parser: plain --optimizer muon (quintic, QKV split, medium) runs here, and so
+    does Megatron's layer-wise distributed optimizer (--use-distributed-optimizer, or dist_muon)."""
     from megatron.training.arguments import add_megatron_arguments
 
     from adaptor.backend import Backend
@@ -238,8 +239,10 @@ def test_megatrons_default_muon_flags_pass_and_its_layer_wise_optimizer_is_refus
     args = parser.parse_args(["--optimizer", "muon"])
     assert (args.muon_coefficient_type, args.muon_split_qkv, args.muon_fp32_matmul_prec) == ("quintic", True, "medium")
     MuonOptimizer().validate(args, ctx)
-    with pytest.raises(ArgumentError, match="layer-wise"):
-        MuonOptimizer().validate(parser.parse_args(["--optimizer", "muon", "--use-distributed-optimizer"]), ctx)
+    MuonOptimizer().validate(parser.parse_args(["--optimizer", "muon", "--use-distributed-optimizer"]), ctx)
+    MuonOptimizer().validate(parser.parse_args(["--optimizer", "dist_muon"]), ctx)
+    with pytest.raises(ArgumentError, match="FSDP"):
+        MuonOptimizer().validate(parser.parse_args(["--optimizer", "dist_muon", "--use-torch-fsdp2"]), ctx)
 
 
 def test_a_param_group_saved_without_the_newer_keys_loads_and_steps_as_configured():
