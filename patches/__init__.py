@@ -67,6 +67,7 @@ def all_features():
     from patches.upstream_fixes.distributed_optimizer_resume import DistributedOptimizerResume
     from patches.upstream_fixes.empty_dataset_split import EmptyDatasetSplit
     from patches.upstream_fixes.first_iteration_log import FirstIterationLog
+    from patches.upstream_fixes.fsdp_dtensor_checkpoint import FsdpDtensorCheckpoint
     from patches.upstream_fixes.layer_wise_optimizer_fp32 import LayerWiseOptimizerFp32
     from patches.upstream_fixes.mtp_loss_context_parallel import MtpLossContextParallel
     from patches.upstream_fixes.prebuilt_dataset_helpers import PrebuiltDatasetHelpers
@@ -108,7 +109,7 @@ def all_features():
         SequenceParallelTorchNorm(),
         ResumeRngState(),
         TorchDcpCheckpoints(),
-        LayerWiseOptimizerFp32(), MtpLossContextParallel(),
+        FsdpDtensorCheckpoint(), LayerWiseOptimizerFp32(), MtpLossContextParallel(),
         QkNormConsistencyCheck(),
         # Models, then the fused operators (their swaps win over the model's).
         MlaWithoutTransformerEngine(),

@@ -118,17 +118,8 @@ _MAIN_GRADS_DTYPE = Refused(
     requires=("transformer_engine",),
     values=lambda v: str(v) not in ("fp32", "torch.float32"),
 )
-_MEGATRON_FSDP_MAIN_GRADS_DTYPE = Refused(
-    "only Megatron-FSDP (--use-megatron-fsdp) reads it, and Megatron-FSDP builds its device mesh on "
-    "CUDA only; use --use-torch-fsdp2 (FSDP2) here",
-    requires=("cuda",),
-    values=lambda v: v not in ("auto", None),
-)
-_MEGATRON_FSDP_ENABLE_FINE_GRAINED_PARAM_GATHER = Refused(
-    "only Megatron-FSDP (--use-megatron-fsdp) reads it, and Megatron-FSDP builds its device mesh on "
-    "CUDA only; use --use-torch-fsdp2 (FSDP2) here",
-    requires=("cuda",),
-)
+_MEGATRON_FSDP_MEMORY = Honoured("Megatron-FSDP's communication buffers and parameter-gather granularity")
+_MEGATRON_FSDP_DTYPE = Honoured("Megatron-FSDP's main parameter, main gradient and gradient-communication dtypes")
 _INPROCESS_MAX_ITERATIONS = Refused(
     "only in-process restart (--inprocess-restart) reads it, which pretrain_gpt.py does not offer; "
     "drop it",
@@ -678,11 +669,9 @@ MEGATRON_FLAGS = {
     "non_persistent_local_ckpt_algo": _NON_PERSISTENT_LOCAL_CKPT_DIR,
     "use_checkpoint_args": HONOURED,  # args come from the common state (JSON in safetensors checkpoints)
     # torch_dcp: with --use-torch-fsdp2 (Megatron's own requirement; adaptor/preflight/parallel_layout.py).
-    "ckpt_format": Refused(
-        "fsdp_dtensor is Megatron-FSDP's format, which does not save here; use safetensors, torch_dist or torch "
-        "(or torch_dcp with --use-torch-fsdp2)",
-        values=lambda v: v == "fsdp_dtensor",
-    ),
+    "ckpt_format": Honoured(
+        "safetensors (patches.checkpoint.safetensors_format), torch_dist, torch, torch_dcp (FSDP2) and "
+        "fsdp_dtensor (Megatron-FSDP)"),
     "auto_detect_ckpt_format": HONOURED,  # a safetensors checkpoint has metadata.json, so it reads as sharded
     "ckpt_fully_parallel_save": HONOURED,  # safetensors spreads replicas only under the fully-parallel strategy
     # Megatron's persistent worker writes; Megatron turns --async-save off for torch_dist and torch_dcp
@@ -704,10 +693,7 @@ MEGATRON_FLAGS = {
     "ckpt_assume_constant_structure": Honoured(
         "torch_dist save-plan cache; sharding checks skipped after the first save",
     ),
-    "strict_fsdp_dtensor_load": Refused(
-        "applies to --ckpt-format fsdp_dtensor (Megatron-FSDP), which is not supported here; drop it "
-        "(--dist-ckpt-strictness governs torch_dist and safetensors loads)"
-    ),
+    "strict_fsdp_dtensor_load": Honoured("--ckpt-format fsdp_dtensor loads (Megatron-FSDP)"),
     "dist_ckpt_save_pre_mcore_014": Refused("megatron-core 0.19.2 reads it nowhere; drop it"),
     "replication": _NON_PERSISTENT_LOCAL_CKPT_DIR,
     "replication_jump": _NON_PERSISTENT_LOCAL_CKPT_DIR,
@@ -800,9 +786,9 @@ MEGATRON_FLAGS = {
     "lazy_mpu_init": Refused(
         "skips setting up torch.distributed so that an external launcher can finish it, which "
         "pretrain_gpt.py never does; drop it"),
-    "use_megatron_fsdp": Refused(
-        "runs Megatron-FSDP, which needs CUDA; shard with --use-torch-fsdp2 (FSDP2, planned by "
-        "--fsdp2-config-path) on this backend", requires=("cuda",)),
+    "use_megatron_fsdp": Honoured(
+        "megatron-core's Megatron-FSDP on every backend; off CUDA patches.command_line.backend_defaults "
+        "leaves CUDA_DEVICE_MAX_CONNECTIONS unset and turns off the NCCL-only divide-in-reduce"),
     "use_torch_fsdp2": Honoured("patches.fsdp2.torch_fsdp2"),
     "nccl_communicator_config_path": NotApplied(
         "tunes NCCL communicators (CTAs, cluster size, network) on CUDA; this backend's collectives are "
@@ -845,21 +831,16 @@ MEGATRON_FLAGS = {
         "not NCCL's", requires=("cuda",)),
     "fsdp_manual_registration": NotApplied(
         "registers Megatron-FSDP's buffers with NCCL by hand on CUDA; Megatron-FSDP does not run on this backend (shard with --use-torch-fsdp2 here)", requires=("cuda",)),
-    "create_all_gather_group": NotApplied(
-        "adds a process group so Megatron-FSDP overlaps all-gathers with reduce-scatters on CUDA; Megatron-FSDP does not run on this backend (shard with --use-torch-fsdp2 here)",
-        requires=("cuda",)),
-    "data_parallel_sharding_strategy": NotApplied(
-        "sets how far Megatron-FSDP shards on CUDA; Megatron-FSDP does not run on this backend (shard with --use-torch-fsdp2 here)", requires=("cuda",)),
-    "outer_dp_sharding_strategy": NotApplied(
-        "sets Megatron-FSDP's sharding over the outer data-parallel group (HSDP) on CUDA; Megatron-FSDP does not run on this backend (shard with --use-torch-fsdp2 here)",
-        requires=("cuda",)),
-    "gradient_reduce_div_fusion": NotApplied(
-        "switches Megatron-FSDP's divide-in-reduce (NCCL pre-multiplied sum) on CUDA; Megatron-FSDP does not run on this backend (shard with --use-torch-fsdp2 here)",
-        requires=("cuda",)),
-    "fsdp_double_buffer": NotApplied(
-        "double-buffers Megatron-FSDP's communication memory on CUDA; Megatron-FSDP does not run on this backend (shard with --use-torch-fsdp2 here)", requires=("cuda",)),
-    "suggested_communication_unit_size": NotApplied(
-        "sizes Megatron-FSDP's communication and prefetch units on CUDA; Megatron-FSDP does not run on this backend (shard with --use-torch-fsdp2 here)", requires=("cuda",)),
+    "create_all_gather_group": Honoured("Megatron-FSDP: a second data-parallel group for its all-gathers, so they overlap its reduce-scatters"),
+    "data_parallel_sharding_strategy": Honoured("Megatron-FSDP: no_shard, optim, optim_grads, optim_grads_params"),
+    "outer_dp_sharding_strategy": Honoured(
+        "Megatron-FSDP: no_shard or optim over the outer data-parallel group (hybrid sharding, with "
+        "--num-distributed-optimizer-instances > 1, which patches.command_line.backend_defaults refuses off CUDA)"),
+    "gradient_reduce_div_fusion": Honoured(
+        "Megatron-FSDP's divide-in-reduce (NCCL's pre-multiplied sum); off CUDA patches.command_line."
+        "backend_defaults turns it off, since gloo and HCCL have no such reduction"),
+    "fsdp_double_buffer": _MEGATRON_FSDP_MEMORY,
+    "suggested_communication_unit_size": _MEGATRON_FSDP_MEMORY,
     "keep_fp8_transpose_cache": NotApplied(
         "keeps Transformer Engine's FP8 transpose cache under Megatron-FSDP on CUDA; neither runs on this "
         "backend", requires=("cuda", "transformer_engine")),
@@ -1189,17 +1170,12 @@ MEGATRON_FLAGS = {
     "main_params_dtype": _MAIN_GRADS_DTYPE,
     "exp_avg_dtype": _MAIN_GRADS_DTYPE,
     "exp_avg_sq_dtype": _MAIN_GRADS_DTYPE,
-    "megatron_fsdp_main_params_dtype": Refused(
-        "only Megatron-FSDP (--use-megatron-fsdp) reads it, and Megatron-FSDP builds its device mesh on "
-        "CUDA only; use --use-torch-fsdp2 (FSDP2) here",
-        requires=("cuda",),
-        values=lambda v: str(v) not in ("fp32", "torch.float32"),
-    ),
-    "megatron_fsdp_main_grads_dtype": _MEGATRON_FSDP_MAIN_GRADS_DTYPE,
-    "megatron_fsdp_grad_comm_dtype": _MEGATRON_FSDP_MAIN_GRADS_DTYPE,
-    "megatron_fsdp_enable_fine_grained_param_gather": _MEGATRON_FSDP_ENABLE_FINE_GRAINED_PARAM_GATHER,
-    "megatron_fsdp_max_pool_double_buffer": _MEGATRON_FSDP_ENABLE_FINE_GRAINED_PARAM_GATHER,
-    "fsdp_db_use_persist_buf_on_alloc_fail": _MEGATRON_FSDP_ENABLE_FINE_GRAINED_PARAM_GATHER,
+    "megatron_fsdp_main_params_dtype": _MEGATRON_FSDP_DTYPE,
+    "megatron_fsdp_main_grads_dtype": _MEGATRON_FSDP_DTYPE,
+    "megatron_fsdp_grad_comm_dtype": _MEGATRON_FSDP_DTYPE,
+    "megatron_fsdp_enable_fine_grained_param_gather": _MEGATRON_FSDP_MEMORY,
+    "megatron_fsdp_max_pool_double_buffer": _MEGATRON_FSDP_MEMORY,
+    "fsdp_db_use_persist_buf_on_alloc_fail": _MEGATRON_FSDP_MEMORY,
     # --- one logger ---
     **honoured(
         "one_logger_project one_logger_run_name one_logger_async app_tag_run_name app_tag_run_version"

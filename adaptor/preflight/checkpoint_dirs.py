@@ -110,16 +110,18 @@ def sharded_backend(directory: Path, flag: str) -> str | None:
     return backend
 
 
-def check_load_dir(path: str, flag: str, required: str | None = None) -> None:
-    """Raise ArgumentError if ``path`` holds a checkpoint a load would fail on.
+def check_load_dir(path: str, flag: str, required: str | None = None) -> str | None:
+    """Raise ArgumentError if ``path`` holds a checkpoint a load would fail on; else return its format.
 
     ``required``: why a checkpoint must be there (None: a missing one means "start from scratch").
+    The format is Megatron's name for what ``_get_checkpoint_format`` would find (``torch_dcp`` for a
+    bare DCP directory, which is also what fsdp_dtensor saves), or None where there is nothing to load.
     """
     load = Path(os.path.expanduser(path))
     if not load.exists():
         if required:
             raise ArgumentError(f"{flag} {path}: does not exist, and {required}")
-        return  # Megatron starts from scratch (the usual first run of --load = --save)
+        return None  # Megatron starts from scratch (the usual first run of --load = --save)
     if not load.is_dir():
         raise ArgumentError(f"{flag} {path}: is not a directory")
     if not os.access(load, os.R_OK | os.X_OK):
@@ -129,23 +131,34 @@ def check_load_dir(path: str, flag: str, required: str | None = None) -> None:
     if directory is None:
         if required:
             raise ArgumentError(f"{flag} {path}: has no {TRACKER} (no checkpoint to load), and {required}")
-        return
+        return None
     backend = sharded_backend(directory, flag)
     if backend is None and (directory / ".metadata").exists():
         _check_dcp(directory, flag, "torch_dcp")  # how Megatron's _get_checkpoint_format tells torch_dcp
-    elif backend is None:
+        return "torch_dcp"
+    if backend is None:
         _check_torch(directory, flag)
-    elif backend == "safetensors":
+        return "torch"
+    if backend == "safetensors":
         _check_safetensors(directory, flag)
     elif backend == "torch_dist":
         _check_dcp(directory, flag)
+    return backend
 
 
 def check_load_inputs(args) -> None:
     """Raise ArgumentError for a ``--load`` or ``--pretrained-checkpoint`` that cannot be read."""
     exit_on_missing = "--exit-on-missing-checkpoint is set" if getattr(args, "exit_on_missing_checkpoint", False) \
         else None
+    found = []
     if getattr(args, "load", None):
-        check_load_dir(args.load, "--load", exit_on_missing)
+        found.append(("--load", args.load, check_load_dir(args.load, "--load", exit_on_missing)))
     if getattr(args, "pretrained_checkpoint", None):
-        check_load_dir(args.pretrained_checkpoint, "--pretrained-checkpoint", "the run starts from it")
+        found.append(("--pretrained-checkpoint", args.pretrained_checkpoint,
+                      check_load_dir(args.pretrained_checkpoint, "--pretrained-checkpoint", "the run starts from it")))
+    for flag, path, fmt in found:
+        if getattr(args, "use_megatron_fsdp", False) and fmt not in (None, "torch_dcp"):
+            raise ArgumentError(
+                f"{flag} {path}: a {fmt} checkpoint, and Megatron-FSDP (--use-megatron-fsdp) loads only its own "
+                "--ckpt-format fsdp_dtensor checkpoints in megatron-core 0.19.2; load it without "
+                "--use-megatron-fsdp (--use-torch-fsdp2 loads torch_dist and safetensors)")

@@ -14,6 +14,12 @@ strategy (an explicit ``nvrx`` without the library is refused in one line). ``--
 ``--ckpt-format torch``, which Megatron's ``save_checkpoint`` only meets with NotImplementedError at
 the first save, is refused before the run starts.
 
+Megatron-FSDP (``--use-megatron-fsdp``) runs on every backend; off CUDA it gets the two settings its
+collectives need: ``CUDA_DEVICE_MAX_CONNECTIONS`` left unset (Megatron asserts it is not 1 there) and
+``--no-gradient-reduce-div-fusion`` (NCCL's pre-multiplied sum is not in gloo or HCCL). Its hybrid
+sharding (``--num-distributed-optimizer-instances`` > 1) is refused there: on gloo it ran, resumed, and
+trained another curve than one process (6.191 against 6.180 at the second step, DP=4 as 2×2).
+
 Two explicit values are taken as the same request in this backend's words, with a printed line:
 a ``--distributed-backend`` this backend has no library for (MindSpeed-LLM's scripts say ``nccl``
 on Ascend, where it means hccl; on CPU it means gloo), and ``--transformer-impl
@@ -76,10 +82,19 @@ class BackendDefaults(Feature):
 
     def set_defaults(self, args, ctx) -> None:
         changed = []
-        # Megatron asserts this CUDA scheduling knob is 1 for TP/CP; it means nothing off CUDA.
-        if ctx.backend.name != "cuda" and "CUDA_DEVICE_MAX_CONNECTIONS" not in os.environ:
+        # Megatron asserts this CUDA scheduling knob is 1 for TP/CP (and not 1 under Megatron-FSDP,
+        # which takes precedence); it means nothing off CUDA.
+        if ctx.backend.name != "cuda" and "CUDA_DEVICE_MAX_CONNECTIONS" not in os.environ \
+                and not getattr(args, "use_megatron_fsdp", False):
             os.environ["CUDA_DEVICE_MAX_CONNECTIONS"] = "1"
             changed.append("CUDA_DEVICE_MAX_CONNECTIONS=1")
+        # Megatron-FSDP divides gradients inside the reduction with NCCL's pre-multiplied sum, which
+        # gloo and HCCL do not have; dividing first and summing is the same average.
+        if ctx.backend.name != "cuda" and getattr(args, "use_megatron_fsdp", False) \
+                and getattr(args, "gradient_reduce_div_fusion", False):
+            args.gradient_reduce_div_fusion = False
+            changed.append("gradient_reduce_div_fusion=False (Megatron-FSDP: NCCL's pre-multiplied sum is "
+                           f"not in {ctx.backend.name}'s collectives; gradients are divided, then summed)")
         wanted = backend_defaults(ctx.backend.name)
         for dest, value in wanted.items():
             if dest in ctx.explicit or getattr(args, dest, None) == value:
@@ -105,6 +120,12 @@ class BackendDefaults(Feature):
     def validate(self, args, ctx) -> None:
         if self.attention is not None and self.attention.refused:
             raise ArgumentError(self.attention.refused[0])
+        if ctx.backend.name != "cuda" and getattr(args, "use_megatron_fsdp", False) \
+                and getattr(args, "num_distributed_optimizer_instances", 1) > 1:
+            raise ArgumentError(
+                "--num-distributed-optimizer-instances > 1 with --use-megatron-fsdp (hybrid sharding) trains "
+                f"another loss curve than one process on {ctx.backend.name} here; use one instance "
+                "(Megatron-FSDP then shards over every data-parallel rank)")
         if getattr(args, "async_save", False) and getattr(args, "ckpt_format", None) == "torch" \
                 and getattr(args, "save", None):
             raise ArgumentError("--async-save is not implemented by Megatron for --ckpt-format torch; use "

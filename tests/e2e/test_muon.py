@@ -8,7 +8,10 @@ up to that reordering, which Muon's bf16 Newton-Schulz may round differently: rt
 test_parallel_loss_curves.py's fp32 one. Each run must say it built Muon (and the DP2 run the layer-wise
 optimizer), so a flag that fell back to Adam fails here even though its loss would fall. Both runs save
 at iteration 4 (torch_dist, Megatron's default); resuming there must continue each curve bit for bit, so
-Muon's momentum buffers are saved and loaded, whole on one rank and sharded by matrix over two.
+Muon's momentum buffers are saved and loaded, whole on one rank and sharded by matrix over two. The
+layer-wise optimizer's older assignment (``--no-use-layer-wise-param-layout``: matrices dealt out by
+size, then an all-gather of uneven sizes, which gloo needs patches/device/gloo_uneven_collectives.py for)
+trains the same curve.
 """
 from __future__ import annotations
 
@@ -47,8 +50,12 @@ def test_muon_trains_with_falling_loss_matches_one_process_at_dp2_layer_wise_and
         assert curve[-1] < curve[0] - 0.5, curve
     assert LAYER_WISE in dp2.output and LAYER_WISE not in one.output, tail(dp2.output)
     assert worst_relative_gap(dp2.curve(), one.curve()) < RTOL, (dp2.curve(), one.curve())
-    resumed_one, resumed_dp2 = side_by_side(lambda: run_pretrain(run + resume(one_dir)),
-                                            lambda: run_pretrain(layer_wise + resume(dp2_dir), nproc=2))
+    resumed_one, resumed_dp2, size_balanced = side_by_side(
+        lambda: run_pretrain(run + resume(one_dir)),
+        lambda: run_pretrain(layer_wise + resume(dp2_dir), nproc=2),
+        lambda: run_pretrain(layer_wise + ["--no-use-layer-wise-param-layout"], nproc=2))
+    assert size_balanced.returncode == 0, tail(size_balanced.output)
+    assert worst_relative_gap(size_balanced.curve(), one.curve()) < RTOL, (size_balanced.curve(), one.curve())
     for resumed, whole in ((resumed_one, one), (resumed_dp2, dp2)):
         assert resumed.returncode == 0, tail(resumed.output)
         assert resumed.curve() == whole.curve()[SAVE_AT:], (resumed.curve(), whole.curve())
