@@ -69,6 +69,7 @@ def all_features():
     from patches.upstream_fixes.first_iteration_log import FirstIterationLog
     from patches.upstream_fixes.fsdp_dtensor_checkpoint import FsdpDtensorCheckpoint
     from patches.upstream_fixes.layer_wise_optimizer_fp32 import LayerWiseOptimizerFp32
+    from patches.upstream_fixes.megatron_fsdp_grad_scaling import MegatronFsdpGradScaling
     from patches.upstream_fixes.mtp_loss_context_parallel import MtpLossContextParallel
     from patches.upstream_fixes.prebuilt_dataset_helpers import PrebuiltDatasetHelpers
     from patches.upstream_fixes.qk_norm_consistency_check import QkNormConsistencyCheck
@@ -109,7 +110,7 @@ def all_features():
         SequenceParallelTorchNorm(),
         ResumeRngState(),
         TorchDcpCheckpoints(),
-        FsdpDtensorCheckpoint(), LayerWiseOptimizerFp32(), MtpLossContextParallel(),
+        FsdpDtensorCheckpoint(), LayerWiseOptimizerFp32(), MegatronFsdpGradScaling(), MtpLossContextParallel(),
         QkNormConsistencyCheck(),
         # Models, then the fused operators (their swaps win over the model's).
         MlaWithoutTransformerEngine(),

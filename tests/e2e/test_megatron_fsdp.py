@@ -8,6 +8,11 @@ test_parallel_loss_curves.py (measured 1.6e-7 here). Two sharding levels run: Ze
 ZeRO-3 run saves ``--ckpt-format fsdp_dtensor`` at iteration 4; at this size whole parameters sit in one
 rank's shard, which is what hung upstream's save (patches/upstream_fixes/fsdp_dtensor_checkpoint.py).
 Resuming there must continue its curve bit for bit.
+
+Under bf16 with tensor and sequence parallelism and per-token loss, the norms every TP rank holds whole
+must stay equal across the ranks (patches/upstream_fixes/megatron_fsdp_grad_scaling.py): a checkpoint
+keeps one replica, so a resume continues the curve bit for bit only if the replicas never drifted
+(they did: 5e-5 after one resumed step).
 """
 from __future__ import annotations
 
@@ -44,6 +49,16 @@ def test_megatron_fsdp_reproduces_one_process_and_resumes_its_own_checkpoint(tmp
         assert sorted(result.losses) == list(range(1, ITERS + 1)), tail(result.output)
         assert worst_relative_gap(result.curve(), reference) <= RTOL, (result.curve(), reference)
     assert (tmp_path / f"iter_{SAVE_AT:07d}" / ".metadata").exists(), sorted(tmp_path.rglob("*"))
+    assert resumed.returncode == 0, tail(resumed.output)
+    assert resumed.curve() == saved.curve()[SAVE_AT:], (resumed.curve(), saved.curve())
+
+
+def test_tensor_parallel_replicas_stay_equal_under_bf16_per_token_loss(tmp_path):
+    run = [*TINY_QWEN3, "--train-iters", str(ITERS), *_strategy("optim_grads_params"), "--bf16",
+           "--tensor-model-parallel-size", "2", "--sequence-parallel", "--calculate-per-token-loss"]
+    saved = run_pretrain(run + ["--save", str(tmp_path), "--save-interval", str(SAVE_AT)], nproc=2)
+    assert saved.returncode == 0, tail(saved.output)
+    resumed = run_pretrain(run + ["--load", str(tmp_path), "--ckpt-step", str(SAVE_AT)], nproc=2)
     assert resumed.returncode == 0, tail(resumed.output)
     assert resumed.curve() == saved.curve()[SAVE_AT:], (resumed.curve(), saved.curve())
 
