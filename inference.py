@@ -1,8 +1,10 @@
-"""Generate text from a Megatron checkpoint (greedy search): MindSpeed-LLM's entry.
+"""Generate text from a Megatron checkpoint: MindSpeed-LLM's entry.
 
     torchrun --nproc_per_node N inference.py <the model flags of pretrain_gpt.py> \\
         --load CKPT | --hf-load-dir HF_DIR  --tokenizer-type HuggingFaceTokenizer --tokenizer-model TOK \\
-        (--prompt TEXT | --input-file prompts.jsonl --output-file out.jsonl) \\
+        (--prompt TEXT [--stream] | --input-file prompts.jsonl --output-file out.jsonl) \\
+        [--task greedy_search|greedy_search_with_sampling|beam_search|beam_search_with_sampling] \\
+        [--temperature T --top-k K --top-p P --seed S] [--num-beams N] \\
         [--max-new-tokens N] [--max-length N] [--use-kv-cache] [--add-eos-token TOKEN ...]
 
 The model is ``pretrain_gpt.py``'s (its ``model_provider``), built by Megatron's ``get_model`` at the
@@ -10,7 +12,8 @@ layout the flags give (TP, PP) and filled by Megatron's ``load_checkpoint`` (any
 writes: safetensors, torch_dist, torch; no optimizer state) or from a Hugging Face directory
 (``--hf-load-dir``, the training's online conversion). The generation loop is ``adaptor.inference``;
 the flags are ``patches.inference.generation``'s. ``--micro-batch-size`` prompts (8 unless given) go together in one
-batch. With ``--input-file`` rank 0 writes one JSON object per prompt, in order; ``--prompt`` prints
+batch; beam search takes one prompt at a time, its beams being the batch. Sampling draws from a generator
+seeded with ``--seed``, the same on every rank. With ``--input-file`` rank 0 writes one JSON object per prompt, in order; ``--prompt`` prints
 the generated text.
 """
 import adaptor  # noqa: F401  (first: patches megatron for this machine)
@@ -76,6 +79,20 @@ def build_and_load(args):
     return model
 
 
+def _streamer(tokenizer):
+    """Print the text of the generated ids as it grows: each step, what the new ids add to it."""
+    shown = [""]
+
+    def on_step(ids: list[int]) -> None:
+        text = tokenizer.detokenize(ids)
+        if text.startswith(shown[0]) and not text.endswith("\ufffd"):  # a whole character more
+            sys.stdout.write(text[len(shown[0]):])
+            sys.stdout.flush()
+            shown[0] = text
+
+    return on_step
+
+
 def main():
     running_inference()
     from megatron.training import get_args, get_tokenizer
@@ -83,7 +100,7 @@ def main():
     from megatron.training.initialize import initialize_megatron
 
     from adaptor.errors import fail
-    from adaptor.inference import greedy_batch, stop_ids
+    from adaptor.inference import Sampling, beam_search, greedy_batch, stop_ids
 
     # --micro-batch-size: prompts generated together (8 unless given)
     parse_and_validate_args(args_defaults={"tokenizer_type": "GPT2BPETokenizer", "micro_batch_size": 8})
@@ -107,13 +124,22 @@ def main():
     except ValueError as exc:
         fail(str(exc))
     model = build_and_load(args)
-    vocab = min(tokenizer.vocab_size, args.padded_vocab_size)
-    results = []
-    for first in range(0, len(prompts), args.micro_batch_size):
-        results += greedy_batch(model, prompts[first: first + args.micro_batch_size],
-                                max_new_tokens=args.max_new_tokens, max_length=max_length, stops=stops,
-                                vocab_size=vocab, use_kv_cache=args.use_kv_cache)
     import torch
+
+    vocab = min(tokenizer.vocab_size, args.padded_vocab_size)
+    sampling = Sampling(args.temperature, args.top_k, args.top_p) if args.task.endswith("_with_sampling") else None
+    device = next(model[0].parameters()).device
+    generator = torch.Generator(device=device).manual_seed(args.seed)
+    limits = dict(max_new_tokens=args.max_new_tokens, max_length=max_length, stops=stops, vocab_size=vocab,
+                  use_kv_cache=args.use_kv_cache, sampling=sampling, generator=generator)
+    results = []
+    if args.task.startswith("beam_search"):
+        for ids in prompts:
+            results.append(beam_search(model, ids, num_beams=args.num_beams, **limits))
+    else:
+        on_step = _streamer(tokenizer) if args.stream and torch.distributed.get_rank() == 0 else None
+        for first in range(0, len(prompts), args.micro_batch_size):
+            results += greedy_batch(model, prompts[first: first + args.micro_batch_size], on_step=on_step, **limits)
 
     if torch.distributed.get_rank() == 0:
         records = []
@@ -127,6 +153,9 @@ def main():
             tmp.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records), encoding="utf-8")
             tmp.replace(out)
             print(f"inference.py: wrote {len(records)} generations to {out}", flush=True)
+        elif args.stream:
+            sys.stdout.write("\n")
+            sys.stdout.flush()
         else:
             sys.stdout.write(records[0]["text"] + "\n")
             sys.stdout.flush()

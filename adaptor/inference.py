@@ -1,4 +1,7 @@
-"""Greedy generation over the Megatron model's own forward: what ``inference.py`` runs.
+"""Generation over the Megatron model's own forward: what ``inference.py`` runs.
+
+Greedy search and sampling share one batched loop (:func:`greedy_batch`); beam search
+(:func:`beam_search`) runs one prompt at a time with its beams as the batch.
 
 Why not megatron-core's engine (``megatron.core.inference``): its ``TextGenerationController``
 allocates pinned host buffers and a ``torch.cuda.Stream`` in its constructor, and the
@@ -16,7 +19,9 @@ the shortest prompt's length.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 
@@ -34,6 +39,39 @@ class Generated:
     prompt_ids: list[int]
     token_ids: list[int]  # generated, the stop token included when one ended the sequence
     stopped: bool  # ended by a stop token (EOS or --add-eos-token)
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """Drawing the next token instead of taking the argmax: the warpers in transformers' order."""
+
+    temperature: float = 1.0
+    top_k: int = 0  # 0: every token
+    top_p: float = 1.0  # 1.0: every token
+
+
+def warp(scores: torch.Tensor, sampling: Sampling) -> torch.Tensor:
+    """``scores`` [rows, vocab] divided by the temperature, then outside the top-k and outside the top-p
+    nucleus set to -inf (the smallest set of most likely tokens whose probability reaches top-p; the most
+    likely token always stays)."""
+    scores = scores.float()
+    if sampling.temperature != 1.0:
+        scores = scores / sampling.temperature
+    if 0 < sampling.top_k < scores.size(-1):
+        kth = torch.topk(scores, sampling.top_k, dim=-1).values[..., -1:]
+        scores = scores.masked_fill(scores < kth, -math.inf)
+    if sampling.top_p < 1.0:
+        ascending, order = torch.sort(scores, dim=-1)
+        tail = torch.softmax(ascending, dim=-1).cumsum(dim=-1) <= 1.0 - sampling.top_p
+        tail[..., -1] = False
+        scores = scores.masked_fill(tail.scatter(-1, order, tail), -math.inf)
+    return scores
+
+
+def sample(logits: torch.Tensor, sampling: Sampling, generator: torch.Generator) -> torch.Tensor:
+    """One token per row of ``logits`` [rows, vocab], drawn from the warped softmax with ``generator``."""
+    probs = torch.softmax(warp(logits, sampling), dim=-1)
+    return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
 
 
 def stop_ids(tokenizer, extra: list[str]) -> set[int]:
@@ -89,12 +127,16 @@ def _from_last_stage(next_tokens, shape, device):
 
 @torch.no_grad()
 def greedy_batch(model, prompts: list[list[int]], *, max_new_tokens: int, max_length: int, stops: set[int],
-                 vocab_size: int, use_kv_cache: bool) -> list[Generated]:
-    """Greedy continuations of ``prompts`` (token ids), together in one batch.
+                 vocab_size: int, use_kv_cache: bool, sampling: Sampling | None = None,
+                 generator: torch.Generator | None = None,
+                 on_step: Callable[[list[int]], None] | None = None) -> list[Generated]:
+    """Greedy (or, with ``sampling``, sampled) continuations of ``prompts`` (token ids), in one batch.
 
     Each row gets at most ``max_new_tokens`` new tokens and at most ``max_length`` tokens in all, and
-    ends at its first stop token. The argmax runs over the first ``vocab_size`` logits (the tokenizer's
-    tokens; the padded rows of the embedding are never chosen).
+    ends at its first stop token. The choice runs over the first ``vocab_size`` logits (the tokenizer's
+    tokens; the padded rows of the embedding are never chosen). Sampled tokens are drawn on the last
+    pipeline stage with ``generator``, seeded alike on every rank, so every tensor-parallel rank draws
+    the same. ``on_step`` gets the first row's generated ids after each step (``--stream``).
     """
     from megatron.core.inference.contexts import StaticInferenceContext
 
@@ -121,7 +163,10 @@ def greedy_batch(model, prompts: list[list[int]], *, max_new_tokens: int, max_le
         first = start if use_kv_cache else 0
         logits = _forward_last_logits(model, tokens[:, first:end], positions[:, first:end],
                                       causal[..., first:end, :end], context)
-        chosen = None if logits is None else logits[:, :vocab_size].float().argmax(dim=-1)
+        chosen = None
+        if logits is not None:
+            logits = logits[:, :vocab_size].float()
+            chosen = logits.argmax(dim=-1) if sampling is None else sample(logits, sampling, generator)
         chosen = _from_last_stage(chosen, (batch,), device)
         if context is not None:
             context.sequence_len_offset += end - start
@@ -130,9 +175,105 @@ def greedy_batch(model, prompts: list[list[int]], *, max_new_tokens: int, max_le
         tokens[:, end] = torch.where(generating, chosen, tokens[:, end])
         ended = generating & (torch.isin(chosen, stops_t) | (end + 1 >= limits_t))
         done |= ended
+        if on_step is not None and bool(generating[0]):
+            on_step(tokens[0, lengths[0]: end + 1].tolist())
     out = []
     for row, ids in enumerate(prompts):
         generated = tokens[row, lengths[row]: limits[row]].tolist()
         cut = next((i + 1 for i, t in enumerate(generated) if t in stops), None)
         out.append(Generated(list(ids), generated[:cut] if cut else generated, cut is not None))
     return out
+
+
+def _everywhere(values, shape, dtype, device):
+    """``values`` (known on the last pipeline stage) on every stage."""
+    from megatron.core import mpu
+
+    if mpu.get_pipeline_model_parallel_world_size() == 1:
+        return values
+    if values is None:
+        values = torch.empty(shape, dtype=dtype, device=device)
+    torch.distributed.broadcast(values.contiguous(), mpu.get_pipeline_model_parallel_last_rank(),
+                                group=mpu.get_pipeline_model_parallel_group())
+    return values
+
+
+@torch.no_grad()
+def beam_search(model, prompt: list[int], *, num_beams: int, max_new_tokens: int, max_length: int,
+                stops: set[int], vocab_size: int, use_kv_cache: bool, length_penalty: float = 1.0,
+                sampling: Sampling | None = None, generator: torch.Generator | None = None) -> Generated:
+    """The best of ``num_beams`` beams continuing ``prompt``, scored as transformers' beam search scores them.
+
+    Each step extends every beam by every token and keeps the ``keep`` best continuations (``keep``:
+    twice the beams, or more with several stop tokens, so that enough survive the ones that stop); the
+    best ``num_beams`` that do not stop run on. A continuation among the best ``num_beams`` that ends in a
+    stop token, or reaches the length limit, is finished with its summed log-probability divided by its
+    generated length to the power ``length_penalty``; the best ``num_beams`` finished ones are kept.
+    The search ends when every continuation finishes, or when the best running beam, at its current
+    length, can no longer beat the worst kept finished one (transformers' default, ``early_stopping=False``).
+    With ``sampling`` the continuations are drawn without replacement from the warped scores instead
+    of taken in order (``beam_search_with_sampling``). The log-probabilities reach every pipeline stage,
+    so every rank keeps the same beams; the KV cache is reordered with the beams.
+    """
+    from megatron.core.inference.contexts import StaticInferenceContext
+
+    device = next(model[0].parameters()).device
+    beams, length = num_beams, len(prompt)
+    limit = min(length + max_new_tokens, max_length)
+    keep = max(2, 1 + len(stops)) * beams
+    running = torch.zeros((beams, limit), dtype=torch.int64, device=device)
+    running[:, :length] = torch.tensor(prompt, dtype=torch.int64, device=device)
+    running_scores = torch.full((beams,), -1e9, device=device)
+    running_scores[0] = 0.0  # the beams start equal: only the first may be extended at the first step
+    kept, kept_scores = running.clone(), torch.full((beams,), -1e9, device=device)
+    kept_finished = torch.zeros(beams, dtype=torch.bool, device=device)
+    kept_lengths = torch.zeros(beams, dtype=torch.int64, device=device)
+    positions = torch.arange(limit, device=device).unsqueeze(0).expand(beams, -1)
+    causal = torch.triu(torch.ones(limit, limit, dtype=torch.bool, device=device), diagonal=1)[None, None]
+    context = StaticInferenceContext(beams, limit) if use_kv_cache else None
+    stops_t = torch.tensor(sorted(stops), dtype=torch.int64, device=device)
+    first_of_top = torch.arange(keep, device=device) < beams
+    improvable, start = True, 0
+    for cur in range(length, limit):
+        first = start if use_kv_cache else 0
+        logits = _forward_last_logits(model, running[:, first:cur], positions[:, first:cur],
+                                      causal[..., first:cur, :cur], context)
+        logits = _everywhere(None if logits is None else logits[:, :vocab_size].float().contiguous(),
+                             (beams, vocab_size), torch.float32, device)
+        if context is not None:
+            context.sequence_len_offset += cur - start
+        start = cur
+        scores = torch.log_softmax(logits, dim=-1)
+        if sampling is not None:
+            scores = warp(scores, sampling)
+        total = (scores + running_scores[:, None]).reshape(-1)
+        if sampling is None:
+            candidate_scores, index = torch.topk(total, keep)
+        else:
+            index = torch.multinomial(torch.softmax(total, dim=-1), keep, generator=generator)
+            candidate_scores, order = total[index].sort(descending=True)
+            index = index[order]
+        source, token = index // vocab_size, index % vocab_size
+        candidates = running[source].clone()
+        candidates[:, cur] = token
+        ends = torch.isin(token, stops_t) | (cur + 1 >= limit)
+        generated = cur + 1 - length
+        finished = candidate_scores / generated ** length_penalty
+        finished = finished + (~(ends & first_of_top)).float() * -1e9 + (0.0 if improvable else -1e9)
+        merged = torch.cat((kept_scores, finished))
+        best = torch.topk(merged, beams).indices
+        kept = torch.cat((kept, candidates))[best]
+        kept_scores = merged[best]
+        kept_finished = torch.cat((kept_finished, ends & first_of_top))[best]
+        kept_lengths = torch.cat((kept_lengths, torch.full((keep,), generated, device=device)))[best]
+        alive = candidate_scores + ends.float() * -1e9
+        survivors = torch.topk(alive, beams).indices
+        running, running_scores = candidates[survivors], alive[survivors]
+        if context is not None:
+            context.swap_key_value_dict(source[survivors])
+        worst = torch.where(kept_finished, kept_scores.min(), torch.tensor(-1e9, device=device))
+        improvable = improvable and bool((running_scores[0] / generated ** length_penalty > worst).any())
+        if not improvable or bool(ends.all()):
+            break
+    ids = kept[0, length: length + int(kept_lengths[0])].tolist()
+    return Generated(list(prompt), ids, bool(ids) and ids[-1] in stops)

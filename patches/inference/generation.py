@@ -1,10 +1,13 @@
-"""``inference.py``'s flags: MindSpeed-LLM's names for greedy generation from a checkpoint.
+"""``inference.py``'s flags: MindSpeed-LLM's names for generation from a checkpoint.
 
 No upstream function is changed; the flags join Megatron's parser like every feature's, and are read
 only by ``inference.py`` (:mod:`adaptor.inference`). Given to another entry (``pretrain_gpt.py``), any
 of them is one line: that entry generates nothing.
 
-* ``--task greedy_search`` (the only task built so far; MindSpeed-LLM's other tasks are one line);
+* ``--task greedy_search`` (the default), ``greedy_search_with_sampling``, ``beam_search``,
+  ``beam_search_with_sampling`` (``chat`` is one line: not built yet);
+* ``--temperature``, ``--top-k``, ``--top-p`` (the sampling tasks; drawn with ``--seed``), ``--num-beams``
+  (the beam tasks), ``--stream`` (one ``--prompt``'s text printed as it is generated; not for beams);
 * ``--max-new-tokens N``, ``--max-length N`` (prompt plus generated tokens, at most ``--seq-length``),
   ``--add-eos-token TOKEN ...`` (more tokens that end a sequence, besides the tokenizer's EOS);
 * ``--use-kv-cache``: keys and values kept in megatron-core's ``StaticInferenceContext`` (same tokens);
@@ -15,11 +18,14 @@ from __future__ import annotations
 
 from adaptor.features import ArgumentError, Feature
 
-TASKS = ("greedy_search",)
+TASKS = ("greedy_search", "greedy_search_with_sampling", "beam_search", "beam_search_with_sampling")
+SAMPLING_TASKS = ("greedy_search_with_sampling", "beam_search_with_sampling")
+BEAM_TASKS = ("beam_search", "beam_search_with_sampling")
 # MindSpeed-LLM's other tasks: known, not yet built here.
-LATER_TASKS = ("greedy_search_with_sampling", "beam_search", "beam_search_with_sampling", "chat", "do_sample")
+LATER_TASKS = ("chat", "do_sample")
+SAMPLING_DESTS = ("temperature", "top_k", "top_p")
 DESTS = ("task", "max_new_tokens", "max_length", "add_eos_token", "use_kv_cache", "input_file", "output_file",
-         "prompt")
+         "prompt", "stream", "num_beams", *SAMPLING_DESTS)
 
 
 def _flag(dest: str) -> str:
@@ -31,7 +37,8 @@ class Generation(Feature):
 
     def add_arguments(self, group) -> None:
         group.add_argument("--task", default=None, metavar="TASK",
-                           help="inference.py: what to generate; greedy_search (the default) is built")
+                           help="inference.py: greedy_search (the default), greedy_search_with_sampling, "
+                                "beam_search or beam_search_with_sampling")
         group.add_argument("--max-new-tokens", type=int, default=128, metavar="N",
                            help="inference.py: at most N tokens generated per prompt")
         group.add_argument("--max-length", type=int, default=None, metavar="N",
@@ -49,6 +56,17 @@ class Generation(Feature):
                            help='inference.py: one JSON object per prompt {"prompt", "text", "token_ids"}')
         group.add_argument("--prompt", default=None, metavar="TEXT",
                            help="inference.py: one prompt; the generated text is printed")
+        group.add_argument("--stream", action="store_true",
+                           help="inference.py: print --prompt's continuation as it is generated")
+        group.add_argument("--temperature", type=float, default=1.0,
+                           help="inference.py, sampling tasks: divide the logits by this")
+        group.add_argument("--top-k", type=int, default=0, metavar="K",
+                           help="inference.py, sampling tasks: draw among the K most likely tokens (0: all)")
+        group.add_argument("--top-p", type=float, default=1.0, metavar="P",
+                           help="inference.py, sampling tasks: draw among the fewest most likely tokens whose "
+                                "probability reaches P (1.0: all)")
+        group.add_argument("--num-beams", type=int, default=4, metavar="N",
+                           help="inference.py, beam tasks: beams kept per prompt")
 
     def validate(self, args, ctx) -> None:
         from adaptor.inference import ENTRY
@@ -61,10 +79,28 @@ class Generation(Feature):
             return
         task = args.task or "greedy_search"
         if task in LATER_TASKS:
-            raise ArgumentError(f"--task {task} is not built yet; greedy_search is")
+            raise ArgumentError(f"--task {task} is not built yet; {', '.join(TASKS)} are")
         if task not in TASKS:
-            raise ArgumentError(f"--task {task} is not a task inference.py knows; greedy_search is built")
+            raise ArgumentError(f"--task {task} is not a task inference.py knows; it knows {', '.join(TASKS)}")
         args.task = task
+        for dest in SAMPLING_DESTS:
+            if dest in ctx.explicit and task not in SAMPLING_TASKS:
+                raise ArgumentError(f"{_flag(dest)} is read by the sampling tasks ({' and '.join(SAMPLING_TASKS)}); "
+                                    f"--task {task} does not sample: drop it or choose one of them")
+        if "num_beams" in ctx.explicit and task not in BEAM_TASKS:
+            raise ArgumentError(f"--num-beams is read by the beam tasks ({' and '.join(BEAM_TASKS)}); --task {task} "
+                                f"keeps one sequence per prompt: drop it or choose one of them")
+        if not args.temperature > 0:
+            raise ArgumentError(f"--temperature must be above 0, not {args.temperature}")
+        if args.top_k < 0:
+            raise ArgumentError(f"--top-k must be 0 (every token) or more, not {args.top_k}")
+        if not 0 < args.top_p <= 1:
+            raise ArgumentError(f"--top-p must be in (0, 1], not {args.top_p}")
+        if args.num_beams < 1:
+            raise ArgumentError(f"--num-beams must be at least 1, not {args.num_beams}")
+        if args.stream and (args.prompt is None or task in BEAM_TASKS):
+            raise ArgumentError("--stream prints one --prompt's text as it is generated; it takes --prompt, and "
+                                "not the beam tasks, whose best sequence is known only at the end")
         if (args.prompt is None) == (args.input_file is None):
             raise ArgumentError("inference.py needs one of --prompt TEXT or --input-file prompts.jsonl")
         if args.input_file is not None and args.output_file is None:

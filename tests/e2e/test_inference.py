@@ -9,6 +9,13 @@ written to --output-file equal ``model.generate(do_sample=False, max_new_tokens=
 * TP1 with --use-kv-cache, and a second stop token (--add-eos-token) that ends one prompt early, so
   that rows end one by one;
 * TP2 (two processes, gloo) with --use-kv-cache and the same stop token.
+
+Beam search (``--task beam_search --num-beams 3``) equals ``generate(num_beams=3, do_sample=False)``
+prompt by prompt, at TP1 with the KV cache (reordered with the beams) and at TP2 without it. Sampling
+(``--task greedy_search_with_sampling``, top-k, top-p and temperature, one ``--seed``) draws the same
+tokens at TP1 and TP2: the logits agree to fp32 rounding and every rank draws from one seeded generator,
+so a draw could only differ where it lands within rounding of a probability boundary; beam search with
+sampling likewise. The distribution it draws from is tests/unit/test_sampling.py's.
 """
 from __future__ import annotations
 
@@ -18,7 +25,7 @@ import pytest
 import torch
 
 from helpers.hf_fixtures import make_tiny_qwen3
-from helpers.megatron_runs import SAMPLE_TOKENIZER, launch, tail
+from helpers.megatron_runs import SAMPLE_TOKENIZER, launch, side_by_side, tail
 from helpers.one_line_errors import assert_one_line_error, run_python
 
 PROMPTS = ["Once upon a time", "The capital of the old kingdom was a small town near the", "Add"]
@@ -41,8 +48,8 @@ def qwen3(tmp_path_factory):
     return hf_dir, tokenizer, flags  # the weights' flag is each test's
 
 
-def hf_greedy(hf_dir, tokenizer, eos_ids: list[int]) -> list[list[int]]:
-    """transformers' greedy continuation of each prompt alone, cut after its first stop token."""
+def hf_greedy(hf_dir, tokenizer, eos_ids: list[int], num_beams: int = 1) -> list[list[int]]:
+    """transformers' greedy (or beam) continuation of each prompt alone, cut after its first stop token."""
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(str(hf_dir), dtype=torch.float32, attn_implementation="eager")
@@ -51,14 +58,16 @@ def hf_greedy(hf_dir, tokenizer, eos_ids: list[int]) -> list[list[int]]:
     for prompt in PROMPTS:
         ids = tokenizer(prompt, return_tensors="pt").input_ids
         with torch.no_grad():
-            generated = model.generate(ids, do_sample=False, max_new_tokens=NEW_TOKENS, eos_token_id=eos_ids,
-                                       pad_token_id=tokenizer.pad_token_id)[0, ids.shape[1]:].tolist()
+            generated = model.generate(ids, do_sample=False, num_beams=num_beams, max_new_tokens=NEW_TOKENS,
+                                       eos_token_id=eos_ids, pad_token_id=tokenizer.pad_token_id,
+                                       length_penalty=1.0, early_stopping=False)[0, ids.shape[1]:].tolist()
         cut = next((i + 1 for i, t in enumerate(generated) if t in eos_ids), len(generated))
         out.append(generated[:cut])
     return out
 
 
 def generate(flags, tmp_path, name, nproc=1, extra=()):
+    """inference.py's records for PROMPTS; ``nproc`` > 1 is tensor parallelism."""
     prompts = tmp_path / "prompts.jsonl"
     prompts.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in PROMPTS))
     out = tmp_path / f"{name}.jsonl"
@@ -92,6 +101,40 @@ def test_greedy_tokens_equal_transformers(qwen3, tmp_path):
     extra = ["--use-kv-cache", "--add-eos-token", str(stop)]
     assert [r["token_ids"] for r in generate(flags, tmp_path, "tp1_kv", extra=extra)] == stopped
     assert [r["token_ids"] for r in generate(flags, tmp_path, "tp2_kv", nproc=2, extra=extra)] == stopped
+
+
+def test_beam_search_equals_transformers_and_sampling_is_the_same_on_every_layout(qwen3, tmp_path):
+    hf_dir, tokenizer, flags = qwen3
+    flags = [*flags, "--hf-load-dir", str(hf_dir)]
+    expected = hf_greedy(hf_dir, tokenizer, [tokenizer.eos_token_id], num_beams=3)
+    assert expected != hf_greedy(hf_dir, tokenizer, [tokenizer.eos_token_id])  # beams find other sequences
+    beams = ["--task", "beam_search", "--num-beams", "3"]
+    sampling = ["--task", "greedy_search_with_sampling", "--top-k", "20", "--top-p", "0.9", "--temperature", "0.8",
+                "--seed", "7", "--use-kv-cache"]
+    beam_sampling = ["--task", "beam_search_with_sampling", "--num-beams", "2", "--top-k", "20", "--seed", "3"]
+    beam_tp1, sampled_tp1, beam_sampled_tp1 = side_by_side(
+        lambda: generate(flags, tmp_path, "beam_tp1", extra=[*beams, "--use-kv-cache"]),
+        lambda: generate(flags, tmp_path, "sampled_tp1", extra=sampling),
+        lambda: generate(flags, tmp_path, "beam_sampled_tp1", extra=beam_sampling))
+    assert [r["token_ids"] for r in beam_tp1] == expected
+    assert [r["token_ids"] for r in generate(flags, tmp_path, "beam_tp2", nproc=2, extra=beams)] == expected
+    for name, extra, tp1 in (("sampled_tp2", sampling, sampled_tp1), ("beam_sampled_tp2", beam_sampling, beam_sampled_tp1)):
+        tp2 = generate(flags, tmp_path, name, nproc=2, extra=extra)
+        assert [r["token_ids"] for r in tp2] == [r["token_ids"] for r in tp1], name
+    greedy = hf_greedy(hf_dir, tokenizer, [tokenizer.eos_token_id])
+    assert [r["token_ids"] for r in sampled_tp1] != greedy
+    assert [r["token_ids"] for r in beam_sampled_tp1] not in (greedy, expected)
+
+
+def test_stream_prints_the_greedy_text(qwen3, tmp_path):
+    """--stream writes the text piece by piece as it is generated; the whole is the greedy continuation."""
+    hf_dir, tokenizer, flags = qwen3
+    run = run_python([*flags, "--hf-load-dir", str(hf_dir), "--prompt", PROMPTS[1], "--stream",
+                      "--max-new-tokens", str(NEW_TOKENS)], tmp_path, script="inference.py")
+    assert run.returncode == 0, tail(run.stdout + run.stderr)
+    greedy = hf_greedy(hf_dir, tokenizer, [tokenizer.eos_token_id])[1]
+    text = tokenizer.decode([t for t in greedy if t != tokenizer.eos_token_id], skip_special_tokens=True)
+    assert text.strip() and text + "\n" in run.stdout, (text, run.stdout[-500:])
 
 
 def test_missing_checkpoint_is_one_line(qwen3, tmp_path):

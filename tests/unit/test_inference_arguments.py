@@ -21,7 +21,7 @@ def ctx(*explicit):
 def args(**given):
     values = dict(task=None, max_new_tokens=128, max_length=None, add_eos_token=[], use_kv_cache=False,
                   input_file=None, output_file=None, prompt=None, seq_length=64, context_parallel_size=1,
-                  sequence_parallel=False)
+                  sequence_parallel=False, stream=False, temperature=1.0, top_k=0, top_p=1.0, num_beams=4)
     values.update(given)
     return argparse.Namespace(**values)
 
@@ -40,7 +40,16 @@ def test_other_entries_refuse_the_flags():
 
 
 @pytest.mark.parametrize("given,message", [
-    (dict(prompt="hi", task="beam_search"), "--task beam_search is not built yet"),
+    (dict(prompt="hi", task="chat"), "--task chat is not built yet"),
+    (dict(prompt="hi", top_k=5), "--top-k is read by the sampling tasks"),
+    (dict(prompt="hi", task="beam_search", temperature=0.5), "--temperature is read by the sampling tasks"),
+    (dict(prompt="hi", task="greedy_search_with_sampling", num_beams=2), "--num-beams is read by the beam tasks"),
+    (dict(prompt="hi", task="greedy_search_with_sampling", temperature=0.0), "--temperature must be above 0"),
+    (dict(prompt="hi", task="greedy_search_with_sampling", top_p=0.0), r"--top-p must be in \(0, 1\]"),
+    (dict(prompt="hi", task="beam_search_with_sampling", top_k=-1), "--top-k must be 0"),
+    (dict(prompt="hi", task="beam_search", num_beams=0), "--num-beams must be at least 1"),
+    (dict(prompt="hi", task="beam_search", stream=True), "--stream prints one --prompt"),
+    (dict(input_file="p.jsonl", output_file="o.jsonl", stream=True), "--stream prints one --prompt"),
     (dict(prompt="hi", task="summarise"), "--task summarise is not a task inference.py knows"),
     (dict(), "needs one of --prompt TEXT or --input-file"),
     (dict(prompt="hi", input_file="p.jsonl", output_file="o.jsonl"), "needs one of --prompt TEXT or --input-file"),
@@ -53,6 +62,15 @@ def test_other_entries_refuse_the_flags():
 def test_bad_combinations_are_one_sentence(inference_entry, given, message):
     with pytest.raises(ArgumentError, match=message):
         Generation().validate(args(**given), ctx(*given))
+
+
+def test_every_task_with_its_own_flags_passes(inference_entry):
+    for task, extra in (("greedy_search", {}), ("greedy_search_with_sampling", dict(top_k=5, top_p=0.9, temperature=0.7)),
+                        ("beam_search", dict(num_beams=3)),
+                        ("beam_search_with_sampling", dict(num_beams=2, top_k=4))):
+        parsed = args(prompt="hi", task=task, **extra)
+        Generation().validate(parsed, ctx("prompt", "task", *extra))
+        assert parsed.task == task
 
 
 def test_defaults_greedy_and_sequence_parallel_off(inference_entry):
