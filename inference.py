@@ -3,7 +3,7 @@
     torchrun --nproc_per_node N inference.py <the model flags of pretrain_gpt.py> \\
         --load CKPT | --hf-load-dir HF_DIR  --tokenizer-type HuggingFaceTokenizer --tokenizer-model TOK \\
         (--prompt TEXT [--stream] | --input-file prompts.jsonl --output-file out.jsonl) \\
-        [--task greedy_search|greedy_search_with_sampling|beam_search|beam_search_with_sampling] \\
+        [--task greedy_search|greedy_search_with_sampling|beam_search|beam_search_with_sampling|chat] \\
         [--temperature T --top-k K --top-p P --seed S] [--num-beams N] \\
         [--max-new-tokens N] [--max-length N] [--use-kv-cache] [--add-eos-token TOKEN ...]
 
@@ -13,7 +13,10 @@ writes: safetensors, torch_dist, torch; no optimizer state) or from a Hugging Fa
 (``--hf-load-dir``, the training's online conversion). The generation loop is ``adaptor.inference``;
 the flags are ``patches.inference.generation``'s. ``--micro-batch-size`` prompts (8 unless given) go together in one
 batch; beam search takes one prompt at a time, its beams being the batch. Sampling draws from a generator
-seeded with ``--seed``, the same on every rank. With ``--input-file`` rank 0 writes one JSON object per prompt, in order; ``--prompt`` prints
+seeded with ``--seed``, the same on every rank. ``--task chat`` renders conversations with the tokenizer's
+chat template (else ``--prompt-type``'s built-in one; tools/chat_template.py, the renderer the instruction
+datasets use) and the generation prompt; without ``--prompt`` or ``--input-file`` it talks on the
+terminal, keeping the conversation, until an empty line or end of input. With ``--input-file`` rank 0 writes one JSON object per prompt, in order; ``--prompt`` prints
 the generated text.
 """
 import adaptor  # noqa: F401  (first: patches megatron for this machine)
@@ -25,7 +28,8 @@ from pathlib import Path
 from adaptor.inference import running_inference
 
 
-def read_prompts(path: str) -> list[str]:
+def read_prompts(path: str, key: str = "prompt") -> list:
+    """The ``key`` of every JSON line: prompt texts, or (``messages``) conversations."""
     from adaptor.errors import fail
 
     prompts = []
@@ -38,12 +42,13 @@ def read_prompts(path: str) -> list[str]:
             continue
         try:
             record = json.loads(line)
-            prompt = record["prompt"]
+            prompt = record[key]
         except (ValueError, KeyError, TypeError) as exc:
-            what = "not valid JSON" if isinstance(exc, ValueError) else 'no "prompt" key'
+            what = "not valid JSON" if isinstance(exc, ValueError) else f'no "{key}" key'
             fail(f"--input-file {path}, line {number}: {what}")
-        if not isinstance(prompt, str):
-            fail(f"--input-file {path}, line {number}: \"prompt\" is not a string")
+        wanted = str if key == "prompt" else list
+        if not isinstance(prompt, wanted):
+            fail(f"--input-file {path}, line {number}: \"{key}\" is not a {'string' if wanted is str else 'list'}")
         prompts.append(prompt)
     if not prompts:
         fail(f"--input-file {path}: no prompts")
@@ -79,6 +84,37 @@ def build_and_load(args):
     return model
 
 
+def chat_renderer(args):
+    """``render(messages) -> text``: the conversation and the generation prompt, as transformers'
+    ``apply_chat_template(add_generation_prompt=True)`` writes them."""
+    from adaptor.errors import fail
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent / "tools"))
+    import chat_template
+
+    directory = chat_template.tokenizer_directory(args.tokenizer_model)
+    try:
+        kind = chat_template.prompt_type(args.prompt_type) if args.prompt_type else None
+        template = chat_template.find_template(directory, kind or chat_template.PROMPT_TYPES["chatml"])
+        if template.source.startswith("built-in") and kind is None:
+            fail(f"--task chat needs a chat template: the tokenizer ({directory}) has none (chat_template.jinja "
+                 f"or tokenizer_config.json's chat_template); give --prompt-type "
+                 f"({', '.join(chat_template.PROMPT_TYPES)})")
+        compiled = chat_template.compile_template(template.text)
+        variables = chat_template.special_token_variables(chat_template.read_config(directory))
+    except chat_template.ChatTemplateError as exc:
+        fail(str(exc))
+
+    def render(messages: list) -> str:
+        try:
+            return compiled.render(messages=chat_template.normalize_messages(messages), tools=None, documents=None,
+                                   add_generation_prompt=True, **variables)
+        except Exception as exc:  # the template's own raise_exception, or odd messages
+            raise ValueError(f"the chat template failed: {chat_template._one_line(exc)}") from None
+
+    return render
+
+
 def _streamer(tokenizer):
     """Print the text of the generated ids as it grows: each step, what the new ids add to it."""
     shown = [""]
@@ -91,6 +127,66 @@ def _streamer(tokenizer):
             shown[0] = text
 
     return on_step
+
+
+def prompt_ids(args, tokenizer, render, text, number: int) -> list[int]:
+    """The ids of one prompt (a conversation rendered first for --task chat); one line if it cannot fit."""
+    from adaptor.errors import fail
+
+    where = "--prompt" if args.prompt is not None else f"--input-file {args.input_file}, prompt {number}"
+    if render is not None:
+        try:
+            text = render(text)
+        except ValueError as exc:
+            fail(f"{where}: {exc}")
+    ids = list(tokenizer.tokenize(text))
+    max_length = args.max_length or args.seq_length
+    if not ids:
+        fail(f"{where}: empty prompt")
+    if len(ids) >= max_length:
+        limit = "--seq-length" if max_length == args.seq_length else "--max-length"
+        fail(f"{where} is {len(ids)} tokens; {limit} {max_length} leaves no room to generate")
+    return ids
+
+
+def converse(args, tokenizer, render) -> None:
+    """A conversation on the terminal: rank 0 reads each user turn and every rank answers it (greedy)."""
+    import torch
+
+    from adaptor.errors import fail
+    from adaptor.inference import greedy_batch, stop_ids
+
+    model = build_and_load(args)
+    vocab = min(tokenizer.vocab_size, args.padded_vocab_size)
+    max_length = args.max_length or args.seq_length
+    stops = stop_ids(tokenizer, args.add_eos_token)
+    messages = []
+    rank0 = torch.distributed.get_rank() == 0
+    while True:
+        line = [None]
+        if rank0:
+            try:
+                line[0] = input("\nuser> ").strip()
+            except EOFError:
+                line[0] = ""
+        torch.distributed.broadcast_object_list(line, src=0)
+        if not line[0]:
+            break
+        messages.append({"role": "user", "content": line[0]})
+        ids = list(tokenizer.tokenize(render(messages)))
+        if len(ids) >= max_length:
+            fail(f"the conversation is {len(ids)} tokens; --seq-length {max_length} leaves no room to answer")
+        if rank0:
+            sys.stdout.write("assistant> ")
+        [reply] = greedy_batch(model, [ids], max_new_tokens=args.max_new_tokens, max_length=max_length, stops=stops,
+                               vocab_size=vocab, use_kv_cache=args.use_kv_cache,
+                               on_step=_streamer(tokenizer) if rank0 else None)
+        kept = reply.token_ids[:-1] if reply.stopped else reply.token_ids
+        messages.append({"role": "assistant", "content": tokenizer.detokenize(kept)})
+        if rank0:
+            sys.stdout.write("\n")
+            sys.stdout.flush()
+    torch.distributed.barrier()
 
 
 def main():
@@ -107,18 +203,16 @@ def main():
     initialize_megatron()
     args = get_args()
     tokenizer = get_tokenizer()
-    texts = [args.prompt] if args.prompt is not None else read_prompts(args.input_file)
+    chat = args.task == "chat"
+    render = chat_renderer(args) if chat else None
+    if chat and args.prompt is None and args.input_file is None:
+        return converse(args, tokenizer, render)
+    if args.prompt is not None:
+        texts = [[{"role": "user", "content": args.prompt}] if chat else args.prompt]
+    else:
+        texts = read_prompts(args.input_file, "messages" if chat else "prompt")
+    prompts = [prompt_ids(args, tokenizer, render, text, number) for number, text in enumerate(texts, 1)]
     max_length = args.max_length or args.seq_length
-    prompts = []
-    for number, text in enumerate(texts, 1):
-        ids = list(tokenizer.tokenize(text))
-        where = "--prompt" if args.prompt is not None else f"--input-file {args.input_file}, prompt {number}"
-        if not ids:
-            fail(f"{where}: empty prompt")
-        if len(ids) >= max_length:
-            limit = "--seq-length" if max_length == args.seq_length else "--max-length"
-            fail(f"{where} is {len(ids)} tokens; {limit} {max_length} leaves no room to generate")
-        prompts.append(ids)
     try:
         stops = stop_ids(tokenizer, args.add_eos_token)
     except ValueError as exc:
@@ -145,7 +239,8 @@ def main():
         records = []
         for text, result in zip(texts, results):
             kept = result.token_ids[:-1] if result.stopped else result.token_ids
-            records.append({"prompt": text, "text": tokenizer.detokenize(kept), "token_ids": result.token_ids})
+            record = {"messages": text, "prompt_token_ids": result.prompt_ids} if chat else {"prompt": text}
+            records.append({**record, "text": tokenizer.detokenize(kept), "token_ids": result.token_ids})
         if args.output_file is not None:
             out = Path(args.output_file)
             out.parent.mkdir(parents=True, exist_ok=True)

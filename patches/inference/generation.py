@@ -5,7 +5,8 @@ only by ``inference.py`` (:mod:`adaptor.inference`). Given to another entry (``p
 of them is one line: that entry generates nothing.
 
 * ``--task greedy_search`` (the default), ``greedy_search_with_sampling``, ``beam_search``,
-  ``beam_search_with_sampling`` (``chat`` is one line: not built yet);
+  ``beam_search_with_sampling``, ``chat`` (the tokenizer's chat template, else ``--prompt-type``'s;
+  a terminal conversation without ``--prompt``/``--input-file``, greedy);
 * ``--temperature``, ``--top-k``, ``--top-p`` (the sampling tasks; drawn with ``--seed``), ``--num-beams``
   (the beam tasks), ``--stream`` (one ``--prompt``'s text printed as it is generated; not for beams);
 * ``--max-new-tokens N``, ``--max-length N`` (prompt plus generated tokens, at most ``--seq-length``),
@@ -18,11 +19,11 @@ from __future__ import annotations
 
 from adaptor.features import ArgumentError, Feature
 
-TASKS = ("greedy_search", "greedy_search_with_sampling", "beam_search", "beam_search_with_sampling")
+TASKS = ("greedy_search", "greedy_search_with_sampling", "beam_search", "beam_search_with_sampling", "chat")
 SAMPLING_TASKS = ("greedy_search_with_sampling", "beam_search_with_sampling")
 BEAM_TASKS = ("beam_search", "beam_search_with_sampling")
 # MindSpeed-LLM's other tasks: known, not yet built here.
-LATER_TASKS = ("chat", "do_sample")
+LATER_TASKS = ("do_sample",)
 SAMPLING_DESTS = ("temperature", "top_k", "top_p")
 DESTS = ("task", "max_new_tokens", "max_length", "add_eos_token", "use_kv_cache", "input_file", "output_file",
          "prompt", "stream", "num_beams", *SAMPLING_DESTS)
@@ -51,7 +52,8 @@ class Generation(Feature):
                            help="inference.py: keep keys and values between steps (megatron-core's "
                                 "StaticInferenceContext); the same tokens as without")
         group.add_argument("--input-file", default=None, metavar="JSONL",
-                           help='inference.py: prompts, one JSON object per line {"prompt": TEXT}')
+                           help='inference.py: prompts, one JSON object per line {"prompt": TEXT} (--task chat: '
+                                '{"messages": [{"role": ..., "content": ...}, ...]})')
         group.add_argument("--output-file", default=None, metavar="JSONL",
                            help='inference.py: one JSON object per prompt {"prompt", "text", "token_ids"}')
         group.add_argument("--prompt", default=None, metavar="TEXT",
@@ -101,8 +103,11 @@ class Generation(Feature):
         if args.stream and (args.prompt is None or task in BEAM_TASKS):
             raise ArgumentError("--stream prints one --prompt's text as it is generated; it takes --prompt, and "
                                 "not the beam tasks, whose best sequence is known only at the end")
-        if (args.prompt is None) == (args.input_file is None):
-            raise ArgumentError("inference.py needs one of --prompt TEXT or --input-file prompts.jsonl")
+        if args.prompt is not None and args.input_file is not None:
+            raise ArgumentError("inference.py needs one of --prompt TEXT or --input-file prompts.jsonl, not both")
+        if args.prompt is None and args.input_file is None and task != "chat":
+            raise ArgumentError("inference.py needs one of --prompt TEXT or --input-file prompts.jsonl "
+                                "(--task chat without either talks on the terminal)")
         if args.input_file is not None and args.output_file is None:
             raise ArgumentError("--input-file needs --output-file out.jsonl")
         if args.output_file is not None and args.input_file is None:

@@ -137,6 +137,47 @@ def test_stream_prints_the_greedy_text(qwen3, tmp_path):
     assert text.strip() and text + "\n" in run.stdout, (text, run.stdout[-500:])
 
 
+CONVERSATIONS = [
+    [{"role": "user", "content": "Tell me about the old kingdom."}],
+    [{"role": "system", "content": "You are terse."}, {"role": "user", "content": "Hi"},
+     {"role": "assistant", "content": "Hello."}, {"role": "user", "content": "Name a town"}],
+]
+
+
+def test_chat_renders_as_transformers_and_generates_its_greedy_reply(qwen3, tmp_path):
+    """--task chat: the prompt ids equal apply_chat_template(add_generation_prompt=True) with the tokenizer's
+    own template, and the reply equals transformers' greedy continuation of them; a tokenizer without a
+    template and no --prompt-type is one line."""
+    from transformers import AutoModelForCausalLM
+
+    hf_dir, tokenizer, flags = qwen3
+    conversations = tmp_path / "chats.jsonl"
+    conversations.write_text("".join(json.dumps({"messages": m}) + "\n" for m in CONVERSATIONS))
+    out = tmp_path / "chat.jsonl"
+    run = launch("inference.py", [*flags, "--hf-load-dir", str(hf_dir), "--task", "chat", "--input-file",
+                                  str(conversations), "--output-file", str(out), "--max-new-tokens", "6"], nproc=1)
+    assert run.returncode == 0, tail(run.output)
+    records = [json.loads(line) for line in out.read_text().splitlines()]
+    model = AutoModelForCausalLM.from_pretrained(str(hf_dir), dtype=torch.float32, attn_implementation="eager")
+    for record, messages in zip(records, CONVERSATIONS):
+        ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=False)
+        assert record["messages"] == messages and record["prompt_token_ids"] == list(ids)
+        with torch.no_grad():
+            reply = model.generate(torch.tensor([ids]), do_sample=False, max_new_tokens=6,
+                                   eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
+        expected = reply[0, len(ids):].tolist()
+        cut = next((i + 1 for i, t in enumerate(expected) if t == tokenizer.eos_token_id), len(expected))
+        assert record["token_ids"] == expected[:cut]
+
+    bare = tmp_path / "bare_tokenizer"
+    bare.mkdir()
+    (bare / "tokenizer.json").write_bytes((SAMPLE_TOKENIZER / "tokenizer.json").read_bytes())
+    flags_bare = [f if f != str(SAMPLE_TOKENIZER) else str(bare) for f in flags]
+    refused = run_python([*flags_bare, "--hf-load-dir", str(hf_dir), "--task", "chat", "--prompt", "Hi"], tmp_path,
+                         script="inference.py")
+    assert_one_line_error(refused, ["--task chat needs a chat template", "--prompt-type"], torchrun=False)
+
+
 def test_missing_checkpoint_is_one_line(qwen3, tmp_path):
     _, _, flags = qwen3
     run = run_python([*flags, "--load", str(tmp_path / "no_such_ckpt"), "--prompt", "Once"], tmp_path,
