@@ -24,7 +24,7 @@ import json
 import pytest
 import torch
 
-from helpers.hf_fixtures import make_tiny_qwen3
+from helpers.hf_fixtures import make_tiny_deepseek_v3, make_tiny_qwen3
 from helpers.megatron_runs import SAMPLE_TOKENIZER, launch, side_by_side, tail
 from helpers.one_line_errors import assert_one_line_error, run_python
 
@@ -66,14 +66,14 @@ def hf_greedy(hf_dir, tokenizer, eos_ids: list[int], num_beams: int = 1) -> list
     return out
 
 
-def generate(flags, tmp_path, name, nproc=1, extra=()):
-    """inference.py's records for PROMPTS; ``nproc`` > 1 is tensor parallelism."""
+def generate(flags, tmp_path, name, nproc=1, extra=(), tp=None):
+    """inference.py's records for PROMPTS; ``nproc`` processes, tensor parallel ``tp`` (default: all of them)."""
     prompts = tmp_path / "prompts.jsonl"
     prompts.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in PROMPTS))
     out = tmp_path / f"{name}.jsonl"
     run = launch("inference.py", [*flags, "--input-file", str(prompts), "--output-file", str(out),
                                   "--micro-batch-size", "3", "--max-new-tokens", str(NEW_TOKENS),
-                                  "--tensor-model-parallel-size", str(nproc), *extra], nproc=nproc)
+                                  "--tensor-model-parallel-size", str(tp or nproc), *extra], nproc=nproc)
     assert run.returncode == 0, tail(run.output)
     records = [json.loads(line) for line in out.read_text().splitlines()]
     assert [r["prompt"] for r in records] == PROMPTS
@@ -176,6 +176,31 @@ def test_chat_renders_as_transformers_and_generates_its_greedy_reply(qwen3, tmp_
     refused = run_python([*flags_bare, "--hf-load-dir", str(hf_dir), "--task", "chat", "--prompt", "Hi"], tmp_path,
                          script="inference.py")
     assert_one_line_error(refused, ["--task chat needs a chat template", "--prompt-type"], torchrun=False)
+
+
+def test_deepseek_v3_greedy_equals_transformers_at_tp1_ep2_and_pp2(tmp_path):
+    """MLA, MoE (sigmoid routing with group limits, a shared expert) and an MTP layer, which generation
+    ignores as transformers does: the same greedy ids at one process, EP=2 and PP=2; --use-kv-cache,
+    which MLA cannot take here, is one line."""
+    from transformers import AutoTokenizer
+
+    import adaptor  # noqa: F401
+    from adaptor.convert.config_check import model_flags
+
+    tokenizer = AutoTokenizer.from_pretrained(str(SAMPLE_TOKENIZER))
+    hf_dir = make_tiny_deepseek_v3(tmp_path / "deepseek_v3", vocab_size=len(tokenizer), seed=3)
+    flags = model_flags("deepseek3", json.loads((hf_dir / "config.json").read_text()))
+    flags += ["--seq-length", "64", "--tokenizer-type", "HuggingFaceTokenizer", "--tokenizer-model",
+              str(SAMPLE_TOKENIZER), "--disable-jit-fuser", "--hf-load-dir", str(hf_dir)]
+    expected = hf_greedy(hf_dir, tokenizer, [tokenizer.eos_token_id])
+    one, ep2 = side_by_side(lambda: generate(flags, tmp_path, "ds_tp1"),
+                            lambda: generate(flags, tmp_path, "ds_ep2", nproc=2, tp=1,
+                                             extra=["--expert-model-parallel-size", "2"]))
+    pp2 = generate(flags, tmp_path, "ds_pp2", nproc=2, tp=1, extra=["--pipeline-model-parallel-size", "2"])
+    for name, records in (("tp1", one), ("ep2", ep2), ("pp2", pp2)):
+        assert [r["token_ids"] for r in records] == expected, name
+    refused = run_python([*flags, "--prompt", "Once", "--use-kv-cache"], tmp_path, script="inference.py")
+    assert_one_line_error(refused, ["--use-kv-cache", "--multi-latent-attention"], torchrun=False)
 
 
 def test_missing_checkpoint_is_one_line(qwen3, tmp_path):

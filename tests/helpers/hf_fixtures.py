@@ -132,7 +132,8 @@ def _mtp_layer_tensors(config, layer_index: int, generator: torch.Generator) -> 
     return tensors
 
 
-def make_tiny_deepseek_v3(path, mtp_layers: int = 1, shards: int = 2, seed: int = 0) -> Path:
+def make_tiny_deepseek_v3(path, mtp_layers: int = 1, shards: int = 2, seed: int = 0,
+                          vocab_size: int = VOCAB_SIZE) -> Path:
     """A 4-layer DeepseekV3ForCausalLM (1 dense + 3 MoE layers) plus `mtp_layers` MTP layers.
 
     MLA: q_lora_rank 32, kv_lora_rank 24, qk nope 16 / rope 8, v 16 (matches
@@ -145,7 +146,7 @@ def make_tiny_deepseek_v3(path, mtp_layers: int = 1, shards: int = 2, seed: int 
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
     config = DeepseekV3Config(
-        vocab_size=VOCAB_SIZE, hidden_size=HIDDEN_SIZE, intermediate_size=128, moe_intermediate_size=32,
+        vocab_size=vocab_size, hidden_size=HIDDEN_SIZE, intermediate_size=128, moe_intermediate_size=32,
         num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=4, n_shared_experts=1,
         n_routed_experts=4, routed_scaling_factor=2.5, kv_lora_rank=24, q_lora_rank=32,
         qk_rope_head_dim=8, v_head_dim=16, qk_nope_head_dim=16, n_group=2, topk_group=1,
