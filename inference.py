@@ -227,6 +227,9 @@ def main():
     limits = dict(max_new_tokens=args.max_new_tokens, max_length=max_length, stops=stops, vocab_size=vocab,
                   use_kv_cache=args.use_kv_cache, sampling=sampling, generator=generator)
     results = []
+    import time
+
+    started = time.perf_counter()
     if args.task.startswith("beam_search"):
         for ids in prompts:
             results.append(beam_search(model, ids, num_beams=args.num_beams, **limits))
@@ -235,7 +238,11 @@ def main():
         for first in range(0, len(prompts), args.micro_batch_size):
             results += greedy_batch(model, prompts[first: first + args.micro_batch_size], on_step=on_step, **limits)
 
+    elapsed = time.perf_counter() - started
     if torch.distributed.get_rank() == 0:
+        generated = sum(len(r.token_ids) for r in results)
+        print(f"inference.py: generated {generated} tokens for {len(results)} prompts in {elapsed:.3f} s "
+              f"({generated / max(elapsed, 1e-9):.1f} tokens/s)", file=sys.stderr, flush=True)
         records = []
         for text, result in zip(texts, results):
             kept = result.token_ids[:-1] if result.stopped else result.token_ids
