@@ -10,7 +10,9 @@
 The model is ``pretrain_gpt.py``'s (its ``model_provider``), built by Megatron's ``get_model`` at the
 layout the flags give (TP, PP) and filled by Megatron's ``load_checkpoint`` (any format the training
 writes: safetensors, torch_dist, torch; no optimizer state) or from a Hugging Face directory
-(``--hf-load-dir``, the training's online conversion). The generation loop is ``adaptor.inference``;
+(``--hf-load-dir``, the training's online conversion), then LoRA adapters where ``--lora-load`` names them
+(a PEFT directory or a Megatron adapters checkpoint, as fine-tuning loads them; ``--lora-r`` and the other
+LoRA flags describe them). The generation loop is ``adaptor.inference``;
 the flags are ``patches.inference.generation``'s. ``--micro-batch-size`` prompts (8 unless given) go together in one
 batch; beam search takes one prompt at a time, its beams being the batch. Sampling draws from a generator
 seeded with ``--seed``, the same on every rank. ``--task chat`` renders conversations with the tokenizer's
@@ -79,6 +81,16 @@ def build_and_load(args):
             load_hf_weights(model, args)
         except (ConversionError, OSError) as exc:
             fail(f"--hf-load-dir {args.hf_load_dir}: {exc}")
+    if getattr(args, "lora_load", None):  # LoRA adapters on the base weights, as fine-tuning loads them
+        from adaptor.convert.lora import is_peft_adapter
+        from adaptor.convert.online import load_peft_lora
+
+        if is_peft_adapter(args.lora_load):
+            load_peft_lora(model, None, args)
+        else:
+            if not checkpoint_exists(args.lora_load):
+                fail(f"--lora-load {args.lora_load}: no adapter checkpoint there (no latest_checkpointed_iteration.txt)")
+            load_checkpoint(model, None, None, load_arg="lora_load", strict=False)
     for chunk in model:
         chunk.eval()
     return model

@@ -24,7 +24,7 @@ import json
 import pytest
 import torch
 
-from helpers.hf_fixtures import make_tiny_deepseek_v3, make_tiny_qwen3
+from helpers.hf_fixtures import make_peft_adapter, make_tiny_deepseek_v3, make_tiny_qwen3
 from helpers.megatron_runs import SAMPLE_TOKENIZER, launch, side_by_side, tail
 from helpers.one_line_errors import assert_one_line_error, run_python
 
@@ -48,17 +48,22 @@ def qwen3(tmp_path_factory):
     return hf_dir, tokenizer, flags  # the weights' flag is each test's
 
 
-def hf_greedy(hf_dir, tokenizer, eos_ids: list[int], num_beams: int = 1) -> list[list[int]]:
-    """transformers' greedy (or beam) continuation of each prompt alone, cut after its first stop token."""
+def hf_greedy(hf_dir, tokenizer, eos_ids: list[int], num_beams: int = 1, adapter=None) -> list[list[int]]:
+    """transformers' greedy (or beam) continuation of each prompt alone, cut after its first stop token;
+    with ``adapter``, peft's LoRA model on top."""
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(str(hf_dir), dtype=torch.float32, attn_implementation="eager")
+    if adapter is not None:
+        from peft import PeftModel
+
+        model = PeftModel.from_pretrained(model, str(adapter))
     model.eval()
     out = []
     for prompt in PROMPTS:
         ids = tokenizer(prompt, return_tensors="pt").input_ids
         with torch.no_grad():
-            generated = model.generate(ids, do_sample=False, num_beams=num_beams, max_new_tokens=NEW_TOKENS,
+            generated = model.generate(input_ids=ids, do_sample=False, num_beams=num_beams, max_new_tokens=NEW_TOKENS,
                                        eos_token_id=eos_ids, pad_token_id=tokenizer.pad_token_id,
                                        length_penalty=1.0, early_stopping=False)[0, ids.shape[1]:].tolist()
         cut = next((i + 1 for i, t in enumerate(generated) if t in eos_ids), len(generated))
@@ -201,6 +206,22 @@ def test_deepseek_v3_greedy_equals_transformers_at_tp1_ep2_and_pp2(tmp_path):
         assert [r["token_ids"] for r in records] == expected, name
     refused = run_python([*flags, "--prompt", "Once", "--use-kv-cache"], tmp_path, script="inference.py")
     assert_one_line_error(refused, ["--use-kv-cache", "--multi-latent-attention"], torchrun=False)
+
+
+def test_lora_adapters_generate_as_peft_does(qwen3, tmp_path):
+    """--lora-load of a PEFT adapter on the base weights: greedy ids equal peft + transformers' at TP1 (with
+    the KV cache) and TP2, and differ from the base model's."""
+    hf_dir, tokenizer, flags = qwen3
+    targets = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+    adapter = make_peft_adapter(hf_dir, tmp_path / "peft_adapter", r=4, alpha=8, targets=targets)
+    lora = ["--hf-load-dir", str(hf_dir), "--lora-r", "4", "--lora-alpha", "8", "--lora-dropout", "0",
+            "--lora-target-modules", "linear_qkv", "linear_proj", "linear_fc1", "linear_fc2", "--lora-load", str(adapter)]
+    expected = hf_greedy(hf_dir, tokenizer, [tokenizer.eos_token_id], adapter=adapter)
+    assert expected != hf_greedy(hf_dir, tokenizer, [tokenizer.eos_token_id])
+    one = generate([*flags, *lora], tmp_path, "lora_tp1", extra=["--use-kv-cache"])
+    tp2 = generate([*flags, *lora], tmp_path, "lora_tp2", nproc=2)
+    assert [r["token_ids"] for r in one] == expected
+    assert [r["token_ids"] for r in tp2] == expected
 
 
 def test_missing_checkpoint_is_one_line(qwen3, tmp_path):

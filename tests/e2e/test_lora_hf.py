@@ -24,6 +24,7 @@ import re
 import pytest
 import torch
 
+from helpers import hf_fixtures
 from helpers.megatron_runs import ROOT, run_pretrain, tail
 from helpers.processes import child_env, run_tool
 
@@ -65,26 +66,7 @@ def model_flags(hf_dir):
 
 
 def make_peft_adapter(base_dir, out, seed=0):
-    """An adapter written by peft itself: random A and B (non-zero), A shared within q/k/v and gate/up."""
-    from peft import LoraConfig, get_peft_model
-    from transformers import AutoModelForCausalLM
-
-    model = AutoModelForCausalLM.from_pretrained(base_dir, dtype=torch.float32)
-    peft_model = get_peft_model(model, LoraConfig(r=R, lora_alpha=ALPHA, target_modules=HF_TARGETS,
-                                                  task_type="CAUSAL_LM"))
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for layer in peft_model.base_model.model.model.layers:
-            for module in (layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj,
-                           layer.self_attn.o_proj, layer.mlp.gate_proj, layer.mlp.up_proj, layer.mlp.down_proj):
-                for which in (module.lora_A["default"], module.lora_B["default"]):
-                    which.weight.copy_(0.1 * torch.randn(which.weight.shape, generator=g))
-            for group in ((layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj),
-                          (layer.mlp.gate_proj, layer.mlp.up_proj)):
-                for module in group[1:]:
-                    module.lora_A["default"].weight.copy_(group[0].lora_A["default"].weight)
-    peft_model.save_pretrained(out)
-    return out
+    return hf_fixtures.make_peft_adapter(base_dir, out, r=R, alpha=ALPHA, targets=HF_TARGETS, seed=seed)
 
 
 @pytest.fixture(scope="module")

@@ -207,3 +207,27 @@ if __name__ == "__main__":  # python tests/helpers/hf_fixtures.py OUT_DIR: write
     make_tiny_qwen3(out / "qwen3_untied", tied=False, shards=2)
     make_tiny_deepseek_v3(out / "deepseek_v3", mtp_layers=1, shards=2)
     print(os.fspath(out))
+
+
+def make_peft_adapter(base_dir, out, r: int, alpha: float, targets: list[str], seed: int = 0) -> Path:
+    """A LoRA adapter written by peft itself on a Qwen3 directory: random non-zero A and B, A shared within
+    q/k/v and within gate/up (as Megatron's fused linears hold them)."""
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(base_dir, dtype=torch.float32)
+    peft_model = get_peft_model(model, LoraConfig(r=r, lora_alpha=alpha, target_modules=targets,
+                                                  task_type="CAUSAL_LM"))
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for layer in peft_model.base_model.model.model.layers:
+            for module in (layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj,
+                           layer.self_attn.o_proj, layer.mlp.gate_proj, layer.mlp.up_proj, layer.mlp.down_proj):
+                for which in (module.lora_A["default"], module.lora_B["default"]):
+                    which.weight.copy_(0.1 * torch.randn(which.weight.shape, generator=g))
+            for group in ((layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj),
+                          (layer.mlp.gate_proj, layer.mlp.up_proj)):
+                for module in group[1:]:
+                    module.lora_A["default"].weight.copy_(group[0].lora_A["default"].weight)
+    peft_model.save_pretrained(out)
+    return Path(out)
