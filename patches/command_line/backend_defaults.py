@@ -15,7 +15,8 @@ strategy (an explicit ``nvrx`` without the library is refused in one line). ``--
 the first save, is refused before the run starts.
 
 Megatron-FSDP (``--use-megatron-fsdp``) runs on every backend; off CUDA it gets the two settings its
-collectives need: ``CUDA_DEVICE_MAX_CONNECTIONS`` left unset (Megatron asserts it is not 1 there) and
+collectives need: ``CUDA_DEVICE_MAX_CONNECTIONS`` left unset, or unset where Megatron-LM's scripts export 1
+(Megatron asserts it is not 1 there; it tunes CUDA streams only) and
 ``--no-gradient-reduce-div-fusion`` (NCCL's pre-multiplied sum is not in gloo or HCCL). Its hybrid
 sharding (``--num-distributed-optimizer-instances`` > 1) is refused there: on gloo it ran, resumed, and
 trained another curve than one process (6.191 against 6.180 at the second step, DP=4 as 2×2).
@@ -88,6 +89,10 @@ class BackendDefaults(Feature):
                 and not getattr(args, "use_megatron_fsdp", False):
             os.environ["CUDA_DEVICE_MAX_CONNECTIONS"] = "1"
             changed.append("CUDA_DEVICE_MAX_CONNECTIONS=1")
+        if ctx.backend.name != "cuda" and getattr(args, "use_megatron_fsdp", False) \
+                and os.environ.get("CUDA_DEVICE_MAX_CONNECTIONS") == "1":
+            del os.environ["CUDA_DEVICE_MAX_CONNECTIONS"]  # Megatron-LM's scripts export it; it is CUDA's only
+            changed.append("CUDA_DEVICE_MAX_CONNECTIONS unset (Megatron asserts it is not 1 under Megatron-FSDP)")
         # Megatron-FSDP divides gradients inside the reduction with NCCL's pre-multiplied sum, which
         # gloo and HCCL do not have; dividing first and summing is the same average.
         if ctx.backend.name != "cuda" and getattr(args, "use_megatron_fsdp", False) \

@@ -34,9 +34,10 @@ def _strategy(name: str) -> list[str]:
 def test_megatron_fsdp_reproduces_one_process_and_resumes_its_own_checkpoint(tmp_path):
     run = [*TINY_QWEN3, "--train-iters", str(ITERS)]
     zero3 = [*run, *_strategy("optim_grads_params")]
+    # CUDA_DEVICE_MAX_CONNECTIONS=1, as Megatron-LM's scripts export it: a CUDA knob, unset here.
     one, saved = side_by_side(lambda: run_pretrain(run),
                               lambda: run_pretrain(zero3 + ["--save", str(tmp_path), "--save-interval", str(SAVE_AT)],
-                                                   nproc=2))
+                                                   nproc=2, env={"CUDA_DEVICE_MAX_CONNECTIONS": "1"}))
     zero1, resumed = side_by_side(lambda: run_pretrain(run + _strategy("optim"), nproc=2),
                                   lambda: run_pretrain(zero3 + ["--load", str(tmp_path), "--ckpt-step", str(SAVE_AT)],
                                                        nproc=2))
