@@ -4,7 +4,9 @@ No upstream function is changed; the flags join Megatron's parser like every fea
 only by ``inference.py`` (:mod:`adaptor.inference`). Given to another entry (``pretrain_gpt.py``), any
 of them is one line: that entry generates nothing.
 
-* ``--task greedy_search`` (the only task built so far; MindSpeed-LLM's other tasks are one line);
+* ``--task greedy_search`` (the only task built so far; MindSpeed-LLM's other tasks are one line).
+  ``--task`` is defined here once for both entries that read it: evaluation.py takes lm-eval task
+  names (``patches.inference.evaluation`` checks those), inference.py exactly one of its tasks;
 * ``--max-new-tokens N``, ``--max-length N`` (prompt plus generated tokens, at most ``--seq-length``),
   ``--add-eos-token TOKEN ...`` (more tokens that end a sequence, besides the tokenizer's EOS);
 * ``--use-kv-cache``: keys and values kept in megatron-core's ``StaticInferenceContext`` (same tokens);
@@ -30,8 +32,9 @@ class Generation(Feature):
     name = "generation"
 
     def add_arguments(self, group) -> None:
-        group.add_argument("--task", default=None, metavar="TASK",
-                           help="inference.py: what to generate; greedy_search (the default) is built")
+        group.add_argument("--task", nargs="+", default=None, metavar="TASK",
+                           help="inference.py: what to generate, greedy_search (the default) is built; "
+                                "evaluation.py: lm-eval task names (mmlu with --task-data-path)")
         group.add_argument("--max-new-tokens", type=int, default=128, metavar="N",
                            help="inference.py: at most N tokens generated per prompt")
         group.add_argument("--max-length", type=int, default=None, metavar="N",
@@ -54,12 +57,16 @@ class Generation(Feature):
         from adaptor.inference import ENTRY
 
         if not ENTRY["inference"]:
-            given = [d for d in DESTS if d in ctx.explicit]
+            # evaluation.py reads --task (its own feature checks the names) and nothing else here.
+            given = [d for d in DESTS if d in ctx.explicit and not (ENTRY["evaluation"] and d == "task")]
             if given:
-                raise ArgumentError(f"{_flag(given[0])} is read by inference.py, which generates text; this "
-                                    f"entry does not: drop it")
+                readers = "inference.py and evaluation.py" if given[0] == "task" else "inference.py"
+                raise ArgumentError(f"{_flag(given[0])} is read by {readers}; this entry does not: drop it")
             return
-        task = args.task or "greedy_search"
+        tasks = [args.task] if isinstance(args.task, str) else list(args.task or ["greedy_search"])
+        if len(tasks) != 1:
+            raise ArgumentError(f"inference.py runs one --task, not {len(tasks)}")
+        task = tasks[0]
         if task in LATER_TASKS:
             raise ArgumentError(f"--task {task} is not built yet; greedy_search is")
         if task not in TASKS:
