@@ -122,8 +122,10 @@ def assert_same(ours, reference):
 def test_scores_equal_lm_evals_hf_backend_at_tp1_tp2_pp2(setup, tmp_path):
     tp1, reference = side_by_side(lambda: evaluate(setup, tmp_path / "tp1.json"), lambda: hf_reference(setup))
     assert_same(tp1, reference)
-    assert_same(evaluate(setup, tmp_path / "tp2.json", 2, ["--tensor-model-parallel-size", "2"]), reference)
-    assert_same(evaluate(setup, tmp_path / "pp2.json", 2, ["--pipeline-model-parallel-size", "2"]), reference)
+    tp2, pp2 = side_by_side(lambda: evaluate(setup, tmp_path / "tp2.json", 2, ["--tensor-model-parallel-size", "2"]),
+                            lambda: evaluate(setup, tmp_path / "pp2.json", 2, ["--pipeline-model-parallel-size", "2"]))
+    assert_same(tp2, reference)
+    assert_same(pp2, reference)
 
 
 def _bad(setup, tmp_path, extra):
