@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 
 import pytest
 
@@ -150,3 +151,16 @@ def test_mmlu_without_data_path_is_one_line(setup, tmp_path):
     hf_dir, _, _, _ = setup
     run = _bad(setup, tmp_path, ["--hf-load-dir", str(hf_dir), "--task", "mmlu"])
     assert_one_line_error(run, ["--task mmlu", "--task-data-path"], torchrun=False)
+
+
+def test_without_lm_eval_is_one_line_saying_how_to_install(setup, tmp_path):
+    """An lm_eval package that cannot be imported (first on the path, as a broken or absent install
+    looks to Python) stops evaluation.py with the install command, not a traceback."""
+    hf_dir, tasks, flags, env = setup
+    broken = tmp_path / "site" / "lm_eval"
+    broken.mkdir(parents=True)
+    (broken / "__init__.py").write_text("raise ImportError('No module named lm_eval')\n")
+    path = os.pathsep.join(p for p in (str(tmp_path / "site"), os.environ.get("PYTHONPATH")) if p)
+    run = run_python([*flags, "--hf-load-dir", str(hf_dir), "--include-path", str(tasks), "--task", "sample_mc"],
+                     tmp_path, script="evaluation.py", warm=False, PYTHONPATH=path, **env)
+    assert_one_line_error(run, ['pip install -e ".[eval]"'], torchrun=False)
