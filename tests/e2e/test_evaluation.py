@@ -1,9 +1,11 @@
 """evaluation.py: lm-eval's scores from the Megatron model equal lm-eval's own ``hf`` backend on the same weights.
 
 A tiny random Qwen3 (tests/helpers/hf_fixtures.py, fp32, the sample tokenizer's vocabulary) is read
-through --hf-load-dir. Three local tasks, written by the test (no download), cover lm-eval's three
-request types: a multiple-choice set (tools/make_mc_task.py; ``loglikelihood``), a short greedy
-completion (``generate_until``) and a perplexity task (``loglikelihood_rolling``). evaluation.py runs
+through --hf-load-dir. Local tasks, written by the test (no download), cover lm-eval's three request
+types: a multiple-choice set (tools/make_mc_task.py; ``loglikelihood``), a short greedy completion
+(``generate_until``) and a perplexity task (``loglikelihood_rolling``); and ``--task mmlu`` reads two
+subjects from MMLU's CSV layout (--task-data-path), which the reference reads through the task files
+adaptor.evaluation.mmlu writes. evaluation.py runs
 them at TP1, TP2 and PP2 with --micro-batch-size 3 (requests of different lengths padded together),
 and lm-eval's ``hf`` model (``pretrained=<hf dir>``, cpu, float32) runs them in this process.
 
@@ -31,6 +33,7 @@ from tools.make_mc_task import write_task
 TOL = 1e-4
 REL = 1e-5
 TASKS = ["sample_mc", "sample_gen", "sample_ppl"]
+MMLU_SUBJECTS = ["mmlu_local_basic_maths", "mmlu_local_geography"]
 TEXTS = ["The river ran past the old mill and into the harbour.", "Seven plus five is twelve.",
          "A lantern hung by the window of the market all night long, and nobody came."]
 
@@ -51,6 +54,17 @@ def _write_tasks(directory):
         (directory / f"{config['task']}.yaml").write_text(json.dumps(config))
 
 
+def _write_mmlu(directory):
+    """Two subjects in the release's layout (test/ and dev/ folders, no header)."""
+    (directory / "test").mkdir(parents=True)
+    (directory / "dev").mkdir()
+    (directory / "test" / "basic_maths_test.csv").write_text(
+        '"What is 2+2?",3,4,5,6,B\n"Which is a colour?",red,run,rapid,rain,A\n"Pick the largest",1,9,3,2,B\n')
+    (directory / "dev" / "basic_maths_dev.csv").write_text('"What is 1+1?",2,3,4,5,A\n')
+    (directory / "test" / "geography_test.csv").write_text(
+        '"Capital of France?",Rome,Paris,Oslo,Lima,B\n"Opposite of hot?",cold,warm,big,far,A\n')
+
+
 @pytest.fixture(scope="module")
 def setup(tmp_path_factory):
     """The HF directory, the task directory, the model flags, and the environment of every run."""
@@ -65,6 +79,7 @@ def setup(tmp_path_factory):
     tasks = root / "tasks"
     tasks.mkdir()
     _write_tasks(tasks)
+    _write_mmlu(root / "mmlu")
     flags = model_flags("qwen3", json.loads((hf_dir / "config.json").read_text()))
     flags += ["--seq-length", "64", "--tokenizer-type", "HuggingFaceTokenizer", "--tokenizer-model",
               str(SAMPLE_TOKENIZER), "--disable-jit-fuser"]
@@ -75,7 +90,8 @@ def setup(tmp_path_factory):
 def evaluate(setup, out, nproc=1, layout=()):
     hf_dir, tasks, flags, env = setup
     run = launch("evaluation.py", [*flags, "--hf-load-dir", str(hf_dir), "--include-path", str(tasks),
-                                   "--task", *TASKS, "--micro-batch-size", "3", "--eval-output-file", str(out),
+                                   "--task", *TASKS, "mmlu", "--task-data-path", str(tasks.parent / "mmlu"),
+                                   "--micro-batch-size", "3", "--eval-output-file", str(out),
                                    *layout], nproc=nproc, env=env)
     assert run.returncode == 0, tail(run.output)
     return json.loads(out.read_text())
@@ -88,12 +104,17 @@ def hf_reference(setup):
     from lm_eval import evaluator
     from lm_eval.tasks import TaskManager
 
+    from adaptor.evaluation.mmlu import write_tasks as write_mmlu_tasks
+
     hf_dir, tasks, _, env = setup
     os.environ.update(env)
+    mmlu_tasks = tasks.parent / "mmlu_tasks"
+    group = write_mmlu_tasks(tasks.parent / "mmlu", mmlu_tasks)
     results = evaluator.simple_evaluate(
         model="hf", model_args={"pretrained": str(hf_dir), "tokenizer": str(SAMPLE_TOKENIZER), "dtype": "float32",
                                 "device": "cpu"},
-        tasks=TASKS, task_manager=TaskManager(include_path=str(tasks)), batch_size=3, log_samples=True)
+        tasks=[*TASKS, group], task_manager=TaskManager(include_path=[str(tasks), str(mmlu_tasks)]), batch_size=3,
+        log_samples=True)
     return {"results": results["results"],
             "samples": {task: [{"doc_id": d["doc_id"], "responses": d["filtered_resps"]} for d in docs]
                         for task, docs in results["samples"].items()}}
@@ -104,15 +125,18 @@ def by_doc(record, task):
 
 
 def assert_same(ours, reference):
-    mc, ref_mc = by_doc(ours, "sample_mc"), by_doc(reference, "sample_mc")
-    assert len(mc) == len(ref_mc) == 12
-    for doc, ref_doc in zip(mc, ref_mc):
-        assert len(doc) == len(ref_doc) == 4
-        for (ll, greedy), (ref_ll, ref_greedy) in zip(doc, ref_doc):
-            assert abs(ll - ref_ll) < TOL, (doc, ref_doc)
-            assert bool(greedy) == bool(ref_greedy)
+    for task, count in (("sample_mc", 12), (MMLU_SUBJECTS[0], 3), (MMLU_SUBJECTS[1], 2)):
+        mc, ref_mc = by_doc(ours, task), by_doc(reference, task)
+        assert len(mc) == len(ref_mc) == count
+        for doc, ref_doc in zip(mc, ref_mc):
+            assert len(doc) == len(ref_doc) == 4
+            for (ll, greedy), (ref_ll, ref_greedy) in zip(doc, ref_doc):
+                assert abs(ll - ref_ll) < TOL, (task, doc, ref_doc)
+                assert bool(greedy) == bool(ref_greedy)
     for metric in ("acc,none", "acc_norm,none"):
         assert ours["results"]["sample_mc"][metric] == reference["results"]["sample_mc"][metric]
+    for task in ("mmlu_local", *MMLU_SUBJECTS):
+        assert ours["results"][task]["acc,none"] == reference["results"][task]["acc,none"], task
     assert by_doc(ours, "sample_gen") == by_doc(reference, "sample_gen")
     assert all(text[0] for text in by_doc(ours, "sample_gen"))  # something was generated
     for metric in ("word_perplexity,none", "byte_perplexity,none"):
