@@ -4,6 +4,8 @@ Names are checked before the model is built, so a misspelt task costs a second, 
 """
 from __future__ import annotations
 
+import atexit
+import shutil
 import tempfile
 from pathlib import Path
 
@@ -27,6 +29,7 @@ def resolve(names: list[str], include_path: str | None, task_data_path: str | No
             raise TaskError("--task mmlu reads local CSV files: give --task-data-path DIR "
                             "(<subject>_test.csv and <subject>_dev.csv, rows question,A,B,C,D,answer)")
         out = Path(tempfile.mkdtemp(prefix="adaptor-mmlu-"))
+        atexit.register(shutil.rmtree, out, ignore_errors=True)  # lm-eval reads it until the end
         try:
             group = mmlu.write_tasks(Path(task_data_path), out)
         except (mmlu.MmluDataError, OSError) as exc:
