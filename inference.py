@@ -57,8 +57,9 @@ def read_prompts(path: str, key: str = "prompt") -> list:
     return prompts
 
 
-def build_and_load(args):
-    """The model at this layout, in eval mode, with the checkpoint's (or the HF directory's) weights."""
+def build_and_load(args, entry: str = "inference.py"):
+    """The model at this layout, in eval mode, with the checkpoint's (or the HF directory's) weights
+    (evaluation.py's too: ``entry`` names the script in the error)."""
     from megatron.core.enums import ModelType
     from megatron.training.checkpointing import checkpoint_exists, load_checkpoint
     from megatron.training.training import get_model
@@ -69,7 +70,7 @@ def build_and_load(args):
     from pretrain_gpt import model_provider
 
     if args.load is None and args.hf_load_dir is None:
-        fail("inference.py needs weights: --load CKPT or --hf-load-dir HF_DIR")
+        fail(f"{entry} needs weights: --load CKPT or --hf-load-dir HF_DIR")
     if args.load is not None and not checkpoint_exists(args.load):
         fail(f"--load {args.load}: no checkpoint there (no latest_checkpointed_iteration.txt)")
     model = get_model(model_provider, ModelType.encoder_or_decoder, wrap_with_ddp=False)

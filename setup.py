@@ -36,9 +36,11 @@ setup(
         # --tensorboard-dir and --wandb-project write through these.
         "tensorboard": ["tensorboard"],
         "wandb": ["wandb"],
+        # evaluation.py runs benchmarks through lm-eval; nothing else imports it.
+        "eval": ["lm-eval>=0.4.9"],
         # transformers (and peft, for LoRA adapters) are the references the tokenizer and model parity
         # tests compare against; training itself never imports them. tensorboard and wandb (offline) for
-        # the visibility tests.
-        "test": ["pytest", "transformers", "peft", "Pillow", "tensorboard", "wandb"],
+        # the visibility tests; lm-eval (its hf backend is evaluation.py's reference).
+        "test": ["pytest", "transformers", "peft", "Pillow", "tensorboard", "wandb", "lm-eval>=0.4.9"],
     },
 )

@@ -25,9 +25,10 @@ from typing import Callable
 
 import torch
 
-#: Set by inference.py before Megatron parses (:func:`running_inference`): its flags
-#: (``patches.inference.generation``) are read by that entry only.
-ENTRY = {"inference": False}
+#: Set by inference.py (:func:`running_inference`) and evaluation.py
+#: (``adaptor.evaluation.running_evaluation``) before Megatron parses: their flags
+#: (``patches.inference``) are read by those entries only.
+ENTRY = {"inference": False, "evaluation": False}
 
 
 def running_inference() -> None:

@@ -44,6 +44,7 @@ def all_features():
     from patches.fusions.rope import RopeFusion
     from patches.fusions.swiglu import SwigluFusion
     from patches.hf.online_conversion import OnlineConversion
+    from patches.inference.evaluation import Evaluation
     from patches.inference.generation import Generation
     from patches.long_context.context_parallel import ContextParallel
     from patches.long_context.packed_sequences import PackedSequences
@@ -134,8 +135,9 @@ def all_features():
         SaveFailures(),
         LoadShapeCheck(),
         SafeTorchLoad(),
-        # inference.py's flags.
+        # inference.py's and evaluation.py's flags.
         Generation(),
+        Evaluation(),
         # LoRA after them: its load and save wrappers go around theirs.
         Lora(),
         # pretrain_mm.py.

@@ -44,7 +44,8 @@ if [ -z "${HF_LOAD:-}" ]; then
     LOAD="${BASE_CACHE:-$ROOT/.cache/qwen3-tiny-base}"
     if [ ! -f "$LOAD/latest_checkpointed_iteration.txt" ]; then
       echo "[$SCRIPT] no checkpoint yet: pretraining the tiny example into $LOAD first"
-      (unset NPROC TP PP SAVE LOAD HF_SAVE TRAIN_ITERS LR GBS MBS SEQ_LEN; MODEL_SIZE=tiny SAVE="$LOAD" \
+      BASE="$LOAD"  # the subshell unsets LOAD before it names the pretraining's SAVE
+      (unset NPROC TP PP SAVE LOAD HF_SAVE TRAIN_ITERS LR GBS MBS SEQ_LEN; MODEL_SIZE=tiny SAVE="$BASE" \
         bash "$ROOT/examples/qwen3/pretrain.sh")
     fi
   fi

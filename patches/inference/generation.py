@@ -9,6 +9,8 @@ of them is one line: that entry generates nothing.
   a terminal conversation without ``--prompt``/``--input-file``, greedy);
 * ``--temperature``, ``--top-k``, ``--top-p`` (the sampling tasks; drawn with ``--seed``), ``--num-beams``
   (the beam tasks), ``--stream`` (one ``--prompt``'s text printed as it is generated; not for beams);
+  ``--task`` is defined here once for both entries that read it: evaluation.py takes lm-eval task
+  names (``patches.inference.evaluation`` checks those), inference.py exactly one of its tasks;
 * ``--max-new-tokens N``, ``--max-length N`` (prompt plus generated tokens, at most ``--seq-length``),
   ``--add-eos-token TOKEN ...`` (more tokens that end a sequence, besides the tokenizer's EOS);
 * ``--use-kv-cache``: keys and values kept in megatron-core's ``StaticInferenceContext`` (same tokens);
@@ -37,9 +39,10 @@ class Generation(Feature):
     name = "generation"
 
     def add_arguments(self, group) -> None:
-        group.add_argument("--task", default=None, metavar="TASK",
+        group.add_argument("--task", nargs="+", default=None, metavar="TASK",
                            help="inference.py: greedy_search (the default), greedy_search_with_sampling, "
-                                "beam_search or beam_search_with_sampling")
+                                "beam_search, beam_search_with_sampling or chat; evaluation.py: lm-eval task "
+                                "names (mmlu with --task-data-path)")
         group.add_argument("--max-new-tokens", type=int, default=128, metavar="N",
                            help="inference.py: at most N tokens generated per prompt")
         group.add_argument("--max-length", type=int, default=None, metavar="N",
@@ -74,12 +77,16 @@ class Generation(Feature):
         from adaptor.inference import ENTRY
 
         if not ENTRY["inference"]:
-            given = [d for d in DESTS if d in ctx.explicit]
+            # evaluation.py reads --task (its own feature checks the names) and nothing else here.
+            given = [d for d in DESTS if d in ctx.explicit and not (ENTRY["evaluation"] and d == "task")]
             if given:
-                raise ArgumentError(f"{_flag(given[0])} is read by inference.py, which generates text; this "
-                                    f"entry does not: drop it")
+                readers = "inference.py and evaluation.py" if given[0] == "task" else "inference.py"
+                raise ArgumentError(f"{_flag(given[0])} is read by {readers}; this entry does not: drop it")
             return
-        task = args.task or "greedy_search"
+        tasks = [args.task] if isinstance(args.task, str) else list(args.task or ["greedy_search"])
+        if len(tasks) != 1:
+            raise ArgumentError(f"inference.py runs one --task, not {len(tasks)}")
+        task = tasks[0]
         if task in LATER_TASKS:
             raise ArgumentError(f"--task {task} is not built yet; {', '.join(TASKS)} are")
         if task not in TASKS:

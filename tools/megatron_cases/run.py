@@ -53,8 +53,9 @@ CORPUS = ROOT / "examples" / "data" / "sample_corpus.jsonl"
 TOKENIZER = ROOT / "examples" / "data" / "tokenizer"
 ITERS = 16
 QUARTER = ITERS // 4  # a fall counts when the last quarter averages below each loss of the first
-NOT_PRETRAINING = ("inference and RL, not pretraining: inference.py generates (greedy search, MindSpeed-LLM's "
-                   "flags rather than Megatron's inference examples'); evaluation and RL are not built yet")
+NOT_PRETRAINING = ("inference and RL, not pretraining: inference.py generates (greedy, sampling, beam search, chat; "
+                   "MindSpeed-LLM's flags rather than Megatron's inference examples'), evaluation.py scores with "
+                   "lm-eval; RL is not built yet")
 OWN_SCRIPT = "no command line: the case runs its own {} instead of a training command"
 RESUME_TYPES = ("ckpt-resume", "frozen-resume")
 OUTCOMES = ("trains", "checks pass", "loss flat", "refused", "traceback", "needs another host", "not pretraining")
