@@ -24,7 +24,7 @@ def args(**given):
     values = dict(task=None, task_data_path=None, include_path=None, num_fewshot=0, limit=None,
                   eval_output_file=None, max_new_tokens=128, max_length=None, add_eos_token=[], use_kv_cache=False,
                   input_file=None, output_file=None, prompt=None, seq_length=64, context_parallel_size=1,
-                  sequence_parallel=False)
+                  sequence_parallel=False, stream=False, temperature=1.0, top_k=0, top_p=1.0, num_beams=4)
     values.update(given)
     return argparse.Namespace(**values)
 
