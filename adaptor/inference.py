@@ -91,9 +91,9 @@ def stop_ids(tokenizer, extra: list[str]) -> set[int]:
     return ids
 
 
-def _forward_last_logits(model, tokens, position_ids, attention_mask, context):
-    """Logits at the last fed position of every row ([batch, vocab], every TP rank), on the last PP stage;
-    None on the others."""
+def forward_logits(model, tokens, position_ids, attention_mask, context=None):
+    """Logits at every fed position ([batch, seq, vocab], gathered over TP, so every TP rank holds them) on
+    the last pipeline stage, through Megatron's forward-only schedule; None on the other stages."""
     from megatron.core import mpu
     from megatron.core.pipeline_parallel import get_forward_backward_func
 
@@ -107,23 +107,27 @@ def _forward_last_logits(model, tokens, position_ids, attention_mask, context):
     collected = get_forward_backward_func()(
         forward_step_func=forward_step, data_iterator=iter([None]), model=model, num_microbatches=1,
         seq_length=seq, micro_batch_size=batch, forward_only=True, collect_non_loss_data=True)
-    if not mpu.is_pipeline_last_stage():
-        return None
-    logits = collected[0]  # [batch, seq or 1, vocab]
-    return logits[:, -1, :]
+    return collected[0] if mpu.is_pipeline_last_stage() else None
 
 
-def _from_last_stage(next_tokens, shape, device):
-    """``next_tokens`` (known on the last pipeline stage) on every stage."""
+def _forward_last_logits(model, tokens, position_ids, attention_mask, context):
+    """Logits at the last fed position of every row ([batch, vocab]) on the last PP stage; None elsewhere."""
+    logits = forward_logits(model, tokens, position_ids, attention_mask, context)
+    return None if logits is None else logits[:, -1, :]
+
+
+def from_last_stage(values, shape, dtype, device):
+    """``values`` (known on the last pipeline stage) on every stage."""
     from megatron.core import mpu
 
     if mpu.get_pipeline_model_parallel_world_size() == 1:
-        return next_tokens
-    if next_tokens is None:
-        next_tokens = torch.empty(shape, dtype=torch.int64, device=device)
-    torch.distributed.broadcast(next_tokens, mpu.get_pipeline_model_parallel_last_rank(),
+        return values
+    if values is None:
+        values = torch.empty(shape, dtype=dtype, device=device)
+    values = values.contiguous()
+    torch.distributed.broadcast(values, mpu.get_pipeline_model_parallel_last_rank(),
                                 group=mpu.get_pipeline_model_parallel_group())
-    return next_tokens
+    return values
 
 
 @torch.no_grad()
@@ -168,7 +172,7 @@ def greedy_batch(model, prompts: list[list[int]], *, max_new_tokens: int, max_le
         if logits is not None:
             logits = logits[:, :vocab_size].float()
             chosen = logits.argmax(dim=-1) if sampling is None else sample(logits, sampling, generator)
-        chosen = _from_last_stage(chosen, (batch,), device)
+        chosen = from_last_stage(chosen, (batch,), torch.int64, device)
         if context is not None:
             context.sequence_len_offset += end - start
         start = end
@@ -184,19 +188,6 @@ def greedy_batch(model, prompts: list[list[int]], *, max_new_tokens: int, max_le
         cut = next((i + 1 for i, t in enumerate(generated) if t in stops), None)
         out.append(Generated(list(ids), generated[:cut] if cut else generated, cut is not None))
     return out
-
-
-def _everywhere(values, shape, dtype, device):
-    """``values`` (known on the last pipeline stage) on every stage."""
-    from megatron.core import mpu
-
-    if mpu.get_pipeline_model_parallel_world_size() == 1:
-        return values
-    if values is None:
-        values = torch.empty(shape, dtype=dtype, device=device)
-    torch.distributed.broadcast(values.contiguous(), mpu.get_pipeline_model_parallel_last_rank(),
-                                group=mpu.get_pipeline_model_parallel_group())
-    return values
 
 
 @torch.no_grad()
@@ -239,8 +230,8 @@ def beam_search(model, prompt: list[int], *, num_beams: int, max_new_tokens: int
         first = start if use_kv_cache else 0
         logits = _forward_last_logits(model, running[:, first:cur], positions[:, first:cur],
                                       causal[..., first:cur, :cur], context)
-        logits = _everywhere(None if logits is None else logits[:, :vocab_size].float().contiguous(),
-                             (beams, vocab_size), torch.float32, device)
+        logits = from_last_stage(None if logits is None else logits[:, :vocab_size].float(),
+                                 (beams, vocab_size), torch.float32, device)
         if context is not None:
             context.sequence_len_offset += cur - start
         start = cur

@@ -15,36 +15,7 @@ from __future__ import annotations
 
 import torch
 
-
-def _forward_all_logits(model, tokens, position_ids, attention_mask):
-    """Logits at every position ([batch, seq, vocab], gathered over TP) on the last PP stage; None elsewhere."""
-    from megatron.core import mpu
-    from megatron.core.pipeline_parallel import get_forward_backward_func
-
-    batch, seq = tokens.shape
-
-    def forward_step(data_iterator, chunk):
-        output = chunk(tokens, position_ids, attention_mask, runtime_gather_output=True)
-        return output, lambda out, non_loss_data=False: out
-
-    collected = get_forward_backward_func()(
-        forward_step_func=forward_step, data_iterator=iter([None]), model=model, num_microbatches=1,
-        seq_length=seq, micro_batch_size=batch, forward_only=True, collect_non_loss_data=True)
-    if not mpu.is_pipeline_last_stage():
-        return None
-    return collected[0]
-
-
-def _broadcast_from_last_stage(tensor, shape, dtype, device):
-    from megatron.core import mpu
-
-    if mpu.get_pipeline_model_parallel_world_size() == 1:
-        return tensor
-    if tensor is None:
-        tensor = torch.empty(shape, dtype=dtype, device=device)
-    torch.distributed.broadcast(tensor, mpu.get_pipeline_model_parallel_last_rank(),
-                                group=mpu.get_pipeline_model_parallel_group())
-    return tensor
+from adaptor.inference import forward_logits, from_last_stage
 
 
 @torch.no_grad()
@@ -58,7 +29,7 @@ def next_token_scores(model, rows: list[list[int]], vocab_size: int) -> list[tup
         tokens[i, : len(ids)] = torch.tensor(ids, dtype=torch.int64)
     positions = torch.arange(total, device=device).unsqueeze(0).expand(batch, -1)
     causal = torch.triu(torch.ones(total, total, dtype=torch.bool, device=device), diagonal=1)[None, None]
-    logits = _forward_all_logits(model, tokens, positions, causal)
+    logits = forward_logits(model, tokens, positions, causal)
     scores = None
     if logits is not None:
         logprobs = torch.log_softmax(logits[:, :-1, :vocab_size].float(), dim=-1)
@@ -66,7 +37,7 @@ def next_token_scores(model, rows: list[list[int]], vocab_size: int) -> list[tup
         picked = logprobs.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
         greedy = (logprobs.argmax(dim=-1) == targets).to(torch.float32)
         scores = torch.stack([picked, greedy])
-    scores = _broadcast_from_last_stage(scores, (2, batch, total - 1), torch.float32, device)
+    scores = from_last_stage(scores, (2, batch, total - 1), torch.float32, device)
     scores = scores.cpu()
     out = []
     for i, ids in enumerate(rows):

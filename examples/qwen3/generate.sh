@@ -36,24 +36,8 @@ TRAIN_ITERS=1; LR=0  # launch_defaults derives a schedule from them; inference.p
 launch_defaults
 qwen3_model_args
 
-# The weights.
-WEIGHT_ARGS=()
-if [ -z "${HF_LOAD:-}" ]; then
-  if [ -z "${LOAD:-}" ]; then
-    [ "$MODEL_SIZE" = tiny ] || die "give HF_LOAD (a Hugging Face directory) or LOAD (a Megatron checkpoint) for MODEL_SIZE=$MODEL_SIZE"
-    LOAD="${BASE_CACHE:-$ROOT/.cache/qwen3-tiny-base}"
-    if [ ! -f "$LOAD/latest_checkpointed_iteration.txt" ]; then
-      echo "[$SCRIPT] no checkpoint yet: pretraining the tiny example into $LOAD first"
-      BASE="$LOAD"  # the subshell unsets LOAD before it names the pretraining's SAVE
-      (unset NPROC TP PP SAVE LOAD HF_SAVE TRAIN_ITERS LR GBS MBS SEQ_LEN; MODEL_SIZE=tiny SAVE="$BASE" \
-        bash "$ROOT/examples/qwen3/pretrain.sh")
-    fi
-  fi
-  [ -d "$LOAD" ] || die "LOAD=$LOAD is not a directory"
-  WEIGHT_ARGS=(--load "$LOAD")
-  TOKENIZER_MODEL="${TOKENIZER_MODEL:-$ROOT/examples/data/tokenizer}"
-fi
-[ -n "${TOKENIZER_MODEL:-}" ] || die "give TOKENIZER_MODEL (the tokenizer the model was trained with)"
+# The weights: HF_LOAD, LOAD, or the tiny pretraining example's checkpoint (examples/common.sh).
+generation_weights
 
 # The prompts.
 IO_ARGS=()

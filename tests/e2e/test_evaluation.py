@@ -28,7 +28,9 @@ import pytest
 from helpers.hf_fixtures import make_tiny_qwen3
 from helpers.megatron_runs import SAMPLE_TOKENIZER, launch, side_by_side, tail
 from helpers.one_line_errors import assert_one_line_error, run_python
-from tools.make_mc_task import write_task
+from helpers.processes import import_tool
+
+write_task = import_tool("make_mc_task").write_task
 
 TOL = 1e-4
 REL = 1e-5
