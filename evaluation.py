@@ -67,8 +67,7 @@ def main():
     from adaptor.evaluation.lm import MegatronLM
 
     lm = MegatronLM(model, tokenizer, vocab_size=min(tokenizer.vocab_size, args.padded_vocab_size),
-                    max_length=args.seq_length, batch_size=args.micro_batch_size,
-                    use_kv_cache=not args.multi_latent_attention)
+                    max_length=args.seq_length, batch_size=args.micro_batch_size)
     results = evaluator.simple_evaluate(model=lm, tasks=tasks, num_fewshot=args.num_fewshot, limit=args.limit,
                                         task_manager=manager, log_samples=args.eval_output_file is not None,
                                         random_seed=args.seed, numpy_random_seed=args.seed,

@@ -93,8 +93,14 @@ def stop_ids(tokenizer, extra: list[str]) -> set[int]:
 
 def forward_logits(model, tokens, position_ids, attention_mask, context=None):
     """Logits at every fed position ([batch, seq, vocab], gathered over TP, so every TP rank holds them) on
-    the last pipeline stage, through Megatron's forward-only schedule; None on the other stages."""
+    the last pipeline stage, through Megatron's forward-only schedule; None on the other stages.
+
+    It runs under megatron-core's ``InferenceMode``, as its own engines do: the model then skips the
+    multi-token-prediction layers, whose output generation and scoring never read (and which keep
+    no KV cache of their own).
+    """
     from megatron.core import mpu
+    from megatron.core.inference.utils import InferenceMode
     from megatron.core.pipeline_parallel import get_forward_backward_func
 
     batch, seq = tokens.shape
@@ -104,9 +110,10 @@ def forward_logits(model, tokens, position_ids, attention_mask, context=None):
                        runtime_gather_output=True)
         return output, lambda out, non_loss_data=False: out
 
-    collected = get_forward_backward_func()(
-        forward_step_func=forward_step, data_iterator=iter([None]), model=model, num_microbatches=1,
-        seq_length=seq, micro_batch_size=batch, forward_only=True, collect_non_loss_data=True)
+    with InferenceMode.active():
+        collected = get_forward_backward_func()(
+            forward_step_func=forward_step, data_iterator=iter([None]), model=model, num_microbatches=1,
+            seq_length=seq, micro_batch_size=batch, forward_only=True, collect_non_loss_data=True)
     return collected[0] if mpu.is_pipeline_last_stage() else None
 
 

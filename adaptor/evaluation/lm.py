@@ -10,8 +10,8 @@ same tokens through either backend.
   tokens was the argmax.
 * ``loglikelihood_rolling``: the text in disjoint windows of ``--seq-length`` tokens (lm-eval's own
   window helpers), each scored as above.
-* ``generate_until``: :func:`adaptor.inference.greedy_batch` (the loop inference.py runs; the KV cache
-  unless the model has MLA, which does not read it), cut at the first of the request's ``until`` strings.
+* ``generate_until``: :func:`adaptor.inference.greedy_batch` (the loop inference.py runs), cut at the
+  first of the request's ``until`` strings.
 
 Every process runs every request (the model's ranks work together on each batch), and the object
 tells lm-eval it is rank 0 of 1, so lm-eval never splits requests across processes; ``evaluation.py``
@@ -31,10 +31,8 @@ DEFAULT_MAX_GEN_TOKS = 256
 
 
 class MegatronLM(TemplateLM):
-    def __init__(self, model, tokenizer, *, vocab_size: int, max_length: int, batch_size: int,
-                 use_kv_cache: bool = True):
+    def __init__(self, model, tokenizer, *, vocab_size: int, max_length: int, batch_size: int):
         super().__init__()
-        self.use_kv_cache = use_kv_cache
         self.model = model
         self.megatron_tokenizer = tokenizer
         self.vocab_size = vocab_size
@@ -118,8 +116,7 @@ class MegatronLM(TemplateLM):
                 chunk = members[first: first + self.batch_size]
                 prompts = [self.tok_encode(requests[i].args[0])[-keep:] or [self.prefix_token_id] for i in chunk]
                 generated = greedy_batch(self.model, prompts, max_new_tokens=max_gen, max_length=self.max_length,
-                                         stops={self.eot_token_id}, vocab_size=self.vocab_size,
-                                         use_kv_cache=self.use_kv_cache)
+                                         stops={self.eot_token_id}, vocab_size=self.vocab_size, use_kv_cache=True)
                 for i, result in zip(chunk, generated):
                     ids = result.token_ids[:-1] if result.stopped else result.token_ids
                     text = self.tok_decode(ids)

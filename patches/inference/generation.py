@@ -124,10 +124,6 @@ class Generation(Feature):
         if args.max_length is not None and not 1 <= args.max_length <= args.seq_length:
             raise ArgumentError(f"--max-length {args.max_length} must be between 1 and --seq-length "
                                 f"{args.seq_length}")
-        if args.use_kv_cache and getattr(args, "multi_latent_attention", False):
-            raise ArgumentError("--use-kv-cache with --multi-latent-attention: megatron-core's MLA does not extend "
-                                "its keys from the static cache this loop keeps; drop --use-kv-cache (the same "
-                                "tokens, recomputed each step)")
         if (args.context_parallel_size or 1) > 1:
             raise ArgumentError("inference.py runs with --context-parallel-size 1 (decoding steps are one token)")
         if args.sequence_parallel:
