@@ -196,8 +196,25 @@ def _load_checkpoint(wrapped, instance, call_args, kwargs):
             vocab_rows = stored[0] * args.tensor_model_parallel_size  # torch format stores each TP rank's rows
         load_arg = kwargs.get("load_arg", "load")  # --lora-load's adapters load through here too
         flag = "--" + load_arg.replace("_", "-")
+        saved_tp = _torch_checkpoint_tp(getattr(args, load_arg, None))
+        if saved_tp is not None and saved_tp != args.tensor_model_parallel_size:
+            fail(f"{flag} {getattr(args, load_arg, None)}: this torch-format checkpoint was saved at "
+                 f"--tensor-model-parallel-size {saved_tp} and loads only at that size, not "
+                 f"{args.tensor_model_parallel_size} (torch_dist and safetensors checkpoints load at any layout)")
         fail(f"{flag} {getattr(args, load_arg, None)}: {mismatch_line(key, stored, want, vocab_rows)}"
              + (" (shapes per tensor-parallel rank)" if args.tensor_model_parallel_size > 1 else ""))
+
+
+_MP_RANK_DIR = re.compile(r"mp_rank_(\d\d)(_\d{3})*$")
+
+
+def _torch_checkpoint_tp(load_dir) -> int | None:
+    """The tensor-parallel size a torch-format checkpoint was saved at: its distinct ``mp_rank_TT`` dirs."""
+    iteration = _iteration_dir(Path(load_dir)) if load_dir else None
+    if iteration is None or not iteration.is_dir():
+        return None
+    ranks = {int(m.group(1)) for p in iteration.iterdir() if (m := _MP_RANK_DIR.match(p.name))}
+    return len(ranks) or None
 
 
 def converted_config_mismatch(args) -> str | None:
