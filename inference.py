@@ -3,14 +3,16 @@
     torchrun --nproc_per_node N inference.py <the model flags of pretrain_gpt.py> \\
         --load CKPT | --hf-load-dir HF_DIR  --tokenizer-type HuggingFaceTokenizer --tokenizer-model TOK \\
         (--prompt TEXT [--stream] | --input-file prompts.jsonl --output-file out.jsonl) \\
-        [--task greedy_search|greedy_search_with_sampling|beam_search|beam_search_with_sampling|chat] \\
+        [--task greedy_search|greedy_search_with_sampling|do_sample|return_output_log_probs|beam_search|
+                beam_search_with_sampling|chat] \\
         [--temperature T --top-k K --top-p P --seed S] [--num-beams N] \\
         [--max-new-tokens N] [--max-length N] [--use-kv-cache] [--add-eos-token TOKEN ...]
 
 The model is ``pretrain_gpt.py``'s (its ``model_provider``), built by Megatron's ``get_model`` at the
 layout the flags give (TP, PP) and filled by Megatron's ``load_checkpoint`` (any format the training
 writes: safetensors, torch_dist, torch; no optimizer state) or from a Hugging Face directory
-(``--hf-load-dir``, the training's online conversion), then LoRA adapters where ``--lora-load`` names them
+(``--hf-load-dir``, the training's online conversion), or, with ``--mm-model model.json``, the
+LLaVAModel of a ``pretrain_mm.py`` checkpoint, whose language model then generates from text; then LoRA adapters where ``--lora-load`` names them
 (a PEFT directory or a Megatron adapters checkpoint, as fine-tuning loads them; ``--lora-r`` and the other
 LoRA flags describe them). The generation loop is ``adaptor.inference``;
 the flags are ``patches.inference.generation``'s. ``--micro-batch-size`` prompts (8 unless given) go together in one
@@ -18,8 +20,10 @@ batch; beam search takes one prompt at a time, its beams being the batch. Sampli
 seeded with ``--seed``, the same on every rank. ``--task chat`` renders conversations with the tokenizer's
 chat template (else ``--prompt-type``'s built-in one; tools/chat_template.py, the renderer the instruction
 datasets use) and the generation prompt; without ``--prompt`` or ``--input-file`` it talks on the
-terminal, keeping the conversation, until an empty line or end of input. With ``--input-file`` rank 0 writes one JSON object per prompt, in order; ``--prompt`` prints
-the generated text.
+terminal, keeping the conversation, until an empty line or end of input. With ``--input-file`` rank 0 writes
+one JSON object per prompt, in order; ``--prompt`` prints the generated text. ``return_output_log_probs``
+samples as ``greedy_search_with_sampling`` (``do_sample`` is MindSpeed-LLM's other name for it) and adds
+``log_probs``: each generated token's log-probability under the model's own softmax.
 """
 import adaptor  # noqa: F401  (first: patches megatron for this machine)
 
@@ -69,11 +73,16 @@ def build_and_load(args, entry: str = "inference.py"):
     from adaptor.errors import fail
     from pretrain_gpt import model_provider
 
+    multimodal = getattr(args, "mm_model", None) is not None
+    if multimodal and (args.load is None or getattr(args, "lora_load", None)):
+        fail(f"{entry} --mm-model runs the language model of a pretrain_mm.py checkpoint: give it as --load "
+             f"(no --lora-load)")
     if args.load is None and args.hf_load_dir is None:
         fail(f"{entry} needs weights: --load CKPT or --hf-load-dir HF_DIR")
     if args.load is not None and not checkpoint_exists(args.load):
         fail(f"--load {args.load}: no checkpoint there (no latest_checkpointed_iteration.txt)")
-    model = get_model(model_provider, ModelType.encoder_or_decoder, wrap_with_ddp=False)
+    model = get_model(_multimodal_provider if multimodal else model_provider, ModelType.encoder_or_decoder,
+                      wrap_with_ddp=False)
     if args.load is not None:
         args.no_load_optim, args.no_load_rng = True, True
         load_checkpoint(model, None, None, strict=True)
@@ -92,9 +101,28 @@ def build_and_load(args, entry: str = "inference.py"):
             if not checkpoint_exists(args.lora_load):
                 fail(f"--lora-load {args.lora_load}: no adapter checkpoint there (no latest_checkpointed_iteration.txt)")
             load_checkpoint(model, None, None, load_arg="lora_load", strict=False)
+    if multimodal:  # the checkpoint holds the whole LLaVAModel; text runs through its language model
+        from megatron.core.utils import unwrap_model
+
+        model = [unwrap_model(chunk).language_model for chunk in model]
     for chunk in model:
         chunk.eval()
     return model
+
+
+def _multimodal_provider(pre_process=True, post_process=True, vp_stage=None, config=None, pg_collection=None):
+    """pretrain_mm.py's LLaVAModel from --mm-model, without the initial weights model.json names (the
+    --load checkpoint replaces every tensor)."""
+    from megatron.training import get_args
+    from megatron.training.arguments import core_transformer_config_from_args
+
+    from adaptor.mm.config import cached_model_config
+    from adaptor.mm.model import build_llava_model
+
+    args = get_args()
+    config = config or core_transformer_config_from_args(args)
+    return build_llava_model(args, cached_model_config(args.mm_model), config, pre_process, post_process, vp_stage,
+                             pg_collection)
 
 
 def chat_renderer(args):
@@ -209,7 +237,7 @@ def main():
     from megatron.training.initialize import initialize_megatron
 
     from adaptor.errors import fail
-    from adaptor.inference import Sampling, beam_search, greedy_batch, stop_ids
+    from adaptor.inference import SAMPLING_TASKS, Sampling, beam_search, greedy_batch, stop_ids
 
     # --micro-batch-size: prompts generated together (8 unless given)
     parse_and_validate_args(args_defaults={"tokenizer_type": "GPT2BPETokenizer", "micro_batch_size": 8})
@@ -234,7 +262,8 @@ def main():
     import torch
 
     vocab = min(tokenizer.vocab_size, args.padded_vocab_size)
-    sampling = Sampling(args.temperature, args.top_k, args.top_p) if args.task.endswith("_with_sampling") else None
+    sampling = Sampling(args.temperature, args.top_k, args.top_p) if args.task in SAMPLING_TASKS else None
+    log_probs = args.task == "return_output_log_probs"
     device = next(model[0].parameters()).device
     generator = torch.Generator(device=device).manual_seed(args.seed)
     limits = dict(max_new_tokens=args.max_new_tokens, max_length=max_length, stops=stops, vocab_size=vocab,
@@ -249,7 +278,8 @@ def main():
     else:
         on_step = _streamer(tokenizer) if args.stream and torch.distributed.get_rank() == 0 else None
         for first in range(0, len(prompts), args.micro_batch_size):
-            results += greedy_batch(model, prompts[first: first + args.micro_batch_size], on_step=on_step, **limits)
+            results += greedy_batch(model, prompts[first: first + args.micro_batch_size], on_step=on_step,
+                                    log_probs=log_probs, **limits)
 
     elapsed = time.perf_counter() - started
     if torch.distributed.get_rank() == 0:
@@ -261,6 +291,8 @@ def main():
             kept = result.token_ids[:-1] if result.stopped else result.token_ids
             record = {"messages": text, "prompt_token_ids": result.prompt_ids} if chat else {"prompt": text}
             records.append({**record, "text": tokenizer.detokenize(kept), "token_ids": result.token_ids})
+            if log_probs:
+                records[-1]["log_probs"] = result.log_probs
         if args.output_file is not None:
             out = Path(args.output_file)
             out.parent.mkdir(parents=True, exist_ok=True)
@@ -273,6 +305,9 @@ def main():
             sys.stdout.flush()
         else:
             sys.stdout.write(records[0]["text"] + "\n")
+            if log_probs:
+                sys.stdout.write(json.dumps({"token_ids": records[0]["token_ids"],
+                                             "log_probs": records[0]["log_probs"]}) + "\n")
             sys.stdout.flush()
     torch.distributed.barrier()
 

@@ -30,6 +30,13 @@ import torch
 #: (``patches.inference``) are read by those entries only.
 ENTRY = {"inference": False, "evaluation": False}
 
+# MindSpeed-LLM's task names. do_sample is its older name of greedy_search_with_sampling;
+# return_output_log_probs samples the same way and writes each generated token's log-probability.
+TASKS = ("greedy_search", "greedy_search_with_sampling", "do_sample", "return_output_log_probs", "beam_search",
+         "beam_search_with_sampling", "chat")
+SAMPLING_TASKS = ("greedy_search_with_sampling", "do_sample", "return_output_log_probs", "beam_search_with_sampling")
+BEAM_TASKS = ("beam_search", "beam_search_with_sampling")
+
 
 def running_inference() -> None:
     ENTRY["inference"] = True
@@ -40,6 +47,7 @@ class Generated:
     prompt_ids: list[int]
     token_ids: list[int]  # generated, the stop token included when one ended the sequence
     stopped: bool  # ended by a stop token (EOS or --add-eos-token)
+    log_probs: list[float] | None = None  # of each generated token, under the model's softmax (when asked)
 
 
 @dataclass(frozen=True)
@@ -141,14 +149,16 @@ def from_last_stage(values, shape, dtype, device):
 def greedy_batch(model, prompts: list[list[int]], *, max_new_tokens: int, max_length: int, stops: set[int],
                  vocab_size: int, use_kv_cache: bool, sampling: Sampling | None = None,
                  generator: torch.Generator | None = None,
-                 on_step: Callable[[list[int]], None] | None = None) -> list[Generated]:
+                 on_step: Callable[[list[int]], None] | None = None, log_probs: bool = False) -> list[Generated]:
     """Greedy (or, with ``sampling``, sampled) continuations of ``prompts`` (token ids), in one batch.
 
     Each row gets at most ``max_new_tokens`` new tokens and at most ``max_length`` tokens in all, and
     ends at its first stop token. The choice runs over the first ``vocab_size`` logits (the tokenizer's
     tokens; the padded rows of the embedding are never chosen). Sampled tokens are drawn on the last
     pipeline stage with ``generator``, seeded alike on every rank, so every tensor-parallel rank draws
-    the same. ``on_step`` gets the first row's generated ids after each step (``--stream``).
+    the same. ``on_step`` gets the first row's generated ids after each step (``--stream``). With
+    ``log_probs``, each generated token's log-probability under the model's own softmax (temperature 1,
+    every token: what scoring the finished text would give) comes with it.
     """
     from megatron.core.inference.contexts import StaticInferenceContext
 
@@ -168,6 +178,7 @@ def greedy_batch(model, prompts: list[list[int]], *, max_new_tokens: int, max_le
     stops_t = torch.tensor(sorted(stops), dtype=torch.int64, device=device)
     done = torch.zeros(batch, dtype=torch.bool, device=device)
     done |= lengths_t >= limits_t
+    scores = torch.zeros((batch, total), dtype=torch.float32, device=device)
     start = 0
     for end in range(min(lengths), total):
         if bool(done.all()):
@@ -175,16 +186,22 @@ def greedy_batch(model, prompts: list[list[int]], *, max_new_tokens: int, max_le
         first = start if use_kv_cache else 0
         logits = _forward_last_logits(model, tokens[:, first:end], positions[:, first:end],
                                       causal[..., first:end, :end], context)
-        chosen = None
+        chosen = chosen_log_prob = None
         if logits is not None:
             logits = logits[:, :vocab_size].float()
             chosen = logits.argmax(dim=-1) if sampling is None else sample(logits, sampling, generator)
+            if log_probs:
+                chosen_log_prob = torch.log_softmax(logits, dim=-1).gather(-1, chosen[:, None]).squeeze(-1)
         chosen = from_last_stage(chosen, (batch,), torch.int64, device)
+        if log_probs:
+            chosen_log_prob = from_last_stage(chosen_log_prob, (batch,), torch.float32, device)
         if context is not None:
             context.sequence_len_offset += end - start
         start = end
         generating = (end >= lengths_t) & ~done  # rows past their prompt, not yet ended
         tokens[:, end] = torch.where(generating, chosen, tokens[:, end])
+        if log_probs:
+            scores[:, end] = torch.where(generating, chosen_log_prob, scores[:, end])
         ended = generating & (torch.isin(chosen, stops_t) | (end + 1 >= limits_t))
         done |= ended
         if on_step is not None and bool(generating[0]):
@@ -192,8 +209,10 @@ def greedy_batch(model, prompts: list[list[int]], *, max_new_tokens: int, max_le
     out = []
     for row, ids in enumerate(prompts):
         generated = tokens[row, lengths[row]: limits[row]].tolist()
-        cut = next((i + 1 for i, t in enumerate(generated) if t in stops), None)
-        out.append(Generated(list(ids), generated[:cut] if cut else generated, cut is not None))
+        stop_at = next((i + 1 for i, t in enumerate(generated) if t in stops), None)
+        kept = generated[:stop_at] if stop_at else generated
+        row_scores = scores[row, lengths[row]: lengths[row] + len(kept)].tolist() if log_probs else None
+        out.append(Generated(list(ids), kept, stop_at is not None, row_scores))
     return out
 
 

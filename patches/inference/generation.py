@@ -20,12 +20,8 @@ of them is one line: that entry generates nothing.
 from __future__ import annotations
 
 from adaptor.features import ArgumentError, Feature
+from adaptor.inference import BEAM_TASKS, SAMPLING_TASKS, TASKS
 
-TASKS = ("greedy_search", "greedy_search_with_sampling", "beam_search", "beam_search_with_sampling", "chat")
-SAMPLING_TASKS = ("greedy_search_with_sampling", "beam_search_with_sampling")
-BEAM_TASKS = ("beam_search", "beam_search_with_sampling")
-# MindSpeed-LLM's other tasks: known, not yet built here.
-LATER_TASKS = ("do_sample",)
 SAMPLING_DESTS = ("temperature", "top_k", "top_p")
 DESTS = ("task", "max_new_tokens", "max_length", "add_eos_token", "use_kv_cache", "input_file", "output_file",
          "prompt", "stream", "num_beams", *SAMPLING_DESTS)
@@ -40,9 +36,10 @@ class Generation(Feature):
 
     def add_arguments(self, group) -> None:
         group.add_argument("--task", nargs="+", default=None, metavar="TASK",
-                           help="inference.py: greedy_search (the default), greedy_search_with_sampling, "
-                                "beam_search, beam_search_with_sampling or chat; evaluation.py: lm-eval task "
-                                "names (mmlu with --task-data-path)")
+                           help="inference.py: greedy_search (the default), greedy_search_with_sampling (or "
+                                "do_sample), return_output_log_probs (sampling, with each generated token's "
+                                "log-probability), beam_search, beam_search_with_sampling or chat; evaluation.py: "
+                                "lm-eval task names (mmlu with --task-data-path)")
         group.add_argument("--max-new-tokens", type=int, default=128, metavar="N",
                            help="inference.py: at most N tokens generated per prompt")
         group.add_argument("--max-length", type=int, default=None, metavar="N",
@@ -87,14 +84,12 @@ class Generation(Feature):
         if len(tasks) != 1:
             raise ArgumentError(f"inference.py runs one --task, not {len(tasks)}")
         task = tasks[0]
-        if task in LATER_TASKS:
-            raise ArgumentError(f"--task {task} is not built yet; {', '.join(TASKS)} are")
         if task not in TASKS:
             raise ArgumentError(f"--task {task} is not a task inference.py knows; it knows {', '.join(TASKS)}")
         args.task = task
         for dest in SAMPLING_DESTS:
             if dest in ctx.explicit and task not in SAMPLING_TASKS:
-                raise ArgumentError(f"{_flag(dest)} is read by the sampling tasks ({' and '.join(SAMPLING_TASKS)}); "
+                raise ArgumentError(f"{_flag(dest)} is read by the sampling tasks ({', '.join(SAMPLING_TASKS)}); "
                                     f"--task {task} does not sample: drop it or choose one of them")
         if "num_beams" in ctx.explicit and task not in BEAM_TASKS:
             raise ArgumentError(f"--num-beams is read by the beam tasks ({' and '.join(BEAM_TASKS)}); --task {task} "

@@ -70,6 +70,7 @@ def apply_model_json(args, explicit: set, model_cfg) -> None:
 
 
 def check_layout(args, model_cfg, data_cfg) -> None:
+    """The layout against model.json, and (``data_cfg`` given: training) the images against the sequence."""
     vision, projector = model_cfg.vision, model_cfg.projector
     tp = args.tensor_model_parallel_size
     for flag, dest in (("--pipeline-model-parallel-size", "pipeline_model_parallel_size"),
@@ -88,6 +89,8 @@ def check_layout(args, model_cfg, data_cfg) -> None:
     if projector["model_id"] == "mlp" and width % tp:
         raise ArgumentError(f"{model_cfg.where('projector', 'ffn_hidden_size')} {width} is not divisible by "
                             f"--tensor-model-parallel-size {tp}")
+    if data_cfg is None:
+        return
     if data_cfg.image_size != vision["image_size"]:
         raise ArgumentError(f"{data_cfg.file}: dataset_param.preprocess_parameters.image_size is "
                             f"{data_cfg.image_size} but {model_cfg.where('vision', 'image_size')} is "
@@ -112,13 +115,23 @@ def check_files(model_cfg, data_cfg) -> None:
             raise ArgumentError(f"{model_cfg.where(section, 'ckpt_path')}: no such directory {path}")
 
 
+def _generation_entry() -> str | None:
+    """inference.py or evaluation.py when one of them runs: they build model.json's model and use its
+    language model on text."""
+    from adaptor.inference import ENTRY
+
+    return "inference.py" if ENTRY["inference"] else "evaluation.py" if ENTRY["evaluation"] else None
+
+
 class MultimodalArguments(Feature):
     name = "mm_arguments"
 
     def add_arguments(self, group) -> None:
         group.add_argument("--mm-model", default=None, dest="mm_model", metavar="JSON",
                            help="pretrain_mm.py: model.json (image_encoder.vision_encoder/vision_projector, "
-                                "text_decoder); its text_decoder keys fill the decoder's Megatron flags.")
+                                "text_decoder); its text_decoder keys fill the decoder's Megatron flags. "
+                                "inference.py and evaluation.py: the model a pretrain_mm.py --load checkpoint "
+                                "holds, whose language model they run on text.")
         group.add_argument("--mm-data", default=None, dest="mm_data", metavar="JSON",
                            help="pretrain_mm.py: data.json (dataset_param, dataloader_param).")
         group.add_argument("--mm-skip-bad-records", action="store_true", dest="mm_skip_bad_records",
@@ -132,23 +145,30 @@ class MultimodalArguments(Feature):
         from adaptor.errors import fail
         from adaptor.mm.config import MMConfigError, cached_data_config, cached_model_config
 
-        if args.mm_data is None:
+        generating = _generation_entry()
+        if args.mm_data is None and not generating:
             fail("--mm-model needs --mm-data data.json (pretrain_mm.py)")
+        if args.mm_data is not None and generating:
+            fail(f"--mm-data: {generating} reads no dataset; drop it (--mm-model model.json builds the model)")
         try:
             model_cfg = cached_model_config(args.mm_model)
-            data_cfg = cached_data_config(args.mm_data)
             apply_model_json(args, ctx.explicit, model_cfg)
+            data_cfg = None if generating else cached_data_config(args.mm_data)
         except MMConfigError as exc:
             fail(str(exc))
-        if data_cfg.num_workers is not None and "num_workers" not in ctx.explicit:
+        if data_cfg is not None and data_cfg.num_workers is not None and "num_workers" not in ctx.explicit:
             args.num_workers = data_cfg.num_workers
 
     def validate(self, args, ctx) -> None:
         from adaptor.mm.config import cached_data_config, cached_model_config
 
-        model_cfg, data_cfg = cached_model_config(args.mm_model), cached_data_config(args.mm_data)
-        check_files(model_cfg, data_cfg)
-        check_layout(args, model_cfg, data_cfg)
+        model_cfg = cached_model_config(args.mm_model)
+        if _generation_entry():  # the text side of a trained checkpoint: no data, no initial weights
+            check_layout(args, model_cfg, None)
+        else:
+            data_cfg = cached_data_config(args.mm_data)
+            check_files(model_cfg, data_cfg)
+            check_layout(args, model_cfg, data_cfg)
         if args.tokenizer_type == "NullTokenizer":
             raise ArgumentError("pretrain_mm.py tokenizes captions: --tokenizer-type NullTokenizer cannot; use "
                                 "HuggingFaceTokenizer with --tokenizer-model")

@@ -71,6 +71,18 @@ def hf_greedy(hf_dir, tokenizer, eos_ids: list[int], num_beams: int = 1, adapter
     return out
 
 
+def hf_log_probs(hf_dir, tokenizer, record) -> list[float]:
+    """transformers' log-softmax, at each generated position, of the token generated there."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(str(hf_dir), dtype=torch.float32, attn_implementation="eager").eval()
+    prompt = tokenizer(record["prompt"]).input_ids
+    ids = torch.tensor([prompt + record["token_ids"]])
+    with torch.no_grad():
+        scores = torch.log_softmax(model(ids).logits[0, len(prompt) - 1: -1].float(), dim=-1)
+    return scores.gather(-1, ids[0, len(prompt):, None]).squeeze(-1).tolist()
+
+
 def generate(flags, tmp_path, name, nproc=1, extra=(), tp=None):
     """inference.py's records for PROMPTS; ``nproc`` processes, tensor parallel ``tp`` (default: all of them)."""
     prompts = tmp_path / "prompts.jsonl"
@@ -123,9 +135,15 @@ def test_beam_search_equals_transformers_and_sampling_is_the_same_on_every_layou
         lambda: generate(flags, tmp_path, "beam_sampled_tp1", extra=beam_sampling))
     assert [r["token_ids"] for r in beam_tp1] == expected
     assert [r["token_ids"] for r in generate(flags, tmp_path, "beam_tp2", nproc=2, extra=beams)] == expected
-    for name, extra, tp1 in (("sampled_tp2", sampling, sampled_tp1), ("beam_sampled_tp2", beam_sampling, beam_sampled_tp1)):
+    # At TP2 the sampled task is return_output_log_probs: the same draws, and each token's log-probability.
+    with_log_probs = ["--task", "return_output_log_probs", *sampling[2:]]
+    for name, extra, tp1 in (("sampled_tp2", with_log_probs, sampled_tp1),
+                             ("beam_sampled_tp2", beam_sampling, beam_sampled_tp1)):
         tp2 = generate(flags, tmp_path, name, nproc=2, extra=extra)
         assert [r["token_ids"] for r in tp2] == [r["token_ids"] for r in tp1], name
+        if name == "sampled_tp2":  # fp32 logits agree with transformers' to about 1e-5
+            gaps = [abs(a - b) for r in tp2 for a, b in zip(r["log_probs"], hf_log_probs(hf_dir, tokenizer, r), strict=True)]
+            assert max(gaps) < 1e-4, max(gaps)
     greedy = hf_greedy(hf_dir, tokenizer, [tokenizer.eos_token_id])
     assert [r["token_ids"] for r in sampled_tp1] != greedy
     assert [r["token_ids"] for r in beam_sampled_tp1] not in (greedy, expected)

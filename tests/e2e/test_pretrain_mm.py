@@ -23,7 +23,8 @@ shapes dataset the repository carries.
 * Pretrained parts: the text decoder from a Qwen3 checkpoint converted by tools/convert_ckpt.py,
   the vision tower from a Hugging Face CLIP directory, both frozen. After training, the saved
   decoder equals the converted checkpoint and the saved tower the HF tensors exactly, and only the
-  projector has gradient buffers.
+  projector has gradient buffers. inference.py --mm-model on that checkpoint (KV cache) then
+  generates from text what transformers generates on the Qwen3 directory.
 * Bad input at each stage (model.json while Megatron parses arguments, model.json against data.json
   while it validates them, a record while the dataset is built) is one ``megatron-adaptor: error:``
   line naming file and JSON path or line, exit 2, no traceback. tests/unit/test_mm_inputs.py checks the
@@ -46,7 +47,7 @@ import torch
 
 from helpers.megatron_runs import train_from as _train_from
 from helpers.megatron_runs import (
-    ROOT, SAMPLE_TOKENIZER, UNCOMPILED, free_port, losses_of, run_pretrain, tail, worst_relative_gap,
+    ROOT, SAMPLE_TOKENIZER, UNCOMPILED, free_port, launch, losses_of, run_pretrain, tail, worst_relative_gap,
 )
 from helpers.one_line_errors import assert_one_line_error
 from helpers.one_line_errors import run_python as run_script
@@ -223,6 +224,30 @@ def test_pretrained_decoder_and_tower_load_and_stay_frozen(tmp_path, tiny_hf):
     for name, tensor in tower.items():
         assert torch.equal(saved["vision_model." + name], tensor), name
     assert min(run.losses) < run.losses[1], run.curve()  # the projector trains
+
+    # inference.py on the text side of this checkpoint: its (frozen) language model is the HF Qwen3, so
+    # the greedy ids (KV cache; the torch format loads at the TP it was saved at) are transformers'.
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    prompts = ["Once upon a time", "a small red circle on the"]
+    (tmp_path / "prompts.jsonl").write_text("".join(json.dumps({"prompt": p}) + "\n" for p in prompts))
+    out = tmp_path / "generated.jsonl"
+    gen = launch("inference.py", ["--mm-model", str(tmp_path / "model.json"), "--load", str(save),
+                                  "--tokenizer-type", "HuggingFaceTokenizer", "--tokenizer-model",
+                                  str(SAMPLE_TOKENIZER), "--seq-length", "48",
+                                  "--input-file", str(tmp_path / "prompts.jsonl"), "--output-file", str(out),
+                                  "--max-new-tokens", "8", "--use-kv-cache", *UNCOMPILED])
+    assert gen.returncode == 0, tail(gen.output)
+    tokenizer = AutoTokenizer.from_pretrained(str(SAMPLE_TOKENIZER))
+    hf = AutoModelForCausalLM.from_pretrained(str(qwen3), dtype=torch.float32).eval()
+    expected = []
+    for prompt in prompts:
+        ids = tokenizer(prompt, return_tensors="pt").input_ids
+        with torch.no_grad():
+            new = hf.generate(input_ids=ids, do_sample=False, max_new_tokens=8, eos_token_id=tokenizer.eos_token_id,
+                              pad_token_id=tokenizer.pad_token_id)[0, ids.shape[1]:].tolist()
+        expected.append(new[: new.index(tokenizer.eos_token_id) + 1] if tokenizer.eos_token_id in new else new)
+    assert [json.loads(line)["token_ids"] for line in out.read_text().splitlines()] == expected
 
 
 # ----------------------------------------------------------------------------- bad input, one line

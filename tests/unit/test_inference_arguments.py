@@ -40,7 +40,7 @@ def test_other_entries_refuse_the_flags():
 
 
 @pytest.mark.parametrize("given,message", [
-    (dict(prompt="hi", task="do_sample"), "--task do_sample is not built yet"),
+    (dict(prompt="hi", task="greedy_search", top_p=0.5), "--top-p is read by the sampling tasks"),
     (dict(prompt="hi", top_k=5), "--top-k is read by the sampling tasks"),
     (dict(prompt="hi", task="beam_search", temperature=0.5), "--temperature is read by the sampling tasks"),
     (dict(prompt="hi", task="greedy_search_with_sampling", num_beams=2), "--num-beams is read by the beam tasks"),
@@ -66,6 +66,7 @@ def test_bad_combinations_are_one_sentence(inference_entry, given, message):
 
 def test_every_task_with_its_own_flags_passes(inference_entry):
     for task, extra in (("greedy_search", {}), ("greedy_search_with_sampling", dict(top_k=5, top_p=0.9, temperature=0.7)),
+                        ("do_sample", dict(top_k=5)), ("return_output_log_probs", dict(temperature=0.7)),
                         ("beam_search", dict(num_beams=3)),
                         ("beam_search_with_sampling", dict(num_beams=2, top_k=4)), ("chat", {})):
         parsed = args(prompt="hi", task=task, **extra)
