@@ -4,7 +4,8 @@ No upstream function is changed; the flags join Megatron's parser like every fea
 only by ``inference.py`` (:mod:`adaptor.inference`). Given to another entry (``pretrain_gpt.py``), any
 of them is one line: that entry generates nothing.
 
-* ``--task greedy_search`` (the default), ``greedy_search_with_sampling``, ``beam_search``,
+* ``--task greedy_search`` (the default), ``greedy_search_with_sampling`` (or ``do_sample``),
+  ``return_output_log_probs`` (sampling, with each token's log-probability), ``beam_search``,
   ``beam_search_with_sampling``, ``chat`` (the tokenizer's chat template, else ``--prompt-type``'s;
   a terminal conversation without ``--prompt``/``--input-file``, greedy);
 * ``--temperature``, ``--top-k``, ``--top-p`` (the sampling tasks; drawn with ``--seed``), ``--num-beams``

@@ -8,14 +8,18 @@ written to --output-file equal ``model.generate(do_sample=False, max_new_tokens=
 * TP1 without the KV cache;
 * TP1 with --use-kv-cache, and a second stop token (--add-eos-token) that ends one prompt early, so
   that rows end one by one;
-* TP2 (two processes, gloo) with --use-kv-cache and the same stop token.
+* TP2 (two processes, gloo) with --use-kv-cache and the same stop token;
+* --bf16 with the KV cache equals transformers' generate in bf16 (these prompts' greedy margins are
+  wide, so both precisions pick the same tokens).
 
 Beam search (``--task beam_search --num-beams 3``) equals ``generate(num_beams=3, do_sample=False)``
 prompt by prompt, at TP1 with the KV cache (reordered with the beams) and at TP2 without it. Sampling
 (``--task greedy_search_with_sampling``, top-k, top-p and temperature, one ``--seed``) draws the same
 tokens at TP1 and TP2: the logits agree to fp32 rounding and every rank draws from one seeded generator,
 so a draw could only differ where it lands within rounding of a probability boundary; beam search with
-sampling likewise. The distribution it draws from is tests/unit/test_sampling.py's.
+sampling likewise. The distribution it draws from is tests/unit/test_sampling.py's. At TP2 the sampled
+run is ``--task return_output_log_probs``: each token's log-probability equals transformers'
+log-softmax at that position within 1e-4 (fp32 logits agree to about 1e-5).
 """
 from __future__ import annotations
 
@@ -48,12 +52,13 @@ def qwen3(tmp_path_factory):
     return hf_dir, tokenizer, flags  # the weights' flag is each test's
 
 
-def hf_greedy(hf_dir, tokenizer, eos_ids: list[int], num_beams: int = 1, adapter=None) -> list[list[int]]:
+def hf_greedy(hf_dir, tokenizer, eos_ids: list[int], num_beams: int = 1, adapter=None,
+              dtype=torch.float32) -> list[list[int]]:
     """transformers' greedy (or beam) continuation of each prompt alone, cut after its first stop token;
     with ``adapter``, peft's LoRA model on top."""
     from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(str(hf_dir), dtype=torch.float32, attn_implementation="eager")
+    model = AutoModelForCausalLM.from_pretrained(str(hf_dir), dtype=dtype, attn_implementation="eager")
     if adapter is not None:
         from peft import PeftModel
 
@@ -104,8 +109,11 @@ def test_greedy_tokens_equal_transformers(qwen3, tmp_path):
     expected = hf_greedy(hf_dir, tokenizer, [eos])
     assert len({len(tokenizer(p).input_ids) for p in PROMPTS}) == 3  # three prompt lengths in one batch
 
-    plain = generate(flags, tmp_path, "tp1")
+    # --bf16 (Megatron's Float16Module) against transformers in bf16 on the same weights.
+    plain, bf16 = side_by_side(lambda: generate(flags, tmp_path, "tp1"),
+                               lambda: generate(flags, tmp_path, "tp1_bf16", extra=["--bf16", "--use-kv-cache"]))
     assert [r["token_ids"] for r in plain] == expected
+    assert [r["token_ids"] for r in bf16] == hf_greedy(hf_dir, tokenizer, [eos], dtype=torch.bfloat16)
     for record in plain:
         kept = [t for t in record["token_ids"] if t != eos]
         assert record["text"] == tokenizer.decode(kept, skip_special_tokens=True)
