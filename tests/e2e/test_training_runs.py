@@ -73,21 +73,31 @@ def test_example_scripts_pretrain_then_tune_lora_and_full(tmp_path):
     assert len(losses) == 10 and all(math.isfinite(x) for x in losses), tail(out)
     assert (tmp_path / "full" / "latest_checkpointed_iteration.txt").read_text().strip() == "10"
 
-    check_generate_script(base_env, tmp_path)
+    check_generate_and_evaluate_scripts(base_env, tmp_path)
 
 
-def check_generate_script(base_env: dict, tmp_path) -> None:
+def check_generate_and_evaluate_scripts(base_env: dict, tmp_path) -> None:
     """`bash examples/qwen3/generate.sh` on the pretrained base (BASE_CACHE): its two sample prompts, greedy,
-    with the KV cache, through inference.py --load on the safetensors checkpoint."""
+    with the KV cache, through inference.py --load on the safetensors checkpoint; at the same time
+    `bash examples/qwen3/evaluate.sh`: lm-eval's sample_mc task (tools/make_mc_task.py) through evaluation.py
+    on that base, its results written as JSON."""
     import json
 
-    env = dict(base_env, MAX_NEW_TOKENS="8", MASTER_PORT=str(free_port()))
-    proc = subprocess.run(["bash", "examples/qwen3/generate.sh"], cwd=ROOT, env=env, capture_output=True, text=True,
-                          timeout=600)
-    out = proc.stdout + proc.stderr
-    assert proc.returncode == 0, tail(out)
+    results = tmp_path / "eval.json"
+    started = [subprocess.Popen(["bash", f"examples/qwen3/{script}.sh"], cwd=ROOT, text=True, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, env=dict(base_env, MASTER_PORT=str(free_port()), **extra))
+               for script, extra in (("generate", {"MAX_NEW_TOKENS": "8"}), ("evaluate", {"OUTPUT": str(results)}))]
+    (gen_out, gen_err), (eval_out, eval_err) = (p.communicate(timeout=600) for p in started)
+    assert started[1].returncode == 0, tail(eval_out + eval_err)
+    scores = json.loads(results.read_text())["results"]["sample_mc"]
+    questions = 16  # tools/make_mc_task.py's set: the accuracy is a count of them
+    assert "sample_mc" in eval_out and abs(scores["acc,none"] * questions - round(scores["acc,none"] * questions)) < 1e-9
+    assert 0 <= scores["acc,none"] <= 1, scores
+
+    out = gen_out + gen_err
+    assert started[0].returncode == 0, tail(out)
     assert "pretraining the tiny example" not in out and "successfully loaded checkpoint" in out, tail(out)
-    records = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith('{"prompt"')]
+    records = [json.loads(line) for line in gen_out.splitlines() if line.startswith('{"prompt"')]
     assert [r["prompt"] for r in records] == ["Yara was a beekeeper who lived in", "Twenty-four plus forty-seven is"]
     for record in records:
         assert 1 <= len(record["token_ids"]) <= 8 and record["text"].strip(), record
