@@ -43,6 +43,7 @@ def all_features():
     from patches.fusions.rmsnorm import RmsNormFusion
     from patches.fusions.rope import RopeFusion
     from patches.fusions.swiglu import SwigluFusion
+    from patches.hf.architecture_from_config import ArchitectureFromConfig
     from patches.hf.online_conversion import OnlineConversion
     from patches.inference.evaluation import Evaluation
     from patches.inference.generation import Generation
@@ -131,6 +132,7 @@ def all_features():
         MuonOptimizer(),
         # Checkpoints and Hugging Face.
         OnlineConversion(),
+        ArchitectureFromConfig(),
         SafetensorsFormat(),
         SaveFailures(),
         LoadShapeCheck(),

@@ -9,8 +9,10 @@ from tests/helpers/hf_fixtures.py, saved by transformers as the Hub publishes th
   --load's the offline-converted checkpoint), and --hf-save-dir writes a directory that
   transformers loads and whose tensors are the Megatron weights at the end, and whose failure (on
   any rank) is one line that leaves nothing behind;
-* a config.json that does not match the flags is one line naming the flag, whether it comes with
-  --hf-load-dir or inside a checkpoint tools/convert_ckpt.py wrote (RoPE scaling included);
+* without model flags, --hf-load-dir takes the architecture from config.json (listed at start; the
+  same losses as every flag given); a config.json that does not match a flag given is one line naming
+  the flag, whether it comes with --hf-load-dir or inside a checkpoint tools/convert_ckpt.py wrote
+  (RoPE scaling included);
 * Qwen3 with YaRN ``rope_scaling`` (transformers' default attention factor, and an explicit one
   with other betas) and with linear position interpolation has transformers' logits.
 
@@ -112,10 +114,15 @@ def test_deepseek_v3_trains_from_hf_dir_and_saves_one(hf_dirs, tmp_path):
 
     source = hf_dirs["deepseek_v3"]
     flags = model_flags(source, "deepseek3") + TRAIN
-    online = run_pretrain(flags + ["--hf-load-dir", str(source), "--hf-save-dir", str(tmp_path / "hf_out"),
+    # The online run gives no model flag: the architecture comes from config.json, and the offline
+    # run below, with every flag given, computes the same losses.
+    online = run_pretrain(TRAIN + ["--hf-load-dir", str(source), "--hf-save-dir", str(tmp_path / "hf_out"),
                                    "--save", str(tmp_path / "ckpt"), "--save-interval", "1000"], nproc=2)
     assert online.returncode == 0, tail(online.output)
     assert "from Hugging Face directory" in online.output
+    banner = f"[megatron-adaptor] --hf-load-dir {source}: architecture from its config.json: "
+    derived = next(line for line in online.output.splitlines() if line.startswith(banner))[len(banner):]
+    assert derived == " ".join(model_flags(source, "deepseek3")), derived
 
     # The offline conversion, --load'ed as a fine-tuning start; --hf-load-dir names other weights,
     # so equal losses also show that an existing --load checkpoint wins over --hf-load-dir.
@@ -175,10 +182,10 @@ def test_hf_load_dir_run_saves_safetensors_unless_told(hf_dirs, tmp_path):
     """--hf-load-dir with --save and no --ckpt-format: the checkpoints hold no pickle."""
     from adaptor.checkpoint.files import is_safetensors_checkpoint
 
-    flags = model_flags(hf_dirs["qwen3_tied"], "qwen3") + TRAIN[:-6]
-    run = run_pretrain(flags + ["--hf-load-dir", str(hf_dirs["qwen3_tied"]), "--save", str(tmp_path / "ckpt"),
-                                "--save-interval", "3"])
+    run = run_pretrain(TRAIN[:-6] + ["--hf-load-dir", str(hf_dirs["qwen3_tied"]), "--save", str(tmp_path / "ckpt"),
+                                     "--save-interval", "3"])  # the architecture from config.json
     assert run.returncode == 0, tail(run.output)
+    assert "architecture from its config.json: --num-layers 4 --hidden-size 64" in run.output, tail(run.output)
     assert "--save checkpoints use --ckpt-format safetensors" in run.output, tail(run.output)
     assert is_safetensors_checkpoint(tmp_path / "ckpt" / "iter_0000003")
     assert not [p for p in (tmp_path / "ckpt").rglob("*") if p.suffix in (".pt", ".distcp")]
