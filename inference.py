@@ -174,7 +174,8 @@ def prompt_ids(args, tokenizer, render, text, number: int) -> list[int]:
     """The ids of one prompt (a conversation rendered first for --task chat); one line if it cannot fit."""
     from adaptor.errors import fail
 
-    where = "--prompt" if args.prompt is not None else f"--input-file {args.input_file}, prompt {number}"
+    where = ("--prompt" if args.prompt is not None else f"--input-file {args.input_file}, prompt {number}"
+             if args.input_file is not None else "the demonstration prompt")
     if render is not None:
         try:
             text = render(text)
@@ -190,29 +191,35 @@ def prompt_ids(args, tokenizer, render, text, number: int) -> list[int]:
     return ids
 
 
-def converse(args, tokenizer, render) -> None:
-    """A conversation on the terminal: rank 0 reads each user turn and every rank answers it (greedy)."""
+def converse(args, tokenizer, render, model) -> None:
+    """A conversation on the terminal, with MindSpeed-LLM's commands: rank 0 reads each user turn and every
+    rank answers it (greedy); ``clear`` or ``new`` starts over, ``q``, ``quit``, ``exit`` or end of input
+    ends it, an empty line is skipped."""
     import torch
 
     from adaptor.errors import fail
     from adaptor.inference import greedy_batch, stop_ids
 
-    model = build_and_load(args)
     vocab = min(tokenizer.vocab_size, args.padded_vocab_size)
     max_length = args.max_length or args.seq_length
     stops = stop_ids(tokenizer, args.add_eos_token)
     messages = []
     rank0 = torch.distributed.get_rank() == 0
+    if rank0:
+        print("inference.py chat: 'clear' or 'new' starts over; 'q', 'quit', 'exit' or end of input ends", flush=True)
     while True:
         line = [None]
         if rank0:
             try:
                 line[0] = input("\nuser> ").strip()
             except EOFError:
-                line[0] = ""
+                line[0] = "quit"
         torch.distributed.broadcast_object_list(line, src=0)
-        if not line[0]:
+        if line[0] in ("q", "quit", "exit"):
             break
+        if line[0] in ("clear", "new") or not line[0]:
+            messages = [] if line[0] else messages
+            continue
         messages.append({"role": "user", "content": line[0]})
         ids = list(tokenizer.tokenize(render(messages)))
         if len(ids) >= max_length:
@@ -230,59 +237,43 @@ def converse(args, tokenizer, render) -> None:
     torch.distributed.barrier()
 
 
-def main():
-    running_inference()
-    from megatron.training import get_args, get_tokenizer
-    from megatron.training.arguments import parse_and_validate_args
-    from megatron.training.initialize import initialize_megatron
+def run_task(args, task: str, tokenizer, model, texts: list, prompts: list[list[int]], several: bool) -> None:
+    """One task on ``texts`` (prompts, or conversations for chat; ``prompts`` their ids): printed, or
+    written to --output-file."""
+    import time
+
+    import torch
 
     from adaptor.errors import fail
     from adaptor.inference import SAMPLING_TASKS, Sampling, beam_search, greedy_batch, stop_ids
 
-    # --micro-batch-size: prompts generated together (8 unless given)
-    parse_and_validate_args(args_defaults={"tokenizer_type": "GPT2BPETokenizer", "micro_batch_size": 8})
-    initialize_megatron()
-    args = get_args()
-    tokenizer = get_tokenizer()
-    chat = args.task == "chat"
-    render = chat_renderer(args) if chat else None
-    if chat and args.prompt is None and args.input_file is None:
-        return converse(args, tokenizer, render)
-    if args.prompt is not None:
-        texts = [[{"role": "user", "content": args.prompt}] if chat else args.prompt]
-    else:
-        texts = read_prompts(args.input_file, "messages" if chat else "prompt")
-    prompts = [prompt_ids(args, tokenizer, render, text, number) for number, text in enumerate(texts, 1)]
-    max_length = args.max_length or args.seq_length
+    chat = task == "chat"
     try:
         stops = stop_ids(tokenizer, args.add_eos_token)
     except ValueError as exc:
         fail(str(exc))
-    model = build_and_load(args)
-    import torch
-
     vocab = min(tokenizer.vocab_size, args.padded_vocab_size)
-    sampling = Sampling(args.temperature, args.top_k, args.top_p) if args.task in SAMPLING_TASKS else None
-    log_probs = args.task == "return_output_log_probs"
+    sampling = Sampling(args.temperature, args.top_k, args.top_p) if task in SAMPLING_TASKS else None
+    log_probs = task == "return_output_log_probs"
     device = next(model[0].parameters()).device
     generator = torch.Generator(device=device).manual_seed(args.seed)
-    limits = dict(max_new_tokens=args.max_new_tokens, max_length=max_length, stops=stops, vocab_size=vocab,
-                  use_kv_cache=args.use_kv_cache, sampling=sampling, generator=generator)
+    limits = dict(max_new_tokens=args.max_new_tokens, max_length=args.max_length or args.seq_length, stops=stops,
+                  vocab_size=vocab, use_kv_cache=args.use_kv_cache, sampling=sampling, generator=generator)
+    rank0 = torch.distributed.get_rank() == 0
+    if rank0 and several:
+        print(f"== {task} ==", flush=True)
     results = []
-    import time
-
     started = time.perf_counter()
-    if args.task.startswith("beam_search"):
+    if task.startswith("beam_search"):
         for ids in prompts:
             results.append(beam_search(model, ids, num_beams=args.num_beams, **limits))
     else:
-        on_step = _streamer(tokenizer) if args.stream and torch.distributed.get_rank() == 0 else None
+        on_step = _streamer(tokenizer) if args.stream and rank0 else None
         for first in range(0, len(prompts), args.micro_batch_size):
             results += greedy_batch(model, prompts[first: first + args.micro_batch_size], on_step=on_step,
                                     log_probs=log_probs, **limits)
-
     elapsed = time.perf_counter() - started
-    if torch.distributed.get_rank() == 0:
+    if rank0:
         generated = sum(len(r.token_ids) for r in results)
         print(f"inference.py: generated {generated} tokens for {len(results)} prompts in {elapsed:.3f} s "
               f"({generated / max(elapsed, 1e-9):.1f} tokens/s)", file=sys.stderr, flush=True)
@@ -300,7 +291,7 @@ def main():
             tmp.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records), encoding="utf-8")
             tmp.replace(out)
             print(f"inference.py: wrote {len(records)} generations to {out}", flush=True)
-        elif args.stream:
+        elif args.stream and not task.startswith("beam_search"):
             sys.stdout.write("\n")
             sys.stdout.flush()
         else:
@@ -310,6 +301,49 @@ def main():
                                              "log_probs": records[0]["log_probs"]}) + "\n")
             sys.stdout.flush()
     torch.distributed.barrier()
+
+
+def main():
+    running_inference()
+    from megatron.training import get_args, get_tokenizer
+    from megatron.training.arguments import parse_and_validate_args
+    from megatron.training.initialize import initialize_megatron
+
+    from adaptor.inference import DEMONSTRATION_PROMPT
+
+    # --micro-batch-size: prompts generated together (8 unless given)
+    parse_and_validate_args(args_defaults={"tokenizer_type": "GPT2BPETokenizer", "micro_batch_size": 8})
+    initialize_megatron()
+    args = get_args()
+    tokenizer = get_tokenizer()
+    tasks = args.task  # a list, in order (patches.inference.generation)
+    render = chat_renderer(args) if "chat" in tasks else None
+    if args.input_file is not None:
+        texts = read_prompts(args.input_file, "messages" if tasks == ["chat"] else "prompt")
+    else:  # --prompt, or MindSpeed-LLM's demonstration prompt when a script gives neither
+        texts = [args.prompt if args.prompt is not None else DEMONSTRATION_PROMPT]
+    jobs = []  # (task, its texts, their ids), every prompt checked before the model loads
+    for task in tasks:
+        if task == "chat" and args.input_file is None:
+            if args.prompt is None:
+                jobs.append((task, None, None))  # the terminal conversation
+                continue
+            task_texts = [[{"role": "user", "content": args.prompt}]]
+        else:
+            task_texts = texts
+        ids = [prompt_ids(args, tokenizer, render if task == "chat" else None, text, number)
+               for number, text in enumerate(task_texts, 1)]
+        jobs.append((task, task_texts, ids))
+    model = build_and_load(args)
+    import torch
+
+    for task, task_texts, ids in jobs:
+        if task_texts is None:
+            if len(tasks) > 1 and torch.distributed.get_rank() == 0:
+                print(f"== {task} ==", flush=True)
+            converse(args, tokenizer, render, model)
+        else:
+            run_task(args, task, tokenizer, model, task_texts, ids, len(tasks) > 1)
 
 
 if __name__ == "__main__":

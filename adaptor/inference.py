@@ -36,6 +36,12 @@ TASKS = ("greedy_search", "greedy_search_with_sampling", "do_sample", "return_ou
          "beam_search_with_sampling", "chat")
 SAMPLING_TASKS = ("greedy_search_with_sampling", "do_sample", "return_output_log_probs", "beam_search_with_sampling")
 BEAM_TASKS = ("beam_search", "beam_search_with_sampling")
+TASK_ALIASES = {"greedy": "greedy_search"}  # MindSpeed-LLM's older name
+# MindSpeed-LLM's generation scripts give no --task and no prompt: its inference.py then runs every task,
+# in this order, on one fixed prompt, and ends in the terminal conversation.
+DEMONSTRATION_TASKS = ("greedy_search", "do_sample", "beam_search", "beam_search_with_sampling",
+                       "return_output_log_probs", "chat")
+DEMONSTRATION_PROMPT = "how are you?"
 
 
 def running_inference() -> None:

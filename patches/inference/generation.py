@@ -4,9 +4,10 @@ No upstream function is changed; the flags join Megatron's parser like every fea
 only by ``inference.py`` (:mod:`adaptor.inference`). Given to another entry (``pretrain_gpt.py``), any
 of them is one line: that entry generates nothing.
 
-* ``--task greedy_search`` (the default), ``greedy_search_with_sampling`` (or ``do_sample``),
-  ``return_output_log_probs`` (sampling, with each token's log-probability), ``beam_search``,
-  ``beam_search_with_sampling``, ``chat`` (the tokenizer's chat template, else ``--prompt-type``'s;
+* ``--task greedy_search`` (the default with a prompt; ``greedy``), ``greedy_search_with_sampling`` (or
+  ``do_sample``), ``return_output_log_probs`` (sampling, with each token's log-probability), ``beam_search``,
+  ``beam_search_with_sampling``, ``chat``; several run in order; with no task and no prompt, MindSpeed-LLM's
+  generation scripts' behaviour: every task on its demonstration prompt, then the chat (the tokenizer's chat template, else ``--prompt-type``'s;
   a terminal conversation without ``--prompt``/``--input-file``, greedy);
 * ``--temperature``, ``--top-k``, ``--top-p`` (the sampling tasks; drawn with ``--seed``), ``--num-beams``
   (the beam tasks), ``--stream`` (one ``--prompt``'s text printed as it is generated; not for beams);
@@ -21,7 +22,9 @@ of them is one line: that entry generates nothing.
 from __future__ import annotations
 
 from adaptor.features import ArgumentError, Feature
-from adaptor.inference import BEAM_TASKS, SAMPLING_TASKS, TASKS
+from adaptor.inference import (
+    BEAM_TASKS, DEMONSTRATION_PROMPT, DEMONSTRATION_TASKS, SAMPLING_TASKS, TASK_ALIASES, TASKS,
+)
 
 SAMPLING_DESTS = ("temperature", "top_k", "top_p")
 DESTS = ("task", "max_new_tokens", "max_length", "add_eos_token", "use_kv_cache", "input_file", "output_file",
@@ -37,7 +40,7 @@ class Generation(Feature):
 
     def add_arguments(self, group) -> None:
         group.add_argument("--task", nargs="+", default=None, metavar="TASK",
-                           help="inference.py: greedy_search (the default), greedy_search_with_sampling (or "
+                           help="inference.py, in order: greedy_search (the default), greedy_search_with_sampling (or "
                                 "do_sample), return_output_log_probs (sampling, with each generated token's "
                                 "log-probability), beam_search, beam_search_with_sampling or chat; evaluation.py: "
                                 "lm-eval task names (mmlu with --task-data-path)")
@@ -81,19 +84,30 @@ class Generation(Feature):
                 readers = "inference.py and evaluation.py" if given[0] == "task" else "inference.py"
                 raise ArgumentError(f"{_flag(given[0])} is read by {readers}; this entry does not: drop it")
             return
-        tasks = [args.task] if isinstance(args.task, str) else list(args.task or ["greedy_search"])
-        if len(tasks) != 1:
-            raise ArgumentError(f"inference.py runs one --task, not {len(tasks)}")
-        task = tasks[0]
-        if task not in TASKS:
-            raise ArgumentError(f"--task {task} is not a task inference.py knows; it knows {', '.join(TASKS)}")
-        args.task = task
+        given_tasks = [args.task] if isinstance(args.task, str) else list(args.task or [])
+        tasks = [TASK_ALIASES.get(task, task) for task in given_tasks]
+        for task in tasks:
+            if task not in TASKS:
+                raise ArgumentError(f"--task {task} is not a task inference.py knows; it knows {', '.join(TASKS)}")
+        prompted = args.prompt is not None or args.input_file is not None
+        if not tasks:
+            # MindSpeed-LLM's generation scripts give neither --task nor a prompt: they run every task.
+            tasks = ["greedy_search"] if prompted else list(DEMONSTRATION_TASKS)
+            if not prompted:
+                from adaptor.log import notice_once
+
+                notice_once(f"inference.py: no --task and no --prompt/--input-file: as MindSpeed-LLM's inference.py, "
+                            f"every task ({', '.join(tasks)}) on {DEMONSTRATION_PROMPT!r}, then the terminal chat")
+        if len(tasks) > 1 and args.input_file is not None:
+            raise ArgumentError(f"--input-file prompts go through one --task, not {len(tasks)}; run one task at a time")
+        args.task = tasks
+        named = " ".join(tasks)
         for dest in SAMPLING_DESTS:
-            if dest in ctx.explicit and task not in SAMPLING_TASKS:
+            if dest in ctx.explicit and not set(tasks) & set(SAMPLING_TASKS):
                 raise ArgumentError(f"{_flag(dest)} is read by the sampling tasks ({', '.join(SAMPLING_TASKS)}); "
-                                    f"--task {task} does not sample: drop it or choose one of them")
-        if "num_beams" in ctx.explicit and task not in BEAM_TASKS:
-            raise ArgumentError(f"--num-beams is read by the beam tasks ({' and '.join(BEAM_TASKS)}); --task {task} "
+                                    f"--task {named} does not sample: drop it or choose one of them")
+        if "num_beams" in ctx.explicit and not set(tasks) & set(BEAM_TASKS):
+            raise ArgumentError(f"--num-beams is read by the beam tasks ({' and '.join(BEAM_TASKS)}); --task {named} "
                                 f"keeps one sequence per prompt: drop it or choose one of them")
         if not args.temperature > 0:
             raise ArgumentError(f"--temperature must be above 0, not {args.temperature}")
@@ -103,14 +117,11 @@ class Generation(Feature):
             raise ArgumentError(f"--top-p must be in (0, 1], not {args.top_p}")
         if args.num_beams < 1:
             raise ArgumentError(f"--num-beams must be at least 1, not {args.num_beams}")
-        if args.stream and (args.prompt is None or task in BEAM_TASKS):
+        if args.stream and (args.prompt is None or set(tasks) <= set(BEAM_TASKS)):
             raise ArgumentError("--stream prints one --prompt's text as it is generated; it takes --prompt, and "
                                 "not the beam tasks, whose best sequence is known only at the end")
         if args.prompt is not None and args.input_file is not None:
             raise ArgumentError("inference.py needs one of --prompt TEXT or --input-file prompts.jsonl, not both")
-        if args.prompt is None and args.input_file is None and task != "chat":
-            raise ArgumentError("inference.py needs one of --prompt TEXT or --input-file prompts.jsonl "
-                                "(--task chat without either talks on the terminal)")
         if args.input_file is not None and args.output_file is None:
             raise ArgumentError("--input-file needs --output-file out.jsonl")
         if args.output_file is not None and args.input_file is None:

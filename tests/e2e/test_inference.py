@@ -260,3 +260,44 @@ def test_prompt_longer_than_seq_length_is_one_line(qwen3, tmp_path):
     hf_dir, _, flags = qwen3
     run = run_python([*flags, "--hf-load-dir", str(hf_dir), "--prompt", "word " * 80], tmp_path, script="inference.py")
     assert_one_line_error(run, ["--prompt", "--seq-length 64"], torchrun=False)
+
+
+def test_mindspeed_llm_generate_script_runs_every_task(tmp_path):
+    """MindSpeed-LLM's examples/mcore/qwen3/generate_qwen3_14b_ptd.sh as published, every flag kept, sizes
+    scaled (layers, widths, heads, vocabulary, sequence, new tokens, TP), on a checkpoint tools/convert_ckpt.py
+    wrote at TP2: like its own inference.py, with no --task and no prompt it runs every task on its
+    demonstration prompt, in its order, and ends in the terminal chat, which ends at end of input. The greedy
+    task's tokens are transformers' bf16 greedy ones (the script runs --bf16)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from adaptor.convert import Layout, convert_hf_to_megatron
+    from adaptor.inference import DEMONSTRATION_PROMPT, DEMONSTRATION_TASKS
+
+    tokenizer = AutoTokenizer.from_pretrained(str(SAMPLE_TOKENIZER))
+    hf_dir = make_tiny_qwen3(tmp_path / "qwen3", tied=False, vocab_size=len(tokenizer), seed=5)
+    checkpoint = convert_hf_to_megatron(hf_dir, tmp_path / "mg", "qwen3", Layout(tp=2), save_format="torch")
+    script = ["--use-mcore-models", "--tensor-model-parallel-size", "2", "--pipeline-model-parallel-size", "1",
+              "--load", str(checkpoint), "--spec", "mindspeed_llm.tasks.models.spec.qwen3_spec", "layer_spec",
+              "--kv-channels", "32", "--qk-layernorm", "--num-layers", "4", "--hidden-size", "64",
+              "--use-rotary-position-embeddings", "--untie-embeddings-and-output-weights", "--num-attention-heads", "4",
+              "--ffn-hidden-size", "192", "--max-position-embeddings", "64", "--seq-length", "64",
+              "--make-vocab-size-divisible-by", "1", "--padded-vocab-size", "1536", "--rotary-base", "1000000",
+              "--micro-batch-size", "1", "--disable-bias-linear", "--swiglu", "--use-rotary-position-embeddings",
+              "--tokenizer-type", "PretrainedFromHF", "--tokenizer-name-or-path", str(SAMPLE_TOKENIZER),
+              "--normalization", "RMSNorm", "--position-embedding-type", "rope", "--norm-epsilon", "1e-6",
+              "--hidden-dropout", "0", "--attention-dropout", "0", "--max-new-tokens", "6",
+              "--no-gradient-accumulation-fusion", "--attention-softmax-in-fp32", "--exit-on-missing-checkpoint",
+              "--no-masked-softmax-fusion", "--group-query-attention", "--num-query-groups", "2", "--seed", "42",
+              "--bf16", "--prompt-type", "chatml"]
+    run = launch("inference.py", script, nproc=2)
+    assert run.returncode == 0, tail(run.output)
+    headers = [line[3:-3] for line in run.output.splitlines() if line.startswith("== ") and line.endswith(" ==")]
+    assert headers == list(DEMONSTRATION_TASKS), tail(run.output)
+    assert "inference.py chat: 'clear' or 'new' starts over" in run.output, tail(run.output)
+    greedy = run.output.splitlines()[run.output.splitlines().index("== greedy_search ==") + 1]
+    model = AutoModelForCausalLM.from_pretrained(str(hf_dir), dtype=torch.bfloat16).eval()
+    ids = tokenizer(DEMONSTRATION_PROMPT, return_tensors="pt").input_ids
+    with torch.no_grad():
+        new = model.generate(input_ids=ids, do_sample=False, max_new_tokens=6, pad_token_id=tokenizer.pad_token_id,
+                             eos_token_id=tokenizer.eos_token_id)[0, ids.shape[1]:].tolist()
+    assert greedy == tokenizer.decode([t for t in new if t != tokenizer.eos_token_id], skip_special_tokens=True)

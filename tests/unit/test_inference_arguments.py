@@ -51,7 +51,10 @@ def test_other_entries_refuse_the_flags():
     (dict(prompt="hi", task="beam_search", stream=True), "--stream prints one --prompt"),
     (dict(input_file="p.jsonl", output_file="o.jsonl", stream=True), "--stream prints one --prompt"),
     (dict(prompt="hi", task="summarise"), "--task summarise is not a task inference.py knows"),
-    (dict(), "needs one of --prompt TEXT or --input-file"),
+    (dict(input_file="p.jsonl", output_file="o.jsonl", task=["greedy_search", "beam_search"]),
+     "--input-file prompts go through one --task, not 2"),
+    (dict(prompt="hi", task=["greedy_search", "chat"], num_beams=2), "--num-beams is read by the beam tasks"),
+    (dict(prompt="hi", task=["beam_search"], stream=True), "--stream prints one --prompt"),
     (dict(prompt="hi", input_file="p.jsonl", output_file="o.jsonl"), "needs one of --prompt TEXT or --input-file"),
     (dict(input_file="p.jsonl"), "--input-file needs --output-file"),
     (dict(prompt="hi", output_file="o.jsonl"), "--output-file is written for --input-file"),
@@ -71,17 +74,25 @@ def test_every_task_with_its_own_flags_passes(inference_entry):
                         ("beam_search_with_sampling", dict(num_beams=2, top_k=4)), ("chat", {})):
         parsed = args(prompt="hi", task=task, **extra)
         Generation().validate(parsed, ctx("prompt", "task", *extra))
-        assert parsed.task == task
+        assert parsed.task == [task]
+    parsed = args(prompt="hi", task=["greedy", "beam_search_with_sampling"], top_k=4)  # greedy: MindSpeed-LLM's older name
+    Generation().validate(parsed, ctx("prompt", "task", "top_k"))
+    assert parsed.task == ["greedy_search", "beam_search_with_sampling"]
 
 
-def test_chat_without_prompt_or_input_file_talks_on_the_terminal(inference_entry):
+def test_without_prompt_tasks_run_as_mindspeed_llm_runs_them(inference_entry):
+    """No prompt: a task generates for MindSpeed-LLM's demonstration prompt (chat talks on the terminal);
+    no --task either, as MindSpeed-LLM's generation scripts run it: every task in its order, chat last."""
     parsed = args(task="chat")
     Generation().validate(parsed, ctx("task"))
-    with pytest.raises(ArgumentError, match=r"\(--task chat without either talks on the terminal\)"):
-        Generation().validate(args(task="greedy_search"), ctx("task"))
+    assert parsed.task == ["chat"]
+    parsed = args()
+    Generation().validate(parsed, ctx())
+    assert parsed.task == ["greedy_search", "do_sample", "beam_search", "beam_search_with_sampling",
+                           "return_output_log_probs", "chat"]
 
 
 def test_defaults_greedy_and_sequence_parallel_off(inference_entry):
     parsed = args(prompt="hi", sequence_parallel=True)
     Generation().validate(parsed, ctx("prompt", "sequence_parallel"))
-    assert parsed.task == "greedy_search" and parsed.sequence_parallel is False
+    assert parsed.task == ["greedy_search"] and parsed.sequence_parallel is False
