@@ -3,13 +3,15 @@
     torchrun --nproc_per_node N evaluation.py <the model flags of pretrain_gpt.py> \\
         --load CKPT | --hf-load-dir HF_DIR  --tokenizer-type HuggingFaceTokenizer --tokenizer-model TOK \\
         --task NAME [NAME ...] [--include-path DIR] [--task-data-path MMLU_DIR] \\
-        [--num-fewshot N] [--limit N] [--eval-output-file results.json]
+        [--num-fewshot N] [--limit N] [--eval-output-file results.json] [--hf-chat-template | --prompt-type T]
 
 The model is built and loaded as inference.py does (``pretrain_gpt.py``'s ``model_provider`` at the
 layout the flags give; ``--load`` in any format the training writes, or ``--hf-load-dir``), then
 lm-eval's ``simple_evaluate`` runs the tasks on it through :class:`adaptor.evaluation.lm.MegatronLM`.
 Every rank runs every request (TP and PP ranks work on each batch together); rank 0 prints lm-eval's
-table and writes ``--eval-output-file``. The flags are ``patches.inference.evaluation``'s; lm-eval is
+table and writes ``--eval-output-file``. With ``--hf-chat-template`` (the tokenizer's chat template) or
+``--prompt-type`` (the tokenizer's template, else that built-in one), MindSpeed-LLM's switches for
+instruction-tuned models, every request is rendered as a conversation (lm-eval's ``apply_chat_template``). The flags are ``patches.inference.evaluation``'s; lm-eval is
 an optional dependency (``pip install -e ".[eval]"``).
 """
 import adaptor  # noqa: F401  (first: patches megatron for this machine)
@@ -58,6 +60,11 @@ def main():
     tokenizer = get_tokenizer()
     from inference import build_and_load
 
+    render = None
+    if args.hf_chat_template or args.prompt_type:  # MindSpeed-LLM's switches for instruction-tuned models
+        from inference import chat_renderer
+
+        render = chat_renderer(args, need="--prompt-type")
     model = build_and_load(args, entry="evaluation.py")
 
     import torch
@@ -67,8 +74,9 @@ def main():
     from adaptor.evaluation.lm import MegatronLM
 
     lm = MegatronLM(model, tokenizer, vocab_size=min(tokenizer.vocab_size, args.padded_vocab_size),
-                    max_length=args.seq_length, batch_size=args.micro_batch_size)
+                    max_length=args.seq_length, batch_size=args.micro_batch_size, render=render)
     results = evaluator.simple_evaluate(model=lm, tasks=tasks, num_fewshot=args.num_fewshot, limit=args.limit,
+                                        apply_chat_template=render is not None,
                                         task_manager=manager, log_samples=args.eval_output_file is not None,
                                         random_seed=args.seed, numpy_random_seed=args.seed,
                                         torch_random_seed=args.seed, fewshot_random_seed=args.seed)

@@ -125,9 +125,10 @@ def _multimodal_provider(pre_process=True, post_process=True, vp_stage=None, con
                              pg_collection)
 
 
-def chat_renderer(args):
-    """``render(messages) -> text``: the conversation and the generation prompt, as transformers'
-    ``apply_chat_template(add_generation_prompt=True)`` writes them."""
+def chat_renderer(args, need: str = "--task chat"):
+    """``render(messages, add_generation_prompt=True) -> text``: the conversation (and the generation
+    prompt), as transformers' ``apply_chat_template`` writes it: the tokenizer's template, else
+    ``--prompt-type``'s built-in one; with ``--hf-chat-template`` the tokenizer's, or one line."""
     from adaptor.errors import fail
 
     sys.path.insert(0, str(Path(__file__).resolve().parent / "tools"))
@@ -137,8 +138,12 @@ def chat_renderer(args):
     try:
         kind = chat_template.prompt_type(args.prompt_type) if args.prompt_type else None
         template = chat_template.find_template(directory, kind or chat_template.PROMPT_TYPES["chatml"])
+        if template.source.startswith("built-in") and getattr(args, "hf_chat_template", False):
+            fail(f"--hf-chat-template: the tokenizer ({directory}) has no chat template (chat_template.jinja or "
+                 f"tokenizer_config.json's chat_template); drop it and give --prompt-type "
+                 f"({', '.join(chat_template.PROMPT_TYPES)})")
         if template.source.startswith("built-in") and kind is None:
-            fail(f"--task chat needs a chat template: the tokenizer ({directory}) has none (chat_template.jinja "
+            fail(f"{need} needs a chat template: the tokenizer ({directory}) has none (chat_template.jinja "
                  f"or tokenizer_config.json's chat_template); give --prompt-type "
                  f"({', '.join(chat_template.PROMPT_TYPES)})")
         compiled = chat_template.compile_template(template.text)
@@ -146,13 +151,14 @@ def chat_renderer(args):
     except chat_template.ChatTemplateError as exc:
         fail(str(exc))
 
-    def render(messages: list) -> str:
+    def render(messages: list, add_generation_prompt: bool = True) -> str:
         try:
             return compiled.render(messages=chat_template.normalize_messages(messages), tools=None, documents=None,
-                                   add_generation_prompt=True, **variables)
+                                   add_generation_prompt=add_generation_prompt, **variables)
         except Exception as exc:  # the template's own raise_exception, or odd messages
             raise ValueError(f"the chat template failed: {chat_template._one_line(exc)}") from None
 
+    render.template_text = template.text  # lm-eval records which template scored
     return render
 
 
@@ -198,11 +204,13 @@ def converse(args, tokenizer, render, model) -> None:
     import torch
 
     from adaptor.errors import fail
-    from adaptor.inference import greedy_batch, stop_ids
+    from adaptor.inference import Sampling, greedy_batch, stop_ids
 
     vocab = min(tokenizer.vocab_size, args.padded_vocab_size)
     max_length = args.max_length or args.seq_length
     stops = stop_ids(tokenizer, args.add_eos_token)
+    sampling = Sampling(args.temperature, args.top_k, args.top_p) if args.chat_samples else None
+    generator = torch.Generator(device=next(model[0].parameters()).device).manual_seed(args.seed)
     messages = []
     rank0 = torch.distributed.get_rank() == 0
     if rank0:
@@ -227,8 +235,8 @@ def converse(args, tokenizer, render, model) -> None:
         if rank0:
             sys.stdout.write("assistant> ")
         [reply] = greedy_batch(model, [ids], max_new_tokens=args.max_new_tokens, max_length=max_length, stops=stops,
-                               vocab_size=vocab, use_kv_cache=args.use_kv_cache,
-                               on_step=_streamer(tokenizer) if rank0 else None)
+                               vocab_size=vocab, use_kv_cache=args.use_kv_cache, sampling=sampling,
+                               generator=generator, on_step=_streamer(tokenizer) if rank0 else None)
         kept = reply.token_ids[:-1] if reply.stopped else reply.token_ids
         messages.append({"role": "assistant", "content": tokenizer.detokenize(kept)})
         if rank0:
@@ -253,7 +261,8 @@ def run_task(args, task: str, tokenizer, model, texts: list, prompts: list[list[
     except ValueError as exc:
         fail(str(exc))
     vocab = min(tokenizer.vocab_size, args.padded_vocab_size)
-    sampling = Sampling(args.temperature, args.top_k, args.top_p) if task in SAMPLING_TASKS else None
+    samples = task in SAMPLING_TASKS or (chat and args.chat_samples)
+    sampling = Sampling(args.temperature, args.top_k, args.top_p) if samples else None
     log_probs = task == "return_output_log_probs"
     device = next(model[0].parameters()).device
     generator = torch.Generator(device=device).manual_seed(args.seed)

@@ -12,6 +12,8 @@ same tokens through either backend.
   window helpers), each scored as above.
 * ``generate_until``: :func:`adaptor.inference.greedy_batch` (the loop inference.py runs), cut at the
   first of the request's ``until`` strings.
+* ``apply_chat_template``: with a chat template (``render``), lm-eval renders each request as a
+  conversation through it before the requests above.
 
 Every process runs every request (the model's ranks work together on each batch), and the object
 tells lm-eval it is rank 0 of 1, so lm-eval never splits requests across processes; ``evaluation.py``
@@ -31,8 +33,9 @@ DEFAULT_MAX_GEN_TOKS = 256
 
 
 class MegatronLM(TemplateLM):
-    def __init__(self, model, tokenizer, *, vocab_size: int, max_length: int, batch_size: int):
+    def __init__(self, model, tokenizer, *, vocab_size: int, max_length: int, batch_size: int, render=None):
         super().__init__()
+        self.render = render  # the chat template (inference.chat_renderer), when requests are conversations
         self.model = model
         self.megatron_tokenizer = tokenizer
         self.vocab_size = vocab_size
@@ -55,6 +58,12 @@ class MegatronLM(TemplateLM):
     @property
     def tokenizer_name(self) -> str:
         return type(self.megatron_tokenizer).__name__
+
+    def apply_chat_template(self, chat_history: list[dict[str, str]], add_generation_prompt=True) -> str:
+        return self.render(chat_history, add_generation_prompt=add_generation_prompt)
+
+    def chat_template(self, chat_template: bool | str = False) -> str | None:
+        return self.render.template_text if chat_template and self.render is not None else ""
 
     def tok_encode(self, string: str, add_special_tokens=None, **kwargs) -> list[int]:
         return [int(t) for t in self.megatron_tokenizer.tokenize(string)]

@@ -28,7 +28,7 @@ from adaptor.inference import (
 
 SAMPLING_DESTS = ("temperature", "top_k", "top_p")
 DESTS = ("task", "max_new_tokens", "max_length", "add_eos_token", "use_kv_cache", "input_file", "output_file",
-         "prompt", "stream", "num_beams", *SAMPLING_DESTS)
+         "prompt", "stream", "num_beams", "hf_chat_template", *SAMPLING_DESTS)
 
 
 def _flag(dest: str) -> str:
@@ -71,6 +71,10 @@ class Generation(Feature):
         group.add_argument("--top-p", type=float, default=1.0, metavar="P",
                            help="inference.py, sampling tasks: draw among the fewest most likely tokens whose "
                                 "probability reaches P (1.0: all)")
+        group.add_argument("--hf-chat-template", action="store_true",
+                           help="inference.py (chat) and evaluation.py: render conversations with the tokenizer's own "
+                                "chat template (one line if it has none); evaluation.py then applies it to every "
+                                "request, as --prompt-type's template does")
         group.add_argument("--num-beams", type=int, default=4, metavar="N",
                            help="inference.py, beam tasks: beams kept per prompt")
 
@@ -78,10 +82,12 @@ class Generation(Feature):
         from adaptor.inference import ENTRY
 
         if not ENTRY["inference"]:
-            # evaluation.py reads --task (its own feature checks the names) and nothing else here.
-            given = [d for d in DESTS if d in ctx.explicit and not (ENTRY["evaluation"] and d == "task")]
+            # evaluation.py reads --task (its own feature checks the names) and --hf-chat-template only.
+            given = [d for d in DESTS if d in ctx.explicit
+                     and not (ENTRY["evaluation"] and d in ("task", "hf_chat_template"))]
             if given:
-                readers = "inference.py and evaluation.py" if given[0] == "task" else "inference.py"
+                readers = ("inference.py and evaluation.py" if given[0] in ("task", "hf_chat_template")
+                           else "inference.py")
                 raise ArgumentError(f"{_flag(given[0])} is read by {readers}; this entry does not: drop it")
             return
         given_tasks = [args.task] if isinstance(args.task, str) else list(args.task or [])
@@ -102,9 +108,12 @@ class Generation(Feature):
             raise ArgumentError(f"--input-file prompts go through one --task, not {len(tasks)}; run one task at a time")
         args.task = tasks
         named = " ".join(tasks)
+        # chat answers greedily unless a sampling flag is given (MindSpeed-LLM's chat scripts give them)
+        args.chat_samples = "chat" in tasks and any(dest in ctx.explicit for dest in SAMPLING_DESTS)
         for dest in SAMPLING_DESTS:
-            if dest in ctx.explicit and not set(tasks) & set(SAMPLING_TASKS):
-                raise ArgumentError(f"{_flag(dest)} is read by the sampling tasks ({', '.join(SAMPLING_TASKS)}); "
+            if dest in ctx.explicit and not set(tasks) & {*SAMPLING_TASKS, "chat"}:
+                raise ArgumentError(f"{_flag(dest)} is read by the sampling tasks ({', '.join(SAMPLING_TASKS)}) "
+                                    f"and chat; "
                                     f"--task {named} does not sample: drop it or choose one of them")
         if "num_beams" in ctx.explicit and not set(tasks) & set(BEAM_TASKS):
             raise ArgumentError(f"--num-beams is read by the beam tasks ({' and '.join(BEAM_TASKS)}); --task {named} "

@@ -155,6 +155,42 @@ def test_scores_equal_lm_evals_hf_backend_at_tp1_tp2_pp2(setup, tmp_path):
     assert_same(pp2, reference)
 
 
+def test_chat_template_requests_equal_lm_evals_hf_backend(setup, tmp_path):
+    """--hf-chat-template (MindSpeed-LLM's switch for instruction-tuned models): lm-eval renders every
+    request through the tokenizer's chat template, on both sides; the same log-likelihoods (TOL) and the same
+    generations as the hf backend with apply_chat_template=True."""
+    hf_dir, tasks, flags, env = setup
+
+    def ours():
+        out = tmp_path / "chat.json"
+        run = launch("evaluation.py", [*flags, "--hf-load-dir", str(hf_dir), "--include-path", str(tasks), "--task",
+                                       "sample_mc", "sample_gen", "--micro-batch-size", "3", "--hf-chat-template",
+                                       "--eval-output-file", str(out)], env=env)
+        assert run.returncode == 0, tail(run.output)
+        return json.loads(out.read_text())
+
+    def reference():
+        from lm_eval import evaluator
+        from lm_eval.tasks import TaskManager
+
+        os.environ.update(env)
+        results = evaluator.simple_evaluate(
+            model="hf", model_args={"pretrained": str(hf_dir), "tokenizer": str(SAMPLE_TOKENIZER), "dtype": "float32",
+                                    "device": "cpu"},
+            tasks=["sample_mc", "sample_gen"], task_manager=TaskManager(include_path=[str(tasks)]), batch_size=3,
+            log_samples=True, apply_chat_template=True)
+        return {"samples": {task: [{"doc_id": d["doc_id"], "responses": d["filtered_resps"],
+                                    "arguments": d["arguments"]} for d in docs]
+                            for task, docs in results["samples"].items()}}
+
+    mine, theirs = side_by_side(ours, reference)
+    assert "<|im_start|>" in str(theirs["samples"]["sample_mc"][0]["arguments"])  # rendered as a conversation
+    for doc, ref_doc in zip(by_doc(mine, "sample_mc"), by_doc(theirs, "sample_mc"), strict=True):
+        for (ll, greedy), (ref_ll, ref_greedy) in zip(doc, ref_doc, strict=True):
+            assert abs(ll - ref_ll) < TOL and bool(greedy) == bool(ref_greedy), (doc, ref_doc)
+    assert by_doc(mine, "sample_gen") == by_doc(theirs, "sample_gen")
+
+
 def _bad(setup, tmp_path, extra):
     hf_dir, tasks, flags, env = setup
     return run_python([*flags, *extra], tmp_path, script="evaluation.py", **env)

@@ -64,13 +64,13 @@ def test_bad_values_are_one_sentence(evaluation_entry, given, message):
         Evaluation().validate(args(**given), ctx(*given))
 
 
-def test_inference_runs_one_task():
+def test_inference_runs_its_tasks_in_order():
     ENTRY["inference"] = True
     try:
-        with pytest.raises(ArgumentError, match="inference.py runs one --task, not 2"):
-            Generation().validate(args(task=["greedy_search", "chat"], prompt="hi"), ctx("task", "prompt"))
-        parsed = args(task=["greedy_search"], prompt="hi")
+        parsed = args(task=["greedy_search", "chat"], prompt="hi")
         Generation().validate(parsed, ctx("task", "prompt"))
-        assert parsed.task == "greedy_search"
+        assert parsed.task == ["greedy_search", "chat"]
+        with pytest.raises(ArgumentError, match="--task mmlu is not a task inference.py knows"):
+            Generation().validate(args(task=["mmlu"], prompt="hi"), ctx("task", "prompt"))
     finally:
         ENTRY["inference"] = False

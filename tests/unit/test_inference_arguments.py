@@ -21,7 +21,8 @@ def ctx(*explicit):
 def args(**given):
     values = dict(task=None, max_new_tokens=128, max_length=None, add_eos_token=[], use_kv_cache=False,
                   input_file=None, output_file=None, prompt=None, seq_length=64, context_parallel_size=1,
-                  sequence_parallel=False, stream=False, temperature=1.0, top_k=0, top_p=1.0, num_beams=4)
+                  sequence_parallel=False, stream=False, temperature=1.0, top_k=0, top_p=1.0, num_beams=4,
+                  hf_chat_template=False)
     values.update(given)
     return argparse.Namespace(**values)
 
@@ -78,6 +79,21 @@ def test_every_task_with_its_own_flags_passes(inference_entry):
     parsed = args(prompt="hi", task=["greedy", "beam_search_with_sampling"], top_k=4)  # greedy: MindSpeed-LLM's older name
     Generation().validate(parsed, ctx("prompt", "task", "top_k"))
     assert parsed.task == ["greedy_search", "beam_search_with_sampling"]
+
+
+def test_chat_samples_when_a_sampling_flag_is_given(inference_entry):
+    """MindSpeed-LLM's chat scripts pass --top-p and --temperature: chat then samples; without them, greedy."""
+    parsed = args(task="chat", top_p=0.9, temperature=0.6, hf_chat_template=True)
+    Generation().validate(parsed, ctx("task", "top_p", "temperature", "hf_chat_template"))
+    assert parsed.chat_samples
+    parsed = args(task="chat")
+    Generation().validate(parsed, ctx("task"))
+    assert not parsed.chat_samples
+
+
+def test_other_entries_refuse_hf_chat_template():
+    with pytest.raises(ArgumentError, match=r"^--hf-chat-template is read by inference.py and evaluation.py"):
+        Generation().validate(args(hf_chat_template=True), ctx("hf_chat_template"))
 
 
 def test_without_prompt_tasks_run_as_mindspeed_llm_runs_them(inference_entry):
