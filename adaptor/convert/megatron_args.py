@@ -56,10 +56,32 @@ def _yarn_flags(config: dict, rope: dict) -> list[str]:
     return flags
 
 
-def _position_flags(config: dict) -> list[str]:
-    """A standard attention model's RoPE: plain, linear position interpolation, or YaRN; others refused."""
+# Megatron's Llama 3 RoPE scaling (--use-rope-scaling) fixes these; only its factor is a flag.
+LLAMA3_FIXED = {"low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}
+
+
+def _llama3_flags(config: dict, rope: dict) -> list[str]:
+    """``rope_type: llama3`` as Megatron's --use-rope-scaling --rope-scaling-factor computes it."""
+    for key, fixed in LLAMA3_FIXED.items():
+        value = rope.get(key)
+        if value is None and key == "original_max_position_embeddings":
+            value = config.get("max_position_embeddings")  # transformers' fallback
+        if value is None or float(value) != fixed:
+            raise ConversionError(f"config.json: rope_scaling {key}={value!r} is not supported for rope_type llama3 "
+                                  f"(Megatron's Llama 3 scaling fixes it at {fixed:g})")
+    if rope.get("factor") is None:
+        raise ConversionError("config.json: rope_scaling of rope_type llama3 has no factor")
+    return ["--use-rope-scaling", "--rope-scaling-factor", f"{float(rope['factor']):g}"]
+
+
+def position_flags(config: dict) -> list[str]:
+    """A standard attention model's RoPE: plain, linear position interpolation, YaRN or Llama 3's scaling;
+    others refused."""
     rope = _rope_parameters(config)
     kind = _rope_type(rope)
+    if float(rope.get("partial_rotary_factor", 1.0)) != 1.0:
+        raise ConversionError(f"config.json: partial_rotary_factor={rope['partial_rotary_factor']!r} is not "
+                              f"supported (RoPE on the whole head only)")
     if kind == "default":
         return ["--position-embedding-type", "rope"]
     if kind == "linear":
@@ -70,8 +92,10 @@ def _position_flags(config: dict) -> list[str]:
         return ["--position-embedding-type", "rope", "--rotary-seq-len-interpolation-factor", str(int(factor))]
     if kind == "yarn":
         return ["--position-embedding-type", "yarn"] + _yarn_flags(config, rope)
+    if kind == "llama3":
+        return ["--position-embedding-type", "rope"] + _llama3_flags(config, rope)
     raise ConversionError(f"config.json: rope_scaling type {kind!r} has no Megatron equivalent here "
-                          f"(supported: default, linear, yarn)")
+                          f"(supported: default, linear, yarn, llama3)")
 
 
 def _common(config: dict, mapping) -> list[str]:
@@ -91,10 +115,19 @@ def _common(config: dict, mapping) -> list[str]:
 
 
 def _qwen3(config: dict, mapping) -> list[str]:
-    return _common(config, mapping) + _position_flags(config) + [
+    return _common(config, mapping) + position_flags(config) + [
         "--group-query-attention", "--num-query-groups", str(mapping.groups),
         "--kv-channels", str(mapping.head_dim), "--qk-layernorm",
     ]
+
+
+def _llama(config: dict, mapping) -> list[str]:
+    """llama2 (Llama 2 / 3.x) and qwen2 (Qwen2.5: the same layers with --add-qkv-bias)."""
+    flags = _common(config, mapping) + position_flags(config) + [
+        "--group-query-attention", "--num-query-groups", str(mapping.groups), "--kv-channels", str(mapping.head_dim),
+    ]
+    return flags + (["--add-qkv-bias"] if mapping.qkv_bias else [])
+
 
 
 def _deepseek3(config: dict, mapping) -> list[str]:
@@ -137,7 +170,10 @@ def _deepseek3(config: dict, mapping) -> list[str]:
     return flags
 
 
+FAMILY_FLAGS = {"qwen3": _qwen3, "deepseek3": _deepseek3, "llama2": _llama, "qwen2": _llama}
+
+
 def megatron_args_from_hf_config(model_type: str, hf_config: dict) -> list[str]:
-    """pretrain_gpt.py model flags for `hf_config` (a config.json dict) of model_type qwen3 or deepseek3."""
+    """pretrain_gpt.py model flags for `hf_config` (a config.json dict) of a family of MODELS."""
     mapping = model_mapping(model_type, hf_config)
-    return _qwen3(hf_config, mapping) if model_type == "qwen3" else _deepseek3(hf_config, mapping)
+    return FAMILY_FLAGS[model_type](hf_config, mapping)
