@@ -1,0 +1,173 @@
+"""Llama 3.x (llama2) and Qwen2.5 (qwen2) in the converter, in this process: their Megatron flags, the q/k/v
+bias split, the config.json settings refused in one line, and MindSpeed-LLM's Qwen2.5 conversion scripts.
+
+The tiny random checkpoints (tests/helpers/hf_fixtures.py make_tiny_llama: GQA 8 heads / 2 groups, head_dim
+14, Llama with rope_type llama3) are transformers' own. Round trips: tests/unit/test_convert_ckpt.py; logits
+against transformers, LoRA and the TP2 loss curve: tests/e2e/test_hf_parity.py.
+"""
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+import torch
+
+from adaptor.convert import HfCheckpoint, Layout, megatron_args_from_hf_config, megatron_rank_tensors
+from adaptor.convert.config_check import config_mismatch, hf_model_type, megatron_namespace
+from helpers.processes import import_tool
+
+convert_ckpt = import_tool("convert_ckpt")
+
+
+def config_of(path) -> dict:
+    return json.loads((path / "config.json").read_text())
+
+
+def pairs(flags):
+    return dict(zip(flags, flags[1:]))
+
+
+def test_megatron_flags(hf_dirs):
+    llama = megatron_args_from_hf_config("llama2", config_of(hf_dirs["llama_untied"]))
+    qwen2 = megatron_args_from_hf_config("qwen2", config_of(hf_dirs["qwen2_tied"]))
+    for flags in (llama, qwen2):
+        assert {k: pairs(flags)[k] for k in ("--num-query-groups", "--kv-channels", "--num-attention-heads",
+                                             "--position-embedding-type")} == {
+            "--num-query-groups": "2", "--kv-channels": "14", "--num-attention-heads": "8",
+            "--position-embedding-type": "rope"}
+        assert "--qk-layernorm" not in flags and "--disable-bias-linear" in flags
+    assert "--use-rope-scaling" in llama and pairs(llama)["--rope-scaling-factor"] == "8"
+    assert "--untie-embeddings-and-output-weights" in llama and "--add-qkv-bias" not in llama
+    assert "--add-qkv-bias" in qwen2 and "--use-rope-scaling" not in qwen2
+    assert "--untie-embeddings-and-output-weights" not in qwen2
+
+
+def test_model_type_from_config(hf_dirs):
+    assert hf_model_type(config_of(hf_dirs["llama_untied"]), None, "x") == "llama2"
+    assert hf_model_type(config_of(hf_dirs["qwen2_tied"]), None, "x") == "qwen2"
+
+
+def test_flags_without_llama3_scaling_do_not_match_the_config(hf_dirs):
+    """RoPE scaling is in no tensor's shape: --hf-load-dir's check names the flag."""
+    flags = megatron_args_from_hf_config("llama2", config_of(hf_dirs["llama_untied"]))
+    args, _, _ = megatron_namespace([f for f in flags if f != "--use-rope-scaling"])
+    assert config_mismatch(args, flags) == ("--use-rope-scaling is False on the command line but True in the "
+                                            "Hugging Face config")
+    args, _, _ = megatron_namespace(flags[:-2] + ["--kv-channels", "14", "--add-qkv-bias"])
+    assert config_mismatch(args, flags) == ("--add-qkv-bias is True on the command line but False in the "
+                                            "Hugging Face config")
+    args, _, _ = megatron_namespace(flags)
+    assert config_mismatch(args, flags) is None
+
+
+@pytest.mark.parametrize("key", ["llama_untied", "qwen2_tied"])
+def test_config_written_from_the_flags_describes_the_same_model(hf_dirs, key):
+    """--hf-save-dir without --hf-load-dir writes config.json from the flags: it gives back the same flags."""
+    from adaptor.convert.online import hf_config_from_args
+
+    kind = "llama2" if key.startswith("llama") else "qwen2"
+    flags = megatron_args_from_hf_config(kind, config_of(hf_dirs[key]))
+    args, _, _ = megatron_namespace(flags)
+    args.model_type_hf, args.padded_vocab_size = kind, 512
+    written = hf_config_from_args(args)
+    assert written["model_type"] == config_of(hf_dirs[key])["model_type"]
+    assert megatron_args_from_hf_config(kind, written) == flags
+
+
+def test_qkv_bias_follows_the_query_groups(hf_dirs):
+    """Rank r's linear_qkv.bias is, per query group of r, [q bias of the group's heads; k_g; v_g]."""
+    hf = HfCheckpoint(hf_dirs["qwen2_untied"])
+    heads, groups, head_dim, tp = 8, 2, 14, 2
+    q = hf.get("model.layers.2.self_attn.q_proj.bias").view(groups, heads // groups * head_dim)
+    k = hf.get("model.layers.2.self_attn.k_proj.bias").view(groups, head_dim)
+    v = hf.get("model.layers.2.self_attn.v_proj.bias").view(groups, head_dim)
+    for rank in range(tp):
+        tensors = dict(megatron_rank_tensors(hf, "qwen2", Layout(tp=tp), tp_rank=rank))
+        assert torch.equal(tensors["decoder.layers.2.self_attention.linear_qkv.bias"],
+                           torch.cat([q[rank], k[rank], v[rank]]))
+        assert "decoder.layers.2.self_attention.linear_proj.bias" not in tensors
+
+
+# -- what the families' config.json can say that we do not build: one line naming the key ------------------
+
+REFUSED = [
+    ("llama_untied", {"rope_parameters": {"rope_type": "dynamic", "factor": 2.0, "rope_theta": 1e4}},
+     "rope_scaling type 'dynamic' has no Megatron equivalent"),
+    ("llama_untied", {"rope_parameters": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 2.0,
+                                          "high_freq_factor": 4.0, "original_max_position_embeddings": 8192,
+                                          "rope_theta": 1e4}},
+     "rope_scaling low_freq_factor=2.0 is not supported for rope_type llama3 (Megatron's Llama 3 scaling fixes "
+     "it at 1)"),
+    ("llama_untied", {"rope_parameters": {"rope_type": "llama3", "factor": 32.0, "low_freq_factor": 1.0,
+                                          "high_freq_factor": 4.0, "original_max_position_embeddings": 131072,
+                                          "rope_theta": 1e4}},
+     "rope_scaling original_max_position_embeddings=131072 is not supported"),
+    ("llama_untied", {"attention_bias": True}, "attention_bias=True is not supported for llama2"),
+    ("llama_untied", {"mlp_bias": True}, "mlp_bias=True is not supported for llama2"),
+    ("llama_untied", {"hidden_act": "gelu"}, "hidden_act='gelu' is not supported for llama2"),
+    ("llama_untied", {"model_type": "qwen2"}, "model_type 'qwen2' is not 'llama'"),
+    ("qwen2_tied", {"use_sliding_window": True}, "use_sliding_window=true is not supported for qwen2"),
+    ("qwen2_tied", {"layer_types": ["full_attention"] * 3 + ["sliding_attention"]},
+     "layer_types names 'sliding_attention' for layer 3"),
+]
+
+
+@pytest.mark.parametrize("key,change,needle", REFUSED, ids=[
+    "rope-dynamic", "llama3-low-freq", "llama3-original-context", "attention-bias", "mlp-bias", "act", "model-type",
+    "sliding-window", "sliding-layer"])
+def test_config_we_do_not_build_is_one_line(hf_dirs, tmp_path, capsys, key, change, needle):
+    src = shutil.copytree(hf_dirs[key], tmp_path / "src")
+    (src / "config.json").write_text(json.dumps({**config_of(src), **change}))
+    (tmp_path / "out").mkdir()
+    kind = "llama2" if key.startswith("llama") else "qwen2"
+    code = convert_ckpt.main(["--load-model-type", "hf", "--save-model-type", "mg", "--model-type-hf", kind,
+                              "--load-dir", str(src), "--save-dir", str(tmp_path / "out" / "mg")])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and err[0].startswith("convert_ckpt.py: error: config.json: "), err
+    assert needle in err[0], err
+    assert list((tmp_path / "out").iterdir()) == []
+
+
+def test_missing_shard_is_one_line(hf_dirs, tmp_path, capsys):
+    src = shutil.copytree(hf_dirs["qwen2_untied"], tmp_path / "src")
+    (src / "model-00001-of-00002.safetensors").unlink()
+    code = convert_ckpt.main(["--load-model-type", "hf", "--save-model-type", "mg", "--model-type-hf", "qwen2",
+                              "--load-dir", str(src), "--save-dir", str(tmp_path / "mg")])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and "model-00001-of-00002.safetensors: missing shard" in err[0], err
+    assert not (tmp_path / "mg").exists()
+
+
+# -- MindSpeed-LLM's Qwen2.5 conversion scripts (examples/mcore/qwen25/ckpt_convert_qwen25_*.sh) -------------
+
+def test_mindspeed_llm_qwen25_conversion_scripts(hf_dirs, tmp_path, capsys):
+    """MindSpeed-LLM converts Qwen2.5 as --model-type-hf llama2 --add-qkv-bias: that is our qwen2, and back
+    bit-exact (their hf2mcore script's TP1 PP4)."""
+    hf = hf_dirs["qwen2_untied"]
+    common = ["--use-mcore-models", "--model-type", "GPT", "--add-qkv-bias", "--model-type-hf", "llama2"]
+    to_mg = common + ["--load-model-type", "hf", "--save-model-type", "mg", "--target-tensor-parallel-size", "1",
+                      "--target-pipeline-parallel-size", "4", "--load-dir", str(hf), "--save-dir", str(tmp_path / "mg"),
+                      "--tokenizer-model", str(hf / "tokenizer.json"), "--params-dtype", "bf16"]
+    assert convert_ckpt.main(to_mg) == 0, capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "--model-type-hf llama2 --add-qkv-bias: --model-type-hf qwen2" in err, err
+    assert json.loads((tmp_path / "mg" / "release" / "common.json").read_text())  # written as a release
+    to_hf = common + ["--load-model-type", "mg", "--save-model-type", "hf", "--target-tensor-parallel-size", "1",
+                      "--target-pipeline-parallel-size", "1", "--load-dir", str(tmp_path / "mg"),
+                      "--save-dir", str(tmp_path / "back")]
+    assert convert_ckpt.main(to_hf) == 0, capsys.readouterr().err
+    before, after = HfCheckpoint(hf), HfCheckpoint(tmp_path / "back")
+    assert sorted(after.names()) == sorted(before.names())
+    assert all(torch.equal(before.get(n), after.get(n)) for n in before.names())
+    assert config_of(tmp_path / "back")["model_type"] == "qwen2"
+
+
+def test_mindspeed_llm_training_flags_name_qwen2():
+    from adaptor.command_line.mindspeed_llm import _model_type_hf
+
+    notes = []
+    argv = _model_type_hf(["--add-qkv-bias", "--model-type-hf", "llama2"], notes)
+    assert argv == ["--add-qkv-bias", "--model-type-hf", "qwen2"] and len(notes) == 1
+    assert _model_type_hf(["--model-type-hf", "llama2"], []) == ["--model-type-hf", "llama2"]
+
