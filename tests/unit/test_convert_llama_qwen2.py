@@ -44,8 +44,11 @@ def test_megatron_flags(hf_dirs):
 
 
 def test_model_type_from_config(hf_dirs):
+    """config.json's model_type picks the family, for --hf-load-dir and tools/hf_model_flags.py alike."""
     assert hf_model_type(config_of(hf_dirs["llama_untied"]), None, "x") == "llama2"
     assert hf_model_type(config_of(hf_dirs["qwen2_tied"]), None, "x") == "qwen2"
+    lines = import_tool("hf_model_flags").flag_lines(str(hf_dirs["qwen2_tied"]))
+    assert lines[0] == "512" and "--add-qkv-bias" in lines and "--qk-layernorm" not in lines
 
 
 def test_flags_without_llama3_scaling_do_not_match_the_config(hf_dirs):
