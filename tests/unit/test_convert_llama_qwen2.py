@@ -1,5 +1,6 @@
 """Llama 3.x (llama2) and Qwen2.5 (qwen2) in the converter, in this process: their Megatron flags, the q/k/v
-bias split, the config.json settings refused in one line, and MindSpeed-LLM's Qwen2.5 conversion scripts.
+bias split, the config.json settings refused in one line, MindSpeed-LLM's Qwen2.5 conversion scripts, and
+the model its Llama 3.1 and Qwen2.5 pretrain scripts build.
 
 The tiny random checkpoints (tests/helpers/hf_fixtures.py make_tiny_llama: GQA 8 heads / 2 groups, head_dim
 14, Llama with rope_type llama3) are transformers' own. Round trips: tests/unit/test_convert_ckpt.py; logits
@@ -174,3 +175,72 @@ def test_mindspeed_llm_training_flags_name_qwen2():
     assert argv == ["--add-qkv-bias", "--model-type-hf", "qwen2"] and len(notes) == 1
     assert _model_type_hf(["--model-type-hf", "llama2"], []) == ["--model-type-hf", "llama2"]
 
+
+
+# -- MindSpeed-LLM's pretrain scripts build what config.json describes ---------------------------------------
+# examples/mcore/llama31/pretrain_llama31_8b_128k_ptd.sh and examples/mcore/qwen25/pretrain_qwen25_0point5_32k_ptd.sh
+# as published, every flag kept, sizes scaled to the tiny models (layers, hidden, heads, groups, FFN, vocabulary,
+# sequence, batch, parallel sizes); the head dim is set with --kv-channels where the tiny model's is not
+# hidden / heads. Through our rewrite of MindSpeed-LLM's flags, Megatron's parser reads a model that
+# --hf-load-dir's check finds equal to config.json's.
+
+LLAMA31_8B = [
+    "--tensor-model-parallel-size", "2", "--pipeline-model-parallel-size", "1", "--use-mcore-models",
+    "--context-parallel-size", "1", "--context-parallel-algo", "megatron_cp_algo",
+    "--no-create-attention-mask-in-dataloader", "--no-shared-storage", "--sparse-mode", "4",
+    "--micro-batch-size", "1", "--global-batch-size", "8", "--sequence-parallel", "--use-flash-attn",
+    "--use-rotary-position-embeddings", "--use-fused-rmsnorm", "--use-fused-swiglu", "--rope-scaling-type", "llama3",
+    "--rope-scaling-factor", "8.0", "--low-freq-factor", "1.0", "--high-freq-factor", "4.0",
+    "--original-max-position-embeddings", "8192", "--tokenizer-type", "PretrainedFromHF",
+    "--tokenizer-name-or-path", "TOKENIZER", "--num-layers", "4", "--hidden-size", "64", "--ffn-hidden-size", "160",
+    "--num-attention-heads", "8", "--kv-channels", "14", "--group-query-attention", "--num-query-groups", "2",
+    "--seq-length", "64", "--max-position-embeddings", "64", "--make-vocab-size-divisible-by", "1",
+    "--padded-vocab-size", "512", "--untie-embeddings-and-output-weights", "--disable-bias-linear",
+    "--attention-dropout", "0.0", "--init-method-std", "0.01", "--hidden-dropout", "0.0",
+    "--position-embedding-type", "rope", "--rotary-base", "10000", "--normalization", "RMSNorm",
+    "--norm-epsilon", "1e-5", "--swiglu", "--no-masked-softmax-fusion", "--attention-softmax-in-fp32",
+    "--lr", "1.25e-6", "--train-iters", "4", "--lr-decay-style", "cosine", "--min-lr", "1.25e-7",
+    "--weight-decay", "1e-1", "--lr-warmup-fraction", "0.01", "--clip-grad", "1.0", "--adam-beta1", "0.9",
+    "--adam-beta2", "0.95", "--initial-loss-scale", "4096", "--no-gradient-accumulation-fusion", "--no-load-optim",
+    "--no-load-rng", "--bf16", "--data-path", "DATA", "--split", "100,0,0", "--log-interval", "1",
+    "--save-interval", "2000", "--eval-interval", "2000", "--eval-iters", "0", "--distributed-backend", "nccl",
+]
+QWEN25_0POINT5B = [
+    "--use-mcore-models", "--use-cp-send-recv-overlap", "--use-fused-ring-attention-update",
+    "--tensor-model-parallel-size", "1", "--pipeline-model-parallel-size", "1", "--context-parallel-size", "2",
+    "--context-parallel-algo", "megatron_cp_algo", "--sequence-parallel", "--use-distributed-optimizer",
+    "--tokenizer-type", "PretrainedFromHF", "--tokenizer-name-or-path", "TOKENIZER", "--seq-length", "64",
+    "--max-position-embeddings", "64", "--micro-batch-size", "1", "--global-batch-size", "8",
+    "--group-query-attention", "--num-query-groups", "2", "--num-layers", "4", "--hidden-size", "64",
+    "--ffn-hidden-size", "160", "--num-attention-heads", "8", "--kv-channels", "14", "--rotary-base", "10000",
+    "--normalization", "RMSNorm", "--norm-epsilon", "1e-05", "--swiglu", "--add-qkv-bias", "--disable-bias-linear",
+    "--attention-dropout", "0.0", "--hidden-dropout", "0.0", "--make-vocab-size-divisible-by", "1",
+    "--padded-vocab-size", "512", "--lr", "1.25e-6", "--train-iters", "4", "--lr-decay-style", "cosine",
+    "--lr-warmup-fraction", "0.01", "--init-method-std", "0.01", "--position-embedding-type", "rope",
+    "--use-fused-rmsnorm", "--use-fused-rotary-pos-emb", "--use-rotary-position-embeddings", "--use-fused-swiglu",
+    "--overlap-grad-reduce", "--use-flash-attn", "--no-masked-softmax-fusion", "--attention-softmax-in-fp32",
+    "--min-lr", "1.25e-7", "--weight-decay", "1e-1", "--clip-grad", "1.0", "--adam-beta1", "0.9",
+    "--adam-beta2", "0.95", "--initial-loss-scale", "4096", "--no-gradient-accumulation-fusion", "--no-load-optim",
+    "--no-load-rng", "--seed", "42", "--bf16", "--data-path", "DATA", "--split", "100,0,0", "--log-interval", "1",
+    "--save-interval", "1000", "--eval-interval", "1000", "--eval-iters", "0", "--distributed-backend", "nccl",
+    "--log-throughput", "--transformer-impl", "local",
+]
+
+
+@pytest.mark.parametrize("key,script", [("llama_untied", LLAMA31_8B), ("qwen2_tied", QWEN25_0POINT5B)],
+                         ids=["llama31_8b", "qwen25_0point5b"])
+def test_mindspeed_llm_pretrain_script_builds_the_config_model(hf_dirs, key, script):
+    from adaptor.command_line.mindspeed_llm import rewrite_pretrain_argv
+
+    kind = "llama2" if key.startswith("llama") else "qwen2"
+    config_flags = megatron_args_from_hf_config(kind, config_of(hf_dirs[key]))
+    rewrite = rewrite_pretrain_argv(list(script))
+    assert rewrite.refused == [], rewrite.refused
+    args, _, _ = megatron_namespace(rewrite.argv)
+    assert config_mismatch(args, config_flags) is None
+    # and the check sees the family's own flag: without it, the script's model is another one
+    own = ("--rope-scaling-type", "llama3") if kind == "llama2" else ("--add-qkv-bias",)
+    start = script.index(own[0])
+    args, _, _ = megatron_namespace(rewrite_pretrain_argv(script[:start] + script[start + len(own):]).argv)
+    missing = "--use-rope-scaling" if kind == "llama2" else "--add-qkv-bias"
+    assert config_mismatch(args, config_flags).startswith(f"{missing} is False on the command line")
