@@ -34,7 +34,7 @@ class LlamaMapping(ModelMapping):
             if hf_config.get(key, value) != value:
                 raise ConversionError(f"config.json: {key}={hf_config[key]!r} is not supported for "
                                       f"{self.model_type} (only {value!r} is built)")
-        from adaptor.convert.megatron_args import position_flags
+        from adaptor.convert.rope import position_flags
 
         position_flags(hf_config)  # a RoPE setting Megatron does not build is refused here, in one line
 

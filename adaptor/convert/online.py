@@ -169,7 +169,7 @@ def _rope_parameters(args) -> dict:
     elif args.rotary_seq_len_interpolation_factor:
         rope.update(rope_type="linear", factor=float(args.rotary_seq_len_interpolation_factor))
     elif getattr(args, "use_rope_scaling", False):
-        from adaptor.convert.megatron_args import LLAMA3_FIXED
+        from adaptor.convert.rope import LLAMA3_FIXED
 
         rope.update(rope_type="llama3", factor=float(args.rope_scaling_factor), **LLAMA3_FIXED)
     return rope
