@@ -180,6 +180,8 @@ def test_deepseek_config_megatron_would_compute_differently(hf_models, tmp_path,
     ("qwen3_tied", ["--target-pipeline-parallel-size", "3"], "num_hidden_layers=4"),
     ("deepseek3", ["--target-expert-parallel-size", "3"], "4 routed experts"),
     ("deepseek3", ["--target-tensor-parallel-size", "8"], "num_attention_heads=4"),
+    ("qwen2_tied", ["--target-tensor-parallel-size", "4"], "num_key_value_heads (query groups)=2"),
+    ("llama_untied", ["--target-expert-parallel-size", "2"], "--target-expert-parallel-size 2"),
 ])
 def test_layout_that_cannot_split(hf_models, tmp_path, capsys, key, flags, needle):
     (tmp_path / "out").mkdir()
