@@ -44,6 +44,34 @@ def test_megatron_flags(hf_dirs):
     assert "--untie-embeddings-and-output-weights" not in qwen2
 
 
+# config.json as the Hub publishes Llama-3.1-8B and Qwen2.5-7B (older transformers: rope_scaling, no layer_types)
+LLAMA31_8B_CONFIG = {
+    "architectures": ["LlamaForCausalLM"], "attention_bias": False, "hidden_act": "silu", "hidden_size": 4096,
+    "intermediate_size": 14336, "max_position_embeddings": 131072, "mlp_bias": False, "model_type": "llama",
+    "num_attention_heads": 32, "num_hidden_layers": 32, "num_key_value_heads": 8, "pretraining_tp": 1,
+    "rms_norm_eps": 1e-05, "rope_scaling": {"factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                                            "original_max_position_embeddings": 8192, "rope_type": "llama3"},
+    "rope_theta": 500000.0, "tie_word_embeddings": False, "vocab_size": 128256,
+}
+QWEN25_7B_CONFIG = {
+    "architectures": ["Qwen2ForCausalLM"], "hidden_act": "silu", "hidden_size": 3584, "intermediate_size": 18944,
+    "max_position_embeddings": 131072, "max_window_layers": 28, "model_type": "qwen2", "num_attention_heads": 28,
+    "num_hidden_layers": 28, "num_key_value_heads": 4, "rms_norm_eps": 1e-06, "rope_theta": 1000000.0,
+    "sliding_window": 131072, "tie_word_embeddings": False, "use_sliding_window": False, "vocab_size": 152064,
+}
+
+
+def test_published_configs():
+    llama = pairs(megatron_args_from_hf_config("llama2", LLAMA31_8B_CONFIG))
+    assert {k: llama[k] for k in ("--kv-channels", "--num-query-groups", "--rotary-base", "--rope-scaling-factor",
+                                  "--norm-epsilon")} == {
+        "--kv-channels": "128", "--num-query-groups": "8", "--rotary-base": "500000", "--rope-scaling-factor": "8",
+        "--norm-epsilon": "1e-05"}
+    qwen = megatron_args_from_hf_config("qwen2", QWEN25_7B_CONFIG)
+    assert pairs(qwen)["--kv-channels"] == "128" and "--add-qkv-bias" in qwen
+    assert "--untie-embeddings-and-output-weights" in qwen and "--use-rope-scaling" not in qwen
+
+
 def test_model_type_from_config(hf_dirs):
     """config.json's model_type picks the family, for --hf-load-dir and tools/hf_model_flags.py alike."""
     assert hf_model_type(config_of(hf_dirs["llama_untied"]), None, "x") == "llama2"
