@@ -1,7 +1,7 @@
 """Llama (2, 3.x): GQA with grouped QKV, no q/k norm, SwiGLU MLP, tied or untied embeddings.
 
 RoPE is plain, linear, YaRN or Llama 3's ``rope_type: llama3`` (Megatron's --use-rope-scaling, whose
-frequency bands are fixed; :func:`adaptor.convert.megatron_args.position_flags` refuses other bands).
+frequency bands are fixed; :func:`adaptor.convert.rope.position_flags` refuses other bands).
 Biases on the projections (``attention_bias``, ``mlp_bias``) are not built and are refused.
 """
 from __future__ import annotations

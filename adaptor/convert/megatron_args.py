@@ -42,7 +42,6 @@ def _llama(config: dict, mapping) -> list[str]:
     return flags + (["--add-qkv-bias"] if mapping.qkv_bias else [])
 
 
-
 def _deepseek3(config: dict, mapping) -> list[str]:
     flags = _common(config, mapping) + ["--position-embedding-type", "rope",
         "--multi-latent-attention", "--q-lora-rank", str(mapping.q_lora_rank),
