@@ -22,7 +22,7 @@ TESTS = Path(__file__).resolve().parent
 if str(TESTS) not in sys.path:
     sys.path.insert(0, str(TESTS))
 
-from helpers.hf_fixtures import make_tiny_deepseek_v3, make_tiny_qwen3  # noqa: E402
+from helpers.hf_fixtures import make_tiny_deepseek_v3, make_tiny_llama, make_tiny_qwen3  # noqa: E402
 
 E2E = TESTS / "e2e"
 
@@ -76,6 +76,11 @@ HF_MODELS = {
     "qwen3_yarn_factor": lambda path: make_tiny_qwen3(path, rope_scaling={
         **YARN, "attention_factor": 1.3, "beta_fast": 16.0, "beta_slow": 2.0}),
     "qwen3_linear": lambda path: make_tiny_qwen3(path, rope_scaling={"rope_type": "linear", "factor": 2.0}),
+    # Llama 3 (rope_type llama3) and Qwen2.5 (q/k/v bias): GQA 8 heads / 2 groups, head_dim 14.
+    "llama_untied": lambda path: make_tiny_llama(path, tied=False, shards=2),
+    "llama_tied": lambda path: make_tiny_llama(path, tied=True),
+    "qwen2_tied": lambda path: make_tiny_llama(path, tied=True, family="qwen2"),
+    "qwen2_untied": lambda path: make_tiny_llama(path, tied=False, shards=2, family="qwen2"),
     # The sample tokenizer's vocabulary (1,436 tokens): text decoders of pretrain_mm.py.
     "qwen3_vocab1436": lambda path: make_tiny_qwen3(path, vocab_size=1436),
 }
@@ -132,9 +137,10 @@ def tiny_hf(tmp_path_factory) -> HfModels:
 
 @pytest.fixture(scope="session")
 def hf_models(tiny_hf) -> dict[str, Path]:
-    """The three checkpoints test_convert_ckpt.py (both tiers) converts, by its model-type keys."""
+    """The checkpoints test_convert_ckpt.py (both tiers) converts, by its model-type keys."""
     return {"qwen3_tied": tiny_hf["qwen3_tied"], "qwen3_untied": tiny_hf["qwen3_untied"],
-            "deepseek3": tiny_hf["deepseek_v3"]}
+            "deepseek3": tiny_hf["deepseek_v3"], **{key: tiny_hf[key] for key in (
+                "llama_untied", "llama_tied", "qwen2_tied", "qwen2_untied")}}
 
 
 @pytest.fixture(scope="session")

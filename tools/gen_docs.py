@@ -136,7 +136,8 @@ def mindspeed_page() -> str:
                                      "pipeline parallelism `--pipeline-model-parallel-layout` keeps each stage's "
                                      "real layers")),
         ("`--enable-hf2mg-convert --load DIR`", "`--hf-load-dir DIR` (each rank reads its shard)"),
-        ("`--model-type-hf qwen3\\|deepseek3`", "the same; other model types refused"),
+        ("`--model-type-hf qwen3\\|deepseek3\\|llama2`", "the same (`llama2`: Llama 2 and 3.x); `llama2` with "
+                                                        "`--add-qkv-bias` (Qwen2.5) is `qwen2`; other model types refused"),
         ("`--spec mindspeed_llm.tasks.models.spec.{qwen3_spec,deepseek_spec} layer_spec`",
          "our layer spec, which builds the same layers"),
         ("`--context-parallel-algo megatron_cp_algo\\|ulysses_cp_algo`",

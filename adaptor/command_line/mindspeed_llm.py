@@ -130,8 +130,9 @@ KNOWN_SPECS = {
     ("mindspeed_llm.tasks.models.spec.deepseek_spec", "layer_spec"): "DeepSeek-V3",
 }
 
-# model types of --model-type-hf in MindSpeed-LLM that we convert
-MODEL_TYPES_HF = {"qwen3": "qwen3", "deepseek3": "deepseek3"}
+# model types of --model-type-hf in MindSpeed-LLM that we convert (llama2: Llama 2 and 3.x; with --add-qkv-bias
+# MindSpeed-LLM converts Qwen2 / Qwen2.5 under the same name, which is our qwen2)
+MODEL_TYPES_HF = {"qwen3": "qwen3", "deepseek3": "deepseek3", "llama2": "llama2", "qwen2": "qwen2"}
 
 # -- tools/convert_ckpt.py and tools/preprocess_data.py -------------------------------------------
 
@@ -143,6 +144,7 @@ CONVERT_CKPT_NOT_APPLIED = {
     "--spec": (2, "the converter writes megatron-core's own layer names"),
     "--params-dtype": (1, "tensors keep the dtype of the checkpoint they come from"),
     "--moe-grouped-gemm": (0, "grouped experts load from the per-expert layout the converter writes"),
+    "--add-qkv-bias": (0, "the q/k/v biases come from config.json (--model-type-hf qwen2)"),
 }
 CONVERT_CKPT_VALUES = {
     ("--model-type", "GPT"): None,  # None: the flag and its value are dropped (GPT is the only kind)
@@ -402,7 +404,15 @@ def _hf2mg(argv: list[str], notes: list[str]) -> list[str]:
     return argv
 
 
+def _qwen2_as_llama2(argv: list[str], notes: list[str]) -> list[str]:
+    if value_of(argv, "--model-type-hf") == "llama2" and _present(argv, "--add-qkv-bias"):
+        notes.append("--model-type-hf llama2 --add-qkv-bias: --model-type-hf qwen2 (Llama's layers with q/k/v bias)")
+        return _set(argv, "--model-type-hf", ["qwen2"])
+    return argv
+
+
 def _model_type_hf(argv: list[str], notes: list[str]) -> list[str]:
+    argv = _qwen2_as_llama2(argv, notes)
     kind = value_of(argv, "--model-type-hf")
     if kind is None or kind in MODEL_TYPES_HF.values():
         return argv
@@ -542,8 +552,11 @@ def _convert_layers(argv: list[str], notes: list[str]) -> list[str]:
 
 def rewrite_convert_argv(argv: list[str]) -> Rewrite:
     """MindSpeed-LLM's convert_ckpt.py command lines in tools/convert_ckpt.py's flags."""
+    notes: list[str] = []
+    argv = _qwen2_as_llama2(list(argv), notes)  # before --add-qkv-bias is dropped
     result = rewrite_tables(argv, {}, CONVERT_CKPT_VALUES, CONVERT_CKPT_NOT_APPLIED, CONVERT_CKPT_REFUSED,
                             "by the converter")
+    result.notes[:0] = notes
     try:
         for step in (_model_type_hf, _convert_layers):
             result.argv = step(result.argv, result.notes)

@@ -12,7 +12,8 @@ from pathlib import Path
 
 from adaptor.features import ArgumentError
 
-HF_MODEL_TYPES = {"qwen3": "qwen3", "deepseek_v3": "deepseek3"}
+# config.json model_type -> the family (--model-type-hf name, a row of adaptor.convert.models.MODELS)
+HF_MODEL_TYPES = {"qwen3": "qwen3", "deepseek_v3": "deepseek3", "llama": "llama2", "qwen2": "qwen2"}
 # Flags of megatron_args_from_hf_config that do not describe the weights: not compared.
 
 
@@ -28,13 +29,13 @@ NOT_COMPARED = {
 
 ARCHITECTURE_SWITCHES = (
     "qk_layernorm", "multi_latent_attention", "untie_embeddings_and_output_weights", "swiglu",
-    "add_qkv_bias", "moe_router_enable_expert_bias", "rotary_interleaved",
+    "add_qkv_bias", "moe_router_enable_expert_bias", "rotary_interleaved", "use_rope_scaling",
 )
 
 
-# Neither family scales its norms by 1 + weight; a stored gamma would be read as the scale itself.
-ZERO_CENTRED_GAMMA = ("--apply-layernorm-1p is on, but Qwen3 and DeepSeek-V3 norms scale by their weight, "
-                      "not by 1 + weight; drop the flag for these models")
+# No family here scales its norms by 1 + weight; a stored gamma would be read as the scale itself.
+ZERO_CENTRED_GAMMA = ("--apply-layernorm-1p is on, but the norms of the Hugging Face families converted here scale "
+                      "by their weight, not by 1 + weight; drop the flag for these models")
 
 
 def hf_model_type(config: dict, given: str | None, where: str) -> str:
@@ -43,8 +44,9 @@ def hf_model_type(config: dict, given: str | None, where: str) -> str:
         return given
     found = config.get("model_type")
     if found not in HF_MODEL_TYPES:
+        families = "|".join(sorted(set(HF_MODEL_TYPES.values())))
         raise ArgumentError(f"{where}: config.json has model_type {found!r}; supported: "
-                            f"{', '.join(sorted(HF_MODEL_TYPES))} (or pass --model-type-hf qwen3|deepseek3)")
+                            f"{', '.join(sorted(HF_MODEL_TYPES))} (or pass --model-type-hf {families})")
     return HF_MODEL_TYPES[found]
 
 

@@ -6,72 +6,9 @@ converter did, with --make-vocab-size-divisible-by 128 by default).
 """
 from __future__ import annotations
 
-import math
-
 from adaptor.convert.errors import ConversionError
 from adaptor.convert.models import model_mapping
-
-
-def _rope_parameters(config: dict) -> dict:
-    rope = dict(config.get("rope_scaling") or {})
-    rope.update(config.get("rope_parameters") or {})
-    if "rope_theta" in config:
-        rope.setdefault("rope_theta", config["rope_theta"])
-    return rope
-
-
-def _rope_type(rope: dict) -> str:
-    return rope.get("rope_type", rope.get("type")) or "default"
-
-
-def _yarn_flags(config: dict, rope: dict) -> list[str]:
-    """YaRN as transformers computes it (``_compute_yarn_parameters``), in Megatron's flags.
-
-    Megatron's YarnRotaryEmbedding blends the same interpolated and extrapolated frequencies and
-    scales cos/sin by get_mscale(factor, --mscale) / get_mscale(factor, --mscale-all-dim), with
-    get_mscale(s, m) = 0.1 m ln(s) + 1. transformers uses that ratio when both mscales are given,
-    else get_mscale(factor, 1), which is --mscale 1 --mscale-all-dim 0; an explicit
-    ``attention_factor`` a is get_mscale(factor, m) with m = (a - 1) / (0.1 ln factor).
-    """
-    original = int(rope.get("original_max_position_embeddings") or config.get("max_position_embeddings") or 4096)
-    factor = rope.get("factor")
-    factor = float(factor) if factor is not None else config["max_position_embeddings"] / original
-    mscale, mscale_all_dim = 1.0, 0.0
-    if rope.get("attention_factor") is not None:
-        wanted = float(rope["attention_factor"])
-        if factor <= 1:
-            if wanted != 1.0:
-                raise ConversionError(f"rope_scaling: attention_factor {wanted:g} with factor {factor:g} <= 1 has "
-                                      f"no Megatron equivalent (Megatron scales only when the factor is above 1)")
-        else:
-            mscale = (wanted - 1.0) / (0.1 * math.log(factor))
-    elif rope.get("mscale") and rope.get("mscale_all_dim"):
-        mscale, mscale_all_dim = float(rope["mscale"]), float(rope["mscale_all_dim"])
-    flags = ["--rotary-scaling-factor", f"{factor:g}", "--yarn-original-max-position-embeddings", str(original),
-             "--yarn-beta-fast", f"{float(rope.get('beta_fast') or 32):g}",
-             "--yarn-beta-slow", f"{float(rope.get('beta_slow') or 1):g}",
-             "--mscale", repr(mscale), "--mscale-all-dim", repr(mscale_all_dim)]
-    if rope.get("truncate", True) is False:
-        flags.append("--no-yarn-correction-range-round-to-int")
-    return flags
-
-
-def _position_flags(config: dict) -> list[str]:
-    """A standard attention model's RoPE: plain, linear position interpolation, or YaRN; others refused."""
-    rope = _rope_parameters(config)
-    kind = _rope_type(rope)
-    if kind == "default":
-        return ["--position-embedding-type", "rope"]
-    if kind == "linear":
-        factor = float(rope["factor"])
-        if not factor.is_integer():
-            raise ConversionError(f"config.json: linear rope_scaling factor {factor:g} is not a whole number, which "
-                                  f"Megatron's --rotary-seq-len-interpolation-factor needs")
-        return ["--position-embedding-type", "rope", "--rotary-seq-len-interpolation-factor", str(int(factor))]
-    if kind == "yarn":
-        return ["--position-embedding-type", "yarn"] + _yarn_flags(config, rope)
-    raise ConversionError(f"config.json: rope_scaling type {kind!r} has no Megatron equivalent here "
-                          f"(supported: default, linear, yarn)")
+from adaptor.convert.rope import _rope_parameters, _rope_type, position_flags
 
 
 def _common(config: dict, mapping) -> list[str]:
@@ -91,10 +28,18 @@ def _common(config: dict, mapping) -> list[str]:
 
 
 def _qwen3(config: dict, mapping) -> list[str]:
-    return _common(config, mapping) + _position_flags(config) + [
+    return _common(config, mapping) + position_flags(config) + [
         "--group-query-attention", "--num-query-groups", str(mapping.groups),
         "--kv-channels", str(mapping.head_dim), "--qk-layernorm",
     ]
+
+
+def _llama(config: dict, mapping) -> list[str]:
+    """llama2 (Llama 2 / 3.x) and qwen2 (Qwen2.5: the same layers with --add-qkv-bias)."""
+    flags = _common(config, mapping) + position_flags(config) + [
+        "--group-query-attention", "--num-query-groups", str(mapping.groups), "--kv-channels", str(mapping.head_dim),
+    ]
+    return flags + (["--add-qkv-bias"] if mapping.qkv_bias else [])
 
 
 def _deepseek3(config: dict, mapping) -> list[str]:
@@ -137,7 +82,10 @@ def _deepseek3(config: dict, mapping) -> list[str]:
     return flags
 
 
+FAMILY_FLAGS = {"qwen3": _qwen3, "deepseek3": _deepseek3, "llama2": _llama, "qwen2": _llama}
+
+
 def megatron_args_from_hf_config(model_type: str, hf_config: dict) -> list[str]:
-    """pretrain_gpt.py model flags for `hf_config` (a config.json dict) of model_type qwen3 or deepseek3."""
+    """pretrain_gpt.py model flags for `hf_config` (a config.json dict) of a family of MODELS."""
     mapping = model_mapping(model_type, hf_config)
-    return _qwen3(hf_config, mapping) if model_type == "qwen3" else _deepseek3(hf_config, mapping)
+    return FAMILY_FLAGS[model_type](hf_config, mapping)

@@ -168,11 +168,15 @@ def _rope_parameters(args) -> dict:
             rope["truncate"] = False
     elif args.rotary_seq_len_interpolation_factor:
         rope.update(rope_type="linear", factor=float(args.rotary_seq_len_interpolation_factor))
+    elif getattr(args, "use_rope_scaling", False):
+        from adaptor.convert.rope import LLAMA3_FIXED
+
+        rope.update(rope_type="llama3", factor=float(args.rope_scaling_factor), **LLAMA3_FIXED)
     return rope
 
 
 def hf_config_from_args(args) -> dict:
-    """A transformers config.json for the model the flags build (qwen3 or deepseek3)."""
+    """A transformers config.json for the model the flags build (a family of adaptor.convert.models)."""
     if getattr(args, "layernorm_zero_centered_gamma", False):
         from adaptor.convert.config_check import ZERO_CENTRED_GAMMA
 
@@ -191,6 +195,17 @@ def hf_config_from_args(args) -> dict:
                 else args.num_attention_heads,
                 "head_dim": args.kv_channels, "attention_bias": bool(args.add_qkv_bias),
                 "rope_theta": float(args.rotary_base), "rope_parameters": _rope_parameters(args)}
+    if args.model_type_hf in ("llama2", "qwen2"):
+        config = {**common, "intermediate_size": args.ffn_hidden_size,
+                  "num_key_value_heads": args.num_query_groups if args.group_query_attention
+                  else args.num_attention_heads,
+                  "head_dim": args.kv_channels, "rope_theta": float(args.rotary_base),
+                  "rope_parameters": _rope_parameters(args)}
+        if args.model_type_hf == "qwen2":
+            return {**config, "architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2",
+                    "use_sliding_window": False}
+        return {**config, "architectures": ["LlamaForCausalLM"], "model_type": "llama",
+                "attention_bias": False, "mlp_bias": False}
     freq = normalized_value("moe_layer_freq", args.moe_layer_freq, args)
     first_dense = next((i for i, f in enumerate(freq) if f), args.num_layers)
     rope = {"rope_type": "default", "rope_theta": float(args.rotary_base)}
@@ -225,7 +240,7 @@ def _hf_config(args) -> dict:
         return json.loads((Path(args.hf_load_dir) / "config.json").read_text())
     if getattr(args, "model_type_hf", None):
         return hf_config_from_args(args)
-    raise ConversionError("the base architecture is unknown: pass --model-type-hf qwen3")
+    raise ConversionError("the base architecture is unknown: pass --model-type-hf (qwen3, llama2, qwen2, ...)")
 
 
 def hf_tokenizer_source(args) -> Path | None:

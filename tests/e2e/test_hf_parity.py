@@ -1,7 +1,7 @@
 """Hugging Face checkpoints in Megatron: logits equal transformers', and online load/save in training.
 
-Tiny random Qwen3ForCausalLM (tied and untied) and DeepseekV3ForCausalLM (MLA + MoE + MTP)
-from tests/helpers/hf_fixtures.py, saved by transformers as the Hub publishes them:
+Tiny random Qwen3ForCausalLM (tied and untied), DeepseekV3ForCausalLM (MLA + MoE + MTP), LlamaForCausalLM
+and Qwen2ForCausalLM from tests/helpers/hf_fixtures.py, saved by transformers as the Hub publishes them:
 
 * tools/check_hf_parity.py (torchrun, gloo) computes Megatron's logits at TP1/PP1, TP2/PP2
   and TP2/PP2/EP2 and compares them with transformers' (fp32, eager attention);
@@ -14,7 +14,10 @@ from tests/helpers/hf_fixtures.py, saved by transformers as the Hub publishes th
   the flag, whether it comes with --hf-load-dir or inside a checkpoint tools/convert_ckpt.py wrote
   (RoPE scaling included);
 * Qwen3 with YaRN ``rope_scaling`` (transformers' default attention factor, and an explicit one
-  with other betas) and with linear position interpolation has transformers' logits.
+  with other betas) and with linear position interpolation has transformers' logits;
+* Llama 3 (rope_type llama3, untied) and Qwen2.5 (q/k/v bias, tied) have transformers' logits at TP1 and
+  TP2/PP2, Qwen2.5 with a PEFT adapter has peft's, and a Llama 3 run at TP2 from --hf-load-dir trains the
+  curve of one process that --load's the offline conversion.
 
 That the scaling changes transformers' logits at all, and the parity tool's bad input:
 tests/unit/test_hf_parity.py.
@@ -28,7 +31,7 @@ import re
 import pytest
 import torch
 
-from helpers.megatron_runs import ROOT, TwoAtATime, run_pretrain, tail
+from helpers.megatron_runs import ROOT, TwoAtATime, run_pretrain, side_by_side, tail, worst_relative_gap
 from helpers.one_line_errors import child_frames
 from helpers.processes import child_env, run_tool
 
@@ -53,14 +56,24 @@ def parity(hf_dir, *extra):
 
 # The one-process checks (no --tp/--pp/--ep) keep one core busy each: they start together, two at a
 # time, when the first of them is asked for, and each test waits for its own; the others run in their test.
-ONE_PROCESS = [("qwen3_tied", ("--tolerance", "0")), ("deepseek_v3", ()), ("qwen3_yarn_factor", ()), ("qwen3_linear", ())]
+ONE_PROCESS = [("qwen3_tied", ("--tolerance", "0")), ("deepseek_v3", ()), ("qwen3_yarn_factor", ()), ("qwen3_linear", ()),
+               ("llama_untied", ())]
+# Qwen2 at one process with a PEFT adapter on all seven projections (peft's logits; the base weights are in them)
+QWEN2_LORA = "qwen2_tied+lora"
 
 
 @pytest.fixture(scope="module")
-def one_process_parity(hf_dirs):
+def one_process_parity(hf_dirs, tmp_path_factory):
+    from helpers.hf_fixtures import make_peft_adapter
+
     dirs = {case: hf_dirs[case[0]] for case in ONE_PROCESS}  # written here, in this thread
+    adapter = make_peft_adapter(hf_dirs["qwen2_tied"], tmp_path_factory.mktemp("qwen2_lora") / "adapter", r=4,
+                                alpha=8, targets=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj",
+                                                  "down_proj"])
+    jobs = {case: (lambda case=case: parity(dirs[case], *case[1])) for case in ONE_PROCESS}
+    jobs[QWEN2_LORA] = lambda: parity(hf_dirs["qwen2_tied"], "--lora-dir", adapter)
     pool = TwoAtATime()
-    yield pool.start({case: (lambda case=case: parity(dirs[case], *case[1])) for case in ONE_PROCESS})
+    yield pool.start(jobs)
     pool.close()
 
 
@@ -75,6 +88,9 @@ def one_process_parity(hf_dirs):
     ("qwen3_yarn", ["--tp", "2"]),
     ("qwen3_yarn_factor", []),
     ("qwen3_linear", []),
+    ("llama_untied", []),                             # Llama 3: rope_type llama3 (--use-rope-scaling)
+    ("llama_untied", ["--tp", "2", "--pp", "2"]),
+    ("qwen2_tied", ["--tp", "2", "--pp", "2"]),       # q/k/v bias split by query group, tied output copy
 ])
 def test_logits_match_transformers(hf_dirs, one_process_parity, name, layout):
     started = one_process_parity.get((name, tuple(layout)))
@@ -85,6 +101,14 @@ def test_logits_match_transformers(hf_dirs, one_process_parity, name, layout):
         assert code == 1 and line.endswith("FAILED"), line
     else:
         assert code == 0 and line.endswith("ok"), line
+
+
+def test_qwen2_peft_adapter_gives_peft_logits(one_process_parity):
+    code, diff, line = one_process_parity[QWEN2_LORA].result()
+    print(line)
+    assert code == 0 and line.endswith("ok") and diff <= LOGIT_BOUND, line
+    moves = float(re.search(r"moves logits by up to ([0-9.eE+-]+)", line).group(1))
+    assert moves > 100 * LOGIT_BOUND, line  # the adapter's own effect, far above the bound
 
 
 # ----------------------------------------------------------------------------- training
@@ -218,6 +242,30 @@ def test_converted_checkpoint_refuses_flags_without_its_rope_scaling(hf_dirs, tm
     assert errors == [f"megatron-adaptor: error: --load {converted}: --position-embedding-type is 'rope' on the "
                       f"command line but 'yarn' in the Hugging Face config ({converted / 'hf' / 'config.json'}); "
                       f"change the flag, or convert again"], tail(run.output)
+
+
+def test_llama_tp2_curve_from_hf_dir_reproduces_the_converted_one_process_curve(hf_dirs, tmp_path):
+    """Llama 3 (untied, llama3 RoPE): pretrain_gpt.py --hf-load-dir at TP2 trains the loss curve of one process
+    that --load's the offline conversion, and its --hf-save-dir loads in transformers."""
+    from adaptor.convert import Layout, convert_hf_to_megatron
+
+    source = hf_dirs["llama_untied"]
+    flags = model_flags(source, "llama2") + TRAIN[:-6] + ["--train-iters", "5"]
+    converted = convert_hf_to_megatron(source, tmp_path / "mg", "llama2", Layout())
+    single, tp2 = side_by_side(
+        lambda: run_pretrain(flags + ["--load", str(converted), "--finetune", "--ckpt-format", "torch"]),
+        lambda: run_pretrain(flags + ["--tensor-model-parallel-size", "2", "--hf-load-dir", str(source),
+                                      "--hf-save-dir", str(tmp_path / "hf_out")], nproc=2))
+    for run in (single, tp2):
+        assert run.returncode == 0, tail(run.output)
+    assert "successfully loaded checkpoint" in single.output and "from Hugging Face directory" in tp2.output
+    assert len(single.losses) == 5 and sorted(tp2.losses) == sorted(single.losses)
+    # TP2 adds the same numbers in another order: fp32 rounding (as tests/e2e/test_parallel_loss_curves.py).
+    assert worst_relative_gap(tp2.curve(), single.curve()) < 2e-5, (tp2.curve(), single.curve())
+    from transformers import AutoModelForCausalLM
+
+    saved = AutoModelForCausalLM.from_pretrained(tmp_path / "hf_out", dtype=torch.float32)
+    assert saved.config.model_type == "llama" and saved.config.rope_parameters["rope_type"] == "llama3"
 
 
 def test_hf_save_dir_from_flags_takes_the_vocabulary_from_the_tokenizer(tmp_path):

@@ -96,6 +96,38 @@ def make_tiny_qwen3(path, tied: bool = True, shards: int = 1, seed: int = 0, voc
     return path
 
 
+LLAMA3_ROPE = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+               "original_max_position_embeddings": 8192}
+
+
+def make_tiny_llama(path, tied: bool = False, shards: int = 1, seed: int = 0, rope_scaling: dict | None = None,
+                    family: str = "llama") -> Path:
+    """A 4-layer LlamaForCausalLM (``family="qwen2"``: Qwen2ForCausalLM, q/k/v bias): GQA 8 heads / 2 groups,
+    head_dim 14 (8 x 14 != 64), MLP 160, rope_theta 1e4; Llama with Llama 3's RoPE scaling (factor 8), under
+    which two of the 7 frequencies fall in the scaled and the smoothed bands; ``rope_scaling`` replaces it."""
+    from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    default = LLAMA3_ROPE if family == "llama" else {"rope_type": "default"}
+    rope = {"rope_theta": 10000.0, **(default if rope_scaling is None else rope_scaling)}
+    shape = dict(vocab_size=VOCAB_SIZE, hidden_size=HIDDEN_SIZE, intermediate_size=160, num_hidden_layers=4,
+                 num_attention_heads=8, num_key_value_heads=2, head_dim=14, max_position_embeddings=64,
+                 rms_norm_eps=1e-5, rope_parameters=rope, tie_word_embeddings=tied, hidden_act="silu",
+                 bos_token_id=0, eos_token_id=1)
+    if family == "qwen2":
+        config, model_class = Qwen2Config(**shape, use_sliding_window=False), Qwen2ForCausalLM
+    else:
+        config, model_class = LlamaConfig(**shape, attention_bias=False, mlp_bias=False), LlamaForCausalLM
+    torch.manual_seed(seed)
+    model = model_class(config).to(torch.float32)
+    _randomize(model, seed)
+    model.save_pretrained(path)
+    if shards > 1:
+        write_safetensors_shards(path, _read_weights(path), shards)
+    return path
+
+
 def _mtp_layer_tensors(config, layer_index: int, generator: torch.Generator) -> dict[str, torch.Tensor]:
     """The tensors of one DeepSeek-V3 MTP layer (a MoE decoder layer plus its MTP parts)."""
     h, v = config.hidden_size, config.vocab_size

@@ -25,13 +25,16 @@ convert_ckpt = import_tool("convert_ckpt")
 
 
 def model_type(key: str) -> str:
-    return "deepseek3" if key.startswith("deepseek") else "qwen3"
+    """The family (--model-type-hf) of an hf_models key."""
+    return next((kind for prefix, kind in (("deepseek", "deepseek3"), ("llama", "llama2"), ("qwen2", "qwen2"))
+                 if key.startswith(prefix)), "qwen3")
 
 
 @pytest.mark.parametrize("key,layout", [
     ("qwen3_tied", Layout()), ("qwen3_tied", Layout(2, 2)), ("qwen3_untied", Layout()),
     ("qwen3_untied", Layout(2, 2)), ("deepseek3", Layout()), ("deepseek3", Layout(2, 2, 2)),
-    ("deepseek3", Layout(2, 1, 2, etp=1)),
+    ("deepseek3", Layout(2, 1, 2, etp=1)), ("llama_untied", Layout()), ("llama_untied", Layout(2, 2)),
+    ("llama_tied", Layout(2, 2)), ("qwen2_tied", Layout(2, 2)), ("qwen2_untied", Layout(2, 1)),
 ])
 @pytest.mark.parametrize("save_format", ["safetensors", "torch"])
 def test_round_trip_is_bit_exact(hf_models, tmp_path, key, layout, save_format):
@@ -177,6 +180,8 @@ def test_deepseek_config_megatron_would_compute_differently(hf_models, tmp_path,
     ("qwen3_tied", ["--target-pipeline-parallel-size", "3"], "num_hidden_layers=4"),
     ("deepseek3", ["--target-expert-parallel-size", "3"], "4 routed experts"),
     ("deepseek3", ["--target-tensor-parallel-size", "8"], "num_attention_heads=4"),
+    ("qwen2_tied", ["--target-tensor-parallel-size", "4"], "num_key_value_heads (query groups)=2"),
+    ("llama_untied", ["--target-expert-parallel-size", "2"], "--target-expert-parallel-size 2"),
 ])
 def test_layout_that_cannot_split(hf_models, tmp_path, capsys, key, flags, needle):
     (tmp_path / "out").mkdir()

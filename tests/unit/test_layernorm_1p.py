@@ -147,14 +147,14 @@ def test_only_layernorm_and_rmsnorm():
 
 
 def test_hugging_face_families_refuse_a_zero_centred_gamma():
-    """Qwen3 and DeepSeek-V3 scale by weight: --hf-load-dir, --hf-save-dir, a converted --load and
+    """The converted families (Qwen3, DeepSeek-V3, Llama, Qwen2) scale by weight: --hf-load-dir, --hf-save-dir, a converted --load and
     tools/safetensors_ckpt.py merge all stop on the same line instead of reading gamma as the scale."""
     from adaptor.convert.config_check import ZERO_CENTRED_GAMMA, config_mismatch
     from adaptor.convert.online import hf_config_from_args
 
     args = argparse.Namespace(layernorm_zero_centered_gamma=True, model_type_hf="qwen3")
     assert config_mismatch(args, ["--num-layers", "4"]) == ZERO_CENTRED_GAMMA
-    with pytest.raises(ValueError, match="--apply-layernorm-1p is on, but Qwen3 and DeepSeek-V3 norms scale by"):
+    with pytest.raises(ValueError, match="--apply-layernorm-1p is on, but the norms of the Hugging Face families converted here scale by"):
         hf_config_from_args(args)
 
 

@@ -46,7 +46,8 @@ def test_mindspeed_llm_conversion_scripts(tmp_path, capsys):
     moe[moe.index("--save-dir") + 1] = str(tmp_path / "moe")
     assert convert_ckpt.main(moe) == 2
     assert capsys.readouterr().err.strip().splitlines()[-1] == (
-        "convert_ckpt.py: error: --model-type-hf qwen3-moe: Hugging Face conversion supports deepseek3, qwen3")
+        "convert_ckpt.py: error: --model-type-hf qwen3-moe: Hugging Face conversion supports deepseek3, llama2, qwen2, "
+        "qwen3")
     assert not (tmp_path / "moe").exists()
 
 
