@@ -22,7 +22,7 @@ TESTS = Path(__file__).resolve().parent
 if str(TESTS) not in sys.path:
     sys.path.insert(0, str(TESTS))
 
-from helpers.hf_fixtures import make_tiny_deepseek_v3, make_tiny_qwen3  # noqa: E402
+from helpers.hf_fixtures import make_tiny_deepseek_v3, make_tiny_mixtral, make_tiny_qwen3, make_tiny_qwen3_moe  # noqa: E402,E501
 
 E2E = TESTS / "e2e"
 
@@ -76,6 +76,8 @@ HF_MODELS = {
     "qwen3_yarn_factor": lambda path: make_tiny_qwen3(path, rope_scaling={
         **YARN, "attention_factor": 1.3, "beta_fast": 16.0, "beta_slow": 2.0}),
     "qwen3_linear": lambda path: make_tiny_qwen3(path, rope_scaling={"rope_type": "linear", "factor": 2.0}),
+    "qwen3_moe": lambda path: make_tiny_qwen3_moe(path),
+    "mixtral": lambda path: make_tiny_mixtral(path),
     # The sample tokenizer's vocabulary (1,436 tokens): text decoders of pretrain_mm.py.
     "qwen3_vocab1436": lambda path: make_tiny_qwen3(path, vocab_size=1436),
 }

@@ -131,7 +131,7 @@ KNOWN_SPECS = {
 }
 
 # model types of --model-type-hf in MindSpeed-LLM that we convert
-MODEL_TYPES_HF = {"qwen3": "qwen3", "deepseek3": "deepseek3"}
+MODEL_TYPES_HF = {"qwen3": "qwen3", "deepseek3": "deepseek3", "qwen3-moe": "qwen3-moe", "mixtral": "mixtral"}
 
 # -- tools/convert_ckpt.py and tools/preprocess_data.py -------------------------------------------
 

@@ -1,4 +1,4 @@
-"""Hugging Face <-> Megatron checkpoint conversion (qwen3, deepseek3), streaming tensor by tensor.
+"""Hugging Face <-> Megatron checkpoint conversion (qwen3, deepseek3, qwen3-moe, mixtral), streaming tensor by tensor.
 
 - :class:`HfCheckpoint`: zero-copy (mmap) reads of a Hub-style safetensors directory.
 - :func:`model_mapping`: the name/layout rules of one architecture; :class:`Layout`: TP/PP/EP sizes.

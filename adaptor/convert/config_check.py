@@ -12,7 +12,7 @@ from pathlib import Path
 
 from adaptor.features import ArgumentError
 
-HF_MODEL_TYPES = {"qwen3": "qwen3", "deepseek_v3": "deepseek3"}
+HF_MODEL_TYPES = {"qwen3": "qwen3", "deepseek_v3": "deepseek3", "qwen3_moe": "qwen3-moe", "mixtral": "mixtral"}
 # Flags of megatron_args_from_hf_config that do not describe the weights: not compared.
 
 
@@ -28,7 +28,7 @@ NOT_COMPARED = {
 
 ARCHITECTURE_SWITCHES = (
     "qk_layernorm", "multi_latent_attention", "untie_embeddings_and_output_weights", "swiglu",
-    "add_qkv_bias", "moe_router_enable_expert_bias", "rotary_interleaved",
+    "add_qkv_bias", "moe_router_enable_expert_bias", "rotary_interleaved", "moe_router_pre_softmax",
 )
 
 
@@ -44,7 +44,7 @@ def hf_model_type(config: dict, given: str | None, where: str) -> str:
     found = config.get("model_type")
     if found not in HF_MODEL_TYPES:
         raise ArgumentError(f"{where}: config.json has model_type {found!r}; supported: "
-                            f"{', '.join(sorted(HF_MODEL_TYPES))} (or pass --model-type-hf qwen3|deepseek3)")
+                            f"{', '.join(sorted(HF_MODEL_TYPES))} (or pass --model-type-hf {'|'.join(dict.fromkeys(HF_MODEL_TYPES.values()))})")
     return HF_MODEL_TYPES[found]
 
 

@@ -8,11 +8,15 @@ from __future__ import annotations
 from adaptor.convert.deepseek3 import DeepSeek3Mapping
 from adaptor.convert.errors import ConversionError
 from adaptor.convert.mapping import ModelMapping
+from adaptor.convert.mixtral import MixtralMapping
 from adaptor.convert.qwen3 import Qwen3Mapping
+from adaptor.convert.qwen3_moe import Qwen3MoeMapping
 
 MODELS: dict[str, type[ModelMapping]] = {
     "qwen3": Qwen3Mapping,
     "deepseek3": DeepSeek3Mapping,
+    "qwen3-moe": Qwen3MoeMapping,
+    "mixtral": MixtralMapping,
 }
 
 

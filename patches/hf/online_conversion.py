@@ -181,7 +181,8 @@ class OnlineConversion(Feature):
                 raise ArgumentError(f"--hf-save-lora {args.hf_save_lora} needs LoRA layers (--lora-r)")
         if args.hf_save_dir is not None:
             if args.model_type_hf is None:
-                raise ArgumentError("--hf-save-dir without --hf-load-dir needs --model-type-hf qwen3|deepseek3")
+                raise ArgumentError("--hf-save-dir without --hf-load-dir needs --model-type-hf "
+                                    + "|".join(dict.fromkeys(HF_MODEL_TYPES.values())))
             final = Path(args.hf_save_dir)
             if final.exists() and (not final.is_dir() or any(final.iterdir())):
                 raise ArgumentError(f"--hf-save-dir {args.hf_save_dir} exists and is not an empty directory")

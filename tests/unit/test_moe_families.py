@@ -1,0 +1,272 @@
+"""Qwen3-MoE and Mixtral in this process: conversion round trips, the flags derived from config.json, and
+what the converter refuses.
+
+Reference points that do not come from the converter itself: transformers' ``save_pretrained`` output
+(tests/helpers/hf_fixtures.py: 6 heads in 2 query groups of head_dim 12, 6 experts, top-2 and top-3),
+transformers' own routers and decoder layers, and megatron-core's own routing function. Megatron's logits
+and loss curves from these directories: tests/e2e/test_hf_parity.py and tests/e2e/test_moe_families.py.
+"""
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+import torch
+
+from adaptor.convert import (
+    ConversionError, HfCheckpoint, Layout, convert_hf_to_megatron, convert_megatron_to_hf,
+    megatron_args_from_hf_config,
+)
+from helpers.hf_fixtures import HIDDEN_SIZE
+from helpers.processes import import_tool
+
+convert_ckpt = import_tool("convert_ckpt")
+hf_model_flags = import_tool("hf_model_flags")
+
+FAMILIES = {"qwen3_moe": "qwen3-moe", "mixtral": "mixtral"}
+
+
+def config_of(hf_dirs, key) -> dict:
+    return json.loads((hf_dirs[key] / "config.json").read_text())
+
+
+def pairs(flags: list[str]) -> dict:
+    return {f: (v if not v.startswith("--") else True) for f, v in zip(flags, flags[1:] + ["--"]) if f.startswith("--")}
+
+
+# -- round trips ---------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("key,layout", [
+    ("qwen3_moe", Layout()), ("qwen3_moe", Layout(2, 2, 2)), ("qwen3_moe", Layout(2, 1, 2, etp=1)),
+    ("mixtral", Layout(2, 2)), ("mixtral", Layout(1, 2, 2)), ("mixtral", Layout(2, 1, 2, etp=1)),
+])
+@pytest.mark.parametrize("save_format", ["safetensors", "torch"])
+def test_round_trip_is_bit_exact(hf_dirs, tmp_path, key, layout, save_format):
+    src = hf_dirs[key]
+    convert_hf_to_megatron(src, tmp_path / "mg", FAMILIES[key], layout, save_format=save_format)
+    convert_megatron_to_hf(tmp_path / "mg", tmp_path / "hf", max_shard_bytes=100_000)
+    before, after = HfCheckpoint(src), HfCheckpoint(tmp_path / "hf")
+    assert sorted(after.names()) == sorted(before.names())
+    for name in before.names():
+        a, b = before.get(name), after.get(name)
+        assert a.dtype == b.dtype and torch.equal(a, b), name
+    assert json.loads((tmp_path / "hf" / "config.json").read_text()) == config_of(hf_dirs, key)
+
+
+def test_rank_files_hold_each_ranks_experts(hf_dirs, tmp_path):
+    """EP2 with expert TP 1 at TP2: each EP rank holds 3 of the 6 experts, whole, as local experts 0..2; the dense
+    layer 2 of Qwen3-MoE is a TP-split MLP, its MoE layers have a router and no linear_fc1 of their own."""
+    from adaptor.convert import megatron_rank_tensors
+
+    hf = HfCheckpoint(hf_dirs["qwen3_moe"])
+    layout = Layout(2, 1, 2, etp=1)
+    for ep_rank in range(2):
+        for tp_rank in range(2):
+            tensors = dict(megatron_rank_tensors(hf, "qwen3-moe", layout, tp_rank, 0, ep_rank))
+            for local in range(3):
+                e = 3 * ep_rank + local
+                fc1 = tensors[f"decoder.layers.3.mlp.experts.local_experts.{local}.linear_fc1.weight"]
+                gate = hf.get(f"model.layers.3.mlp.experts.{e}.gate_proj.weight")
+                up = hf.get(f"model.layers.3.mlp.experts.{e}.up_proj.weight")
+                assert torch.equal(fc1, torch.cat([gate, up]))
+            assert "decoder.layers.3.mlp.experts.local_experts.3.linear_fc1.weight" not in tensors
+            assert torch.equal(tensors["decoder.layers.3.mlp.router.weight"], hf.get("model.layers.3.mlp.gate.weight"))
+            assert tensors["decoder.layers.2.mlp.linear_fc1.weight"].shape == (96, HIDDEN_SIZE)  # 2 x 96 / TP2
+            assert "decoder.layers.2.mlp.router.weight" not in tensors
+            assert "decoder.layers.1.mlp.linear_fc1.weight" not in tensors
+
+
+def test_offline_command_line_takes_mindspeed_llms_names(hf_dirs, tmp_path, capsys):
+    """tools/convert_ckpt.py --model-type-hf qwen3-moe / mixtral (MindSpeed-LLM's names), and back without it."""
+    for key, kind in FAMILIES.items():
+        out = tmp_path / key
+        code = convert_ckpt.main(["--load-model-type", "hf", "--save-model-type", "mg", "--model-type-hf", kind,
+                                  "--load-dir", str(hf_dirs[key]), "--save-dir", str(out / "mg"),
+                                  "--target-expert-parallel-size", "2"])
+        assert code == 0, capsys.readouterr().err
+        code = convert_ckpt.main(["--load-model-type", "mg", "--save-model-type", "hf", "--load-dir", str(out / "mg"),
+                                  "--save-dir", str(out / "hf")])
+        assert code == 0, capsys.readouterr().err
+        assert sorted(HfCheckpoint(out / "hf").names()) == sorted(HfCheckpoint(hf_dirs[key]).names())
+
+
+# -- the architecture from config.json ----------------------------------------------------------------
+
+@pytest.mark.parametrize("step,dense", [(1, []), (2, []), (1, [0, 3]), (2, [1]), (3, [])])
+def test_moe_layer_freq_is_transformers_layer_choice(step, dense):
+    """--moe-layer-freq from decoder_sparse_step and mlp_only_layers marks exactly the layers transformers'
+    Qwen3MoeDecoderLayer builds as sparse blocks."""
+    from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
+    from transformers.models.qwen3_moe.modeling_qwen3_moe import Qwen3MoeSparseMoeBlock
+
+    config = Qwen3MoeConfig(vocab_size=32, hidden_size=16, intermediate_size=24, moe_intermediate_size=8,
+                            num_hidden_layers=6, num_attention_heads=2, num_key_value_heads=1, head_dim=8,
+                            num_experts=4, num_experts_per_tok=2, decoder_sparse_step=step, mlp_only_layers=dense)
+    with torch.device("meta"):
+        model = Qwen3MoeForCausalLM(config)
+    built = [int(isinstance(layer.mlp, Qwen3MoeSparseMoeBlock)) for layer in model.model.layers]
+    flags = pairs(megatron_args_from_hf_config("qwen3-moe", config.to_dict()))
+    assert eval(flags["--moe-layer-freq"]) == built
+
+
+@pytest.mark.parametrize("family,norm", [("qwen3_moe", False), ("qwen3_moe", True), ("mixtral", None)])
+def test_derived_router_flags_route_as_transformers(hf_dirs, family, norm):
+    """megatron-core's routing function with the derived flags picks transformers' experts with its weights:
+    norm_topk_prob false is --moe-router-pre-softmax, true (and Mixtral) Megatron's default. The two differ."""
+    from megatron.core.transformer.moe.moe_utils import topk_routing_with_score_function
+    from transformers import AutoConfig
+
+    config = config_of(hf_dirs, family)
+    if norm is not None:
+        config["norm_topk_prob"] = norm
+    flags = pairs(megatron_args_from_hf_config(FAMILIES[family], config))
+    hf_config = AutoConfig.for_model(**config)
+    if family == "mixtral":
+        from transformers.models.mixtral.modeling_mixtral import MixtralTopKRouter as Router
+    else:
+        from transformers.models.qwen3_moe.modeling_qwen3_moe import Qwen3MoeTopKRouter as Router
+    router = Router(hf_config)
+    generator = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        router.weight.copy_(torch.randn(router.weight.shape, generator=generator))
+        hidden = torch.randn(40, HIDDEN_SIZE, generator=generator)
+        logits, weights, indices = router(hidden)
+    expected = torch.zeros_like(logits).scatter(1, indices, weights)
+    topk = int(flags["--moe-router-topk"])
+    probs, routing_map = topk_routing_with_score_function(logits, topk, use_pre_softmax="--moe-router-pre-softmax"
+                                                          in flags, score_function=flags["--moe-router-score-function"])
+    assert torch.equal(routing_map, expected > 0)
+    torch.testing.assert_close(probs, expected, rtol=1e-6, atol=1e-7)
+    other, _ = topk_routing_with_score_function(logits, topk, use_pre_softmax="--moe-router-pre-softmax" not in flags,
+                                                score_function="softmax")
+    assert (other - expected).abs().max() > 1e-2  # the other setting would route with other weights
+
+
+def test_hf_model_type_and_flags_tool(hf_dirs, capsys):
+    """config.json's model_type names the family; tools/hf_model_flags.py prints its flags."""
+    from adaptor.convert.config_check import hf_model_type
+
+    for key, kind in FAMILIES.items():
+        assert hf_model_type(config_of(hf_dirs, key), None, "here") == kind
+        assert hf_model_flags.main([str(hf_dirs[key])]) == 0
+        lines = capsys.readouterr().out.splitlines()
+        assert lines[0] == "512" and lines[lines.index("--num-experts") + 1] == "6"
+        assert ("--qk-layernorm" in lines) == (key == "qwen3_moe")
+        assert ("--moe-router-pre-softmax" in lines) == (key == "qwen3_moe")  # its norm_topk_prob is false
+
+
+@pytest.mark.parametrize("key", list(FAMILIES))
+def test_config_written_from_the_flags_describes_the_same_model(hf_dirs, key):
+    """--hf-save-dir without --hf-load-dir writes config.json from the flags: transformers reads it as the same
+    architecture, and it derives the same flags back."""
+    from transformers import AutoConfig
+
+    from adaptor.convert.config_check import megatron_namespace
+    from adaptor.convert.online import hf_config_from_args
+
+    flags = megatron_args_from_hf_config(FAMILIES[key], config_of(hf_dirs, key))
+    args, _, _ = megatron_namespace(flags)
+    args.model_type_hf, args.padded_vocab_size, args.bf16, args.fp16 = FAMILIES[key], None, False, False
+    written = hf_config_from_args(args)
+    assert megatron_args_from_hf_config(FAMILIES[key], written) == flags
+    loaded = AutoConfig.for_model(**written).to_dict()
+    for name, value in config_of(hf_dirs, key).items():
+        if name in ("num_experts", "num_local_experts", "num_experts_per_tok", "moe_intermediate_size",
+                    "intermediate_size", "head_dim", "num_key_value_heads", "norm_topk_prob", "mlp_only_layers",
+                    "decoder_sparse_step", "rope_parameters", "sliding_window", "tie_word_embeddings"):
+            assert loaded[name] == value, name
+
+
+# -- bad input, one line each --------------------------------------------------------------------------
+
+def with_config(hf_dirs, tmp_path, key, **changes):
+    src = shutil.copytree(hf_dirs[key], tmp_path / "src")
+    config = json.loads((src / "config.json").read_text())
+    for name, value in changes.items():
+        if value is None:
+            config.pop(name, None)
+        else:
+            config[name] = value
+    (src / "config.json").write_text(json.dumps(config))
+    return src
+
+
+def convert_fails(src, kind, tmp_path, capsys, *flags):
+    (tmp_path / "out").mkdir()
+    code = convert_ckpt.main(["--load-model-type", "hf", "--save-model-type", "mg", "--model-type-hf", kind,
+                              "--load-dir", str(src), "--save-dir", str(tmp_path / "out" / "mg"), *flags])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code != 0 and len(err) == 1 and err[0].startswith("convert_ckpt.py: error: "), err
+    assert list((tmp_path / "out").iterdir()) == []
+    return err[0]
+
+
+@pytest.mark.parametrize("key,changes,needle", [
+    ("mixtral", {"router_jitter_noise": 0.1}, "router_jitter_noise=0.1 is not supported"),
+    ("mixtral", {"sliding_window": 4096}, "sliding_window=4096 is not supported"),
+    ("mixtral", {"mlp_only_layers": [1]}, "mlp_only_layers is not a mixtral setting"),
+    ("qwen3_moe", {"use_sliding_window": True, "sliding_window": 16}, "use_sliding_window=true"),
+    ("qwen3_moe", {"hidden_act": "gelu"}, "hidden_act='gelu' is not supported"),
+    ("qwen3_moe", {"attention_bias": True}, "attention_bias=true is not supported"),
+    ("qwen3_moe", {"num_experts": None, "num_local_experts": None}, "no value for 'num_experts'"),
+    ("qwen3_moe", {"mlp_only_layers": [0, 1, 2, 3]}, "leave no MoE layer"),
+    ("qwen3_moe", {"num_experts_per_tok": 7}, "num_experts_per_tok=7"),
+])
+def test_config_we_cannot_build_is_one_line(hf_dirs, tmp_path, capsys, key, changes, needle):
+    src = with_config(hf_dirs, tmp_path, key, **changes)
+    line = convert_fails(src, FAMILIES[key], tmp_path, capsys)
+    assert needle in line, line
+
+
+@pytest.mark.parametrize("flags,needle", [
+    (["--target-expert-parallel-size", "4"], "6 routed experts are not divisible by --target-expert-parallel-size 4"),
+    (["--target-tensor-parallel-size", "4"], "num_key_value_heads (query groups)=2 is not divisible"),
+    (["--target-pipeline-parallel-size", "3"], "num_hidden_layers=4 is not divisible"),
+])
+def test_layout_that_cannot_split(hf_dirs, tmp_path, capsys, flags, needle):
+    line = convert_fails(hf_dirs["qwen3_moe"], "qwen3-moe", tmp_path, capsys, *flags)
+    assert needle in line, line
+
+
+def test_missing_shard(hf_dirs, tmp_path, capsys):
+    src = shutil.copytree(hf_dirs["qwen3_moe"], tmp_path / "src")
+    (src / "model-00002-of-00002.safetensors").unlink()
+    line = convert_fails(src, "qwen3-moe", tmp_path, capsys)
+    assert "model-00002-of-00002.safetensors: missing shard" in line, line
+
+
+def test_fused_expert_tensors_are_named_missing(hf_dirs, tmp_path, capsys):
+    """transformers keeps experts in memory as 3-D gate_up_proj / down_proj but saves them per expert, as the Hub
+    does; a directory holding the in-memory layout is one line naming the per-expert tensor it lacks."""
+    from helpers.hf_fixtures import write_safetensors_shards
+
+    src = shutil.copytree(hf_dirs["mixtral"], tmp_path / "src")
+    hf = HfCheckpoint(src)
+    tensors = {name: hf.get(name).clone() for name in hf.names()}
+    prefix = "model.layers.0.block_sparse_moe.experts."
+    gate_up = [torch.cat([tensors.pop(f"{prefix}{e}.w1.weight"), tensors.pop(f"{prefix}{e}.w3.weight")])
+               for e in range(6)]
+    tensors[prefix + "gate_up_proj"] = torch.stack(gate_up)
+    tensors[prefix + "down_proj"] = torch.stack([tensors.pop(f"{prefix}{e}.w2.weight") for e in range(6)])
+    for file in src.glob("model*.safetensors*"):
+        file.unlink()
+    write_safetensors_shards(src, tensors, 1)
+    line = convert_fails(src, "mixtral", tmp_path, capsys)
+    assert f"tensor {prefix}0.w1.weight missing" in line, line
+
+
+@pytest.mark.parametrize("key,changes,needle", [
+    ("qwen3_moe", {"rope_parameters": {"rope_type": "dynamic", "factor": 2.0, "rope_theta": 1e6}},
+     "rope_scaling type 'dynamic' has no Megatron equivalent"),
+    ("mixtral", {"rope_parameters": {"rope_type": "llama3", "factor": 8.0, "rope_theta": 1e6}},
+     "rope_scaling type 'llama3' has no Megatron equivalent"),
+])
+def test_flags_refuse_rope_scaling_we_do_not_build(hf_dirs, tmp_path, capsys, key, changes, needle):
+    """--hf-load-dir and tools/hf_model_flags.py derive the flags: a RoPE Megatron does not build is one line."""
+    src = with_config(hf_dirs, tmp_path, key, **changes)
+    with pytest.raises(ConversionError, match=needle):
+        megatron_args_from_hf_config(FAMILIES[key], json.loads((src / "config.json").read_text()))
+    assert hf_model_flags.main([str(src)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and needle in err[0], err
