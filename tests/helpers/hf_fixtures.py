@@ -275,3 +275,26 @@ def make_peft_adapter(base_dir, out, r: int, alpha: float, targets: list[str], s
                     module.lora_A["default"].weight.copy_(group[0].lora_A["default"].weight)
     peft_model.save_pretrained(out)
     return Path(out)
+
+
+def make_peft_attention_adapter(base_dir, out, r: int, alpha: float, seed: int = 0) -> Path:
+    """A LoRA adapter written by peft on the attention projections (q/k/v/o) of any decoder directory: random
+    non-zero A and B, A shared within q/k/v (Megatron's fused linear_qkv has one). Routed experts have no PEFT
+    layout, so MoE models are adapted here."""
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(base_dir, dtype=torch.float32)
+    peft_model = get_peft_model(model, LoraConfig(r=r, lora_alpha=alpha, task_type="CAUSAL_LM",
+                                                  target_modules=["q_proj", "k_proj", "v_proj", "o_proj"]))
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for layer in peft_model.base_model.model.model.layers:
+            attn = layer.self_attn
+            for module in (attn.q_proj, attn.k_proj, attn.v_proj, attn.o_proj):
+                for which in (module.lora_A["default"], module.lora_B["default"]):
+                    which.weight.copy_(0.1 * torch.randn(which.weight.shape, generator=g))
+            for module in (attn.k_proj, attn.v_proj):
+                module.lora_A["default"].weight.copy_(attn.q_proj.lora_A["default"].weight)
+    peft_model.save_pretrained(out)
+    return Path(out)

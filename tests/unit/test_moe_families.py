@@ -77,6 +77,26 @@ def test_rank_files_hold_each_ranks_experts(hf_dirs, tmp_path):
             assert "decoder.layers.1.mlp.linear_fc1.weight" not in tensors
 
 
+def test_tp2_ep2_on_two_processes_exports(hf_dirs, tmp_path):
+    """TP2 x EP2 with expert TP 1 on two processes saves ranks (tp 0, ep 0) and (tp 1, ep 1) only, as Megatron and
+    --hf-save-dir's hand-over name them: each tensor is read where its part lives, and the export is exact. With
+    expert TP 2 every pair holds its own part, and a missing one stays an error."""
+    src = hf_dirs["qwen3_moe"]
+    for etp in (1, None):
+        mg = convert_hf_to_megatron(src, tmp_path / f"mg{etp}", "qwen3-moe", Layout(2, 1, 2, etp=etp),
+                                    save_format="torch")
+        for pair in ("mp_rank_00_001", "mp_rank_01_000"):
+            shutil.rmtree(mg / "release" / pair)
+        if etp is None:
+            with pytest.raises(ConversionError, match="mp_rank_01_000"):
+                convert_megatron_to_hf(mg, tmp_path / "hf_etp2")
+            continue
+        convert_megatron_to_hf(mg, tmp_path / "hf")
+        before, after = HfCheckpoint(src), HfCheckpoint(tmp_path / "hf")
+        assert sorted(after.names()) == sorted(before.names())
+        assert all(torch.equal(before.get(n), after.get(n)) for n in before.names())
+
+
 def test_offline_command_line_takes_mindspeed_llms_names(hf_dirs, tmp_path, capsys):
     """tools/convert_ckpt.py --model-type-hf qwen3-moe / mixtral (MindSpeed-LLM's names), and back without it."""
     for key, kind in FAMILIES.items():
