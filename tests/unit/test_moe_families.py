@@ -176,6 +176,29 @@ def test_hf_model_type_and_flags_tool(hf_dirs, capsys):
         assert ("--moe-router-pre-softmax" in lines) == (key == "qwen3_moe")  # its norm_topk_prob is false
 
 
+@pytest.mark.parametrize("drop,add,flag", [
+    (["--moe-router-pre-softmax"], [], "--moe-router-pre-softmax is False on the command line but True"),
+    (["--moe-layer-freq"], ["--moe-layer-freq", "1"], "--moe-layer-freq is [1, 1, 1, 1] on the command line but "
+                                                      "[1, 1, 0, 1]"),
+    (["--qk-layernorm"], [], "--qk-layernorm is False on the command line but True"),
+    (["--moe-router-topk"], ["--moe-router-topk", "3"], "--moe-router-topk is 3 on the command line but 2"),
+    ([], ["--moe-grouped-gemm", "--moe-router-dtype", "fp64"], None),  # how, not what, is computed
+])
+def test_hf_load_dir_check_names_the_flag(hf_dirs, drop, add, flag):
+    """--hf-load-dir compares the command line with the flags config.json implies: Qwen3-MoE's routing and layer
+    pattern are part of the architecture."""
+    from adaptor.convert.config_check import config_mismatch, megatron_namespace
+
+    derived = megatron_args_from_hf_config("qwen3-moe", config_of(hf_dirs, "qwen3_moe"))
+    given = []
+    for f, v in zip(derived, derived[1:] + ["--"]):
+        if f.startswith("--") and f not in drop:
+            given += [f] + ([] if v.startswith("--") else [v])
+    args, _, _ = megatron_namespace(given + add)
+    mismatch = config_mismatch(args, derived)
+    assert mismatch == flag if flag is None else mismatch.startswith(flag), mismatch
+
+
 @pytest.mark.parametrize("key", list(FAMILIES))
 def test_config_written_from_the_flags_describes_the_same_model(hf_dirs, key):
     """--hf-save-dir without --hf-load-dir writes config.json from the flags: transformers reads it as the same
