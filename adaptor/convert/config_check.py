@@ -43,8 +43,9 @@ def hf_model_type(config: dict, given: str | None, where: str) -> str:
         return given
     found = config.get("model_type")
     if found not in HF_MODEL_TYPES:
+        names = "|".join(dict.fromkeys(HF_MODEL_TYPES.values()))
         raise ArgumentError(f"{where}: config.json has model_type {found!r}; supported: "
-                            f"{', '.join(sorted(HF_MODEL_TYPES))} (or pass --model-type-hf {'|'.join(dict.fromkeys(HF_MODEL_TYPES.values()))})")
+                            f"{', '.join(sorted(HF_MODEL_TYPES))} (or pass --model-type-hf {names})")
     return HF_MODEL_TYPES[found]
 
 

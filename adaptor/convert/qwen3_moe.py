@@ -8,13 +8,38 @@ without it the weights are the plain probabilities (``--moe-router-pre-softmax``
 
 Hub checkpoints, and transformers' ``save_pretrained`` (which folds its in-memory 3-D
 ``experts.gate_up_proj`` / ``experts.down_proj`` back), hold one ``gate_proj`` / ``up_proj`` /
-``down_proj`` per expert; that is the layout read and written here.
+``down_proj`` per expert; that is the layout written here. transformers' own layout
+(``save_pretrained(save_original_format=False)``: ``mlp.gate`` and, per layer, ``mlp.experts.gate_up_proj``
+[experts, 2 x ffn, hidden] with gate rows first and ``mlp.experts.down_proj`` [experts, hidden, ffn]) is
+read too.
 """
 from __future__ import annotations
 
+import copy
+
 from adaptor.convert.errors import ConversionError
 from adaptor.convert.layout import GateUp, Split
+from adaptor.convert.mapping import Param
 from adaptor.convert.qwen3 import Qwen3Mapping
+
+
+class FusedExpert:
+    """One expert's part of transformers' 3-D expert tensor: its ``gate_up_proj`` rows as a SwiGLU linear_fc1
+    (split as :class:`GateUp`), or its ``down_proj`` (split as row parallel). Read only: exports are per expert."""
+
+    def __init__(self, expert: int, experts: int, gate_up: bool):
+        self.expert, self.experts, self.gate_up = expert, experts, gate_up
+
+    def shard(self, hf, rank, size):
+        if hf[0].dim() != 3 or hf[0].shape[0] != self.experts:
+            raise RuntimeError(f"not [{self.experts} experts, ...]")
+        weight = hf[0][self.expert]
+        if self.gate_up:
+            return GateUp().shard(list(weight.chunk(2)), rank, size)
+        return Split(1).shard([weight], rank, size)
+
+    def merge(self, parts):
+        raise ConversionError("internal: transformers' fused expert layout is read, not written")
 
 
 class Qwen3MoeMapping(Qwen3Mapping):
@@ -22,6 +47,7 @@ class Qwen3MoeMapping(Qwen3Mapping):
     family = "qwen3_moe"
     qk_norm = True
     moe_prefix = "mlp."                                        # the HF MoE block of a layer
+    fused = False                                              # transformers' 3-D expert tensors
     expert_names = ("gate_proj", "up_proj", "down_proj")       # per expert: gate, up, down
 
     def __init__(self, hf_config: dict):
@@ -62,6 +88,18 @@ class Qwen3MoeMapping(Qwen3Mapping):
             raise ConversionError("config.json: decoder_sparse_step and mlp_only_layers leave no MoE layer; "
                                   "convert it as the dense qwen3")
 
+    def for_checkpoint(self, hf):
+        first = next(i for i in range(self.num_layers) if self.is_moe(i))
+        try:
+            fused = f"model.layers.{first}.mlp.experts.gate_up_proj" in hf
+        except TypeError:  # a source without a name index (a PEFT adapter)
+            return self
+        if not fused:
+            return self
+        mapping = copy.copy(self)
+        mapping.fused = True
+        return mapping
+
     def is_moe(self, layer: int) -> bool:
         return layer not in self.dense_layers and (layer + 1) % self.sparse_step == 0
 
@@ -86,24 +124,24 @@ class Qwen3MoeMapping(Qwen3Mapping):
         if not self.is_moe(layer):
             return params
         params = [p for p in params if ".mlp." not in p.megatron]
-        template = params[0]
-        moe = hf_prefix + self.moe_prefix
+        moe = hf_prefix + ("mlp." if self.fused else self.moe_prefix)
         gate, up, down = self.expert_names
 
         def p(name, hf, rule=None, parallel=None, expert=None):
-            param = type(template)(prefix + name, tuple(hf), parallel=parallel, place=place, layer=layer,
-                                   expert=expert)
+            param = Param(prefix + name, tuple(hf), parallel=parallel, place=place, layer=layer, expert=expert)
             if rule is not None:
                 param.rule = rule
             return param
 
+        fc1 = "mlp.experts.local_experts.{expert}.linear_fc1.weight"
+        fc2 = "mlp.experts.local_experts.{expert}.linear_fc2.weight"
         params.append(p("mlp.router.weight", [moe + "gate.weight"]))
         for e in range(self.num_experts):
-            hf_e = f"{moe}experts.{e}."
-            params += [
-                p("mlp.experts.local_experts.{expert}.linear_fc1.weight",
-                  [hf_e + gate + ".weight", hf_e + up + ".weight"], GateUp(), "etp", e),
-                p("mlp.experts.local_experts.{expert}.linear_fc2.weight", [hf_e + down + ".weight"], Split(1),
-                  "etp", e),
-            ]
+            if self.fused:
+                params += [p(fc1, [moe + "experts.gate_up_proj"], FusedExpert(e, self.num_experts, True), "etp", e),
+                           p(fc2, [moe + "experts.down_proj"], FusedExpert(e, self.num_experts, False), "etp", e)]
+            else:
+                hf_e = f"{moe}experts.{e}."
+                params += [p(fc1, [hf_e + gate + ".weight", hf_e + up + ".weight"], GateUp(), "etp", e),
+                           p(fc2, [hf_e + down + ".weight"], Split(1), "etp", e)]
         return params

@@ -4,8 +4,8 @@ On the tiny random Qwen3MoeForCausalLM and MixtralForCausalLM of tests/helpers/h
 2 query groups of head_dim 12, 6 experts, top-2 / top-3), fp32, torchrun on gloo:
 
 * the offline-converted Qwen3-MoE checkpoint trained by one process, and the same HF directory loaded by
-  ``--hf-load-dir`` at TP2 x EP2 (sequence parallel, expert TP 1, grouped experts), give the same loss curve; the parallel run's
-  ``--hf-save-dir`` is a directory transformers loads, with the trained weights;
+  ``--hf-load-dir`` at TP2 x EP2 (sequence parallel, expert TP 1, grouped experts), give the same loss
+  curve; the parallel run's ``--hf-save-dir`` is a directory transformers loads, with the trained weights;
 * a LoRA adapter peft wrote on Mixtral's attention gives Megatron peft's logits (tools/check_hf_parity.py
   --lora-dir). Routed experts have no PEFT layout (their adapters export merged).
 
@@ -52,12 +52,12 @@ def test_qwen3_moe_curve_at_tp2_ep2_from_hf_dir_equals_one_process(hf_dirs, tmp_
     source, out = hf_dirs["qwen3_moe"], tmp_path / "hf_out"
     flags = model_flags(source, "qwen3-moe") + TRAIN
     converted = convert_hf_to_megatron(source, tmp_path / "mg", "qwen3-moe", Layout())
+    parallel_flags = ["--tensor-model-parallel-size", "2", "--expert-model-parallel-size", "2",
+                      "--expert-tensor-parallel-size", "1", "--sequence-parallel", "--moe-grouped-gemm"]
     single, parallel = side_by_side(
         lambda: run_pretrain(flags + ["--load", str(converted), "--finetune", "--no-load-optim", "--no-load-rng"]),
-        lambda: run_pretrain(flags + ["--hf-load-dir", str(source), "--hf-save-dir", str(out),
-                                      "--tensor-model-parallel-size", "2", "--expert-model-parallel-size", "2",
-                                      "--expert-tensor-parallel-size", "1", "--sequence-parallel", "--moe-grouped-gemm"],
-                                     nproc=2))
+        lambda: run_pretrain(flags + parallel_flags + ["--hf-load-dir", str(source), "--hf-save-dir", str(out)],
+                             nproc=2))
     for run in (single, parallel):
         assert run.returncode == 0, tail(run.output)
         assert len(run.losses) == ITERS, tail(run.output)

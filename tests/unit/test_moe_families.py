@@ -279,24 +279,49 @@ def test_missing_shard(hf_dirs, tmp_path, capsys):
     assert "model-00002-of-00002.safetensors: missing shard" in line, line
 
 
-def test_fused_expert_tensors_are_named_missing(hf_dirs, tmp_path, capsys):
-    """transformers keeps experts in memory as 3-D gate_up_proj / down_proj but saves them per expert, as the Hub
-    does; a directory holding the in-memory layout is one line naming the per-expert tensor it lacks."""
-    from helpers.hf_fixtures import write_safetensors_shards
+@pytest.fixture(scope="module")
+def fused_dirs(hf_dirs, tmp_path_factory):
+    """The fixtures as transformers lays experts out in memory: save_pretrained(save_original_format=False) writes
+    ``mlp.gate`` and per layer 3-D ``mlp.experts.gate_up_proj`` / ``down_proj`` (Mixtral's ``block_sparse_moe``
+    renamed)."""
+    from transformers import AutoModelForCausalLM
 
-    src = shutil.copytree(hf_dirs["mixtral"], tmp_path / "src")
-    hf = HfCheckpoint(src)
-    tensors = {name: hf.get(name).clone() for name in hf.names()}
-    prefix = "model.layers.0.block_sparse_moe.experts."
-    gate_up = [torch.cat([tensors.pop(f"{prefix}{e}.w1.weight"), tensors.pop(f"{prefix}{e}.w3.weight")])
-               for e in range(6)]
-    tensors[prefix + "gate_up_proj"] = torch.stack(gate_up)
-    tensors[prefix + "down_proj"] = torch.stack([tensors.pop(f"{prefix}{e}.w2.weight") for e in range(6)])
-    for file in src.glob("model*.safetensors*"):
-        file.unlink()
-    write_safetensors_shards(src, tensors, 1)
+    out = {}
+    for key in FAMILIES:
+        out[key] = tmp_path_factory.mktemp("fused") / key
+        AutoModelForCausalLM.from_pretrained(hf_dirs[key], dtype=torch.float32).save_pretrained(
+            out[key], save_original_format=False)
+    return out
+
+
+@pytest.mark.parametrize("key", list(FAMILIES))
+def test_transformers_fused_expert_layout_reads_as_the_hub_one(hf_dirs, fused_dirs, tmp_path, key):
+    """Every rank's tensors at TP2 x EP2 from transformers' fused layout are those of the Hub layout, and the
+    export (the Hub layout, as save_pretrained writes by default) is the Hub directory bit for bit."""
+    from adaptor.convert import megatron_rank_tensors
+
+    fused, hub = HfCheckpoint(fused_dirs[key]), HfCheckpoint(hf_dirs[key])
+    assert any(n.endswith(".mlp.experts.gate_up_proj") for n in fused.names())
+    layout = Layout(2, 1, 2)
+    for tp_rank, pp_rank, ep_rank in layout.rank_keys():
+        got = dict(megatron_rank_tensors(fused, FAMILIES[key], layout, tp_rank, pp_rank, ep_rank))
+        want = dict(megatron_rank_tensors(hub, FAMILIES[key], layout, tp_rank, pp_rank, ep_rank))
+        assert sorted(got) == sorted(want)
+        assert all(torch.equal(got[n], want[n]) for n in want)
+    convert_hf_to_megatron(fused_dirs[key], tmp_path / "mg", FAMILIES[key], layout, save_format="torch")
+    convert_megatron_to_hf(tmp_path / "mg", tmp_path / "hf")
+    back = HfCheckpoint(tmp_path / "hf")
+    assert sorted(back.names()) == sorted(hub.names())
+    assert all(torch.equal(back.get(n), hub.get(n)) for n in hub.names())
+
+
+def test_fused_experts_that_do_not_fit_the_config(fused_dirs, tmp_path, capsys):
+    src = shutil.copytree(fused_dirs["mixtral"], tmp_path / "src")
+    config = json.loads((src / "config.json").read_text())
+    config["num_local_experts"] = 5
+    (src / "config.json").write_text(json.dumps(config))
     line = convert_fails(src, "mixtral", tmp_path, capsys)
-    assert f"tensor {prefix}0.w1.weight missing" in line, line
+    assert "model.layers.0.mlp.experts.gate_up_proj [6, 80, 64] do not fit config.json (not [5 experts" in line, line
 
 
 @pytest.mark.parametrize("key,changes,needle", [
