@@ -338,3 +338,46 @@ def test_flags_refuse_rope_scaling_we_do_not_build(hf_dirs, tmp_path, capsys, ke
     assert hf_model_flags.main([str(src)]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and needle in err[0], err
+
+
+def test_mindspeed_llms_mixtral_script_builds_the_converted_architecture():
+    """pretrain_mixtral_8x7b_ptd.sh's flags (32 layers / 4096 hidden / 32 heads / 8 groups, 8 experts top-2, its
+    ``--moe-layer-freq -1 --first-k-dense-replace -1``; sizes scaled), rewritten as a pretrain_gpt.py command line
+    is, describe the model the flags derived from a Mixtral config.json of those sizes build: --hf-load-dir accepts
+    it. Megatron's defaults that validation fills in (kv channels, expert FFN size) are set as it sets them."""
+    from transformers import MixtralConfig
+
+    from adaptor.command_line.mindspeed_llm import rewrite_pretrain_argv
+    from adaptor.convert.config_check import config_mismatch, megatron_namespace
+
+    moe = ["--num-experts", "6", "--expert-model-parallel-size", "1", "--moe-router-topk", "3",
+           "--moe-router-load-balancing-type", "aux_loss", "--moe-aux-loss-coeff", "0.02",
+           "--moe-permutation-async-comm", "--moe-token-dispatcher-type", "alltoall_seq", "--moe-grouped-gemm",
+           "--moe-layer-freq", "-1", "--first-k-dense-replace", "-1", "--use-cp-send-recv-overlap"]
+    gpt = ["--use-mcore-models", "--disable-bias-linear", "--seq-length", "64", "--max-position-embeddings", "64",
+           "--num-layers", "4", "--hidden-size", "64", "--ffn-hidden-size", "40", "--num-attention-heads", "4",
+           "--init-method-std", "0.01", "--attention-dropout", "0.0", "--hidden-dropout", "0.0",
+           "--normalization", "RMSNorm", "--position-embedding-type", "rope", "--swiglu",
+           "--untie-embeddings-and-output-weights", "--group-query-attention", "--num-query-groups", "2",
+           "--vocab-size", "512", "--rotary-base", "1000000", "--no-masked-softmax-fusion",
+           "--use-fused-rotary-pos-emb", "--use-flash-attn", "--use-fused-swiglu", "--use-fused-rmsnorm",
+           "--no-check-for-nan-in-loss-and-grad", "--overlap-grad-reduce", "--overlap-param-gather",
+           "--make-vocab-size-divisible-by", "1", "--tensor-model-parallel-size", "2",
+           "--pipeline-model-parallel-size", "1", "--sequence-parallel", "--use-distributed-optimizer",
+           "--context-parallel-size", "1", "--context-parallel-algo", "megatron_cp_algo",
+           "--tokenizer-type", "Llama2Tokenizer", "--tokenizer-model", "tokenizer.model", "--micro-batch-size", "1",
+           "--global-batch-size", "8", "--lr", "1e-5", "--train-iters", "4", "--lr-decay-iters", "4",
+           "--lr-decay-style", "cosine", "--min-lr", "1.0e-6", "--weight-decay", "0.1", "--lr-warmup-iters", "2",
+           "--clip-grad", "1.0", "--bf16", "--no-load-optim", "--no-load-rng", "--no-shared-storage"]
+    rewritten = rewrite_pretrain_argv(moe + gpt)
+    assert not rewritten.refused and "--first-k-dense-replace -1: --moe-layer-freq [1,1,1,1]" in rewritten.notes
+    args, _, _ = megatron_namespace(rewritten.argv)
+    args.kv_channels, args.moe_ffn_hidden_size = args.hidden_size // args.num_attention_heads, args.ffn_hidden_size
+    config = MixtralConfig(vocab_size=512, hidden_size=64, intermediate_size=40, num_hidden_layers=4,
+                           num_attention_heads=4, num_key_value_heads=2, num_local_experts=6, num_experts_per_tok=3,
+                           rope_parameters={"rope_type": "default", "rope_theta": 1e6},
+                           tie_word_embeddings=False).to_dict()
+    derived = megatron_args_from_hf_config("mixtral", config)
+    assert config_mismatch(args, derived) is None
+    args.moe_router_pre_softmax = True  # what the script does not say would be named
+    assert config_mismatch(args, derived).startswith("--moe-router-pre-softmax is True on the command line")
