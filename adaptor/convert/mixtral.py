@@ -13,7 +13,7 @@ from adaptor.convert.qwen3_moe import Qwen3MoeMapping
 
 class MixtralMapping(Qwen3MoeMapping):
     model_type = "mixtral"
-    family = "mixtral"
+    experts_key = "num_local_experts"
     qk_norm = False
     moe_prefix = "block_sparse_moe."
     expert_names = ("w1", "w3", "w2")

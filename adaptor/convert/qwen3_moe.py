@@ -44,7 +44,7 @@ class FusedExpert:
 
 class Qwen3MoeMapping(Qwen3Mapping):
     model_type = "qwen3-moe"
-    family = "qwen3_moe"
+    experts_key = "num_experts"                                # config.json's expert count
     qk_norm = True
     moe_prefix = "mlp."                                        # the HF MoE block of a layer
     fused = False                                              # transformers' 3-D expert tensors
@@ -52,9 +52,10 @@ class Qwen3MoeMapping(Qwen3Mapping):
 
     def __init__(self, hf_config: dict):
         super().__init__(hf_config)
-        self.num_experts = int(hf_config.get("num_experts") or hf_config.get("num_local_experts") or 0)
+        # transformers 5 writes Qwen3-MoE's count as num_local_experts, the Hub's configs as num_experts
+        self.num_experts = int(hf_config.get(self.experts_key) or hf_config.get("num_local_experts") or 0)
         if self.num_experts <= 0:
-            raise ConversionError(f"config.json: no value for 'num_experts' (needed for {self.model_type})")
+            raise ConversionError(f"config.json: no value for '{self.experts_key}' (needed for {self.model_type})")
         self.topk = int(self.require("num_experts_per_tok"))
         self.moe_ffn = int(self.moe_ffn_size())
         self.sparse_step = int(hf_config.get("decoder_sparse_step") or 1)
