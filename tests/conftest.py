@@ -22,7 +22,9 @@ TESTS = Path(__file__).resolve().parent
 if str(TESTS) not in sys.path:
     sys.path.insert(0, str(TESTS))
 
-from helpers.hf_fixtures import make_tiny_deepseek_v3, make_tiny_llama, make_tiny_qwen3  # noqa: E402
+from helpers.hf_fixtures import (  # noqa: E402
+    make_tiny_deepseek_v3, make_tiny_llama, make_tiny_mixtral, make_tiny_qwen3, make_tiny_qwen3_moe,
+)
 
 E2E = TESTS / "e2e"
 
@@ -81,6 +83,8 @@ HF_MODELS = {
     "llama_tied": lambda path: make_tiny_llama(path, tied=True),
     "qwen2_tied": lambda path: make_tiny_llama(path, tied=True, family="qwen2"),
     "qwen2_untied": lambda path: make_tiny_llama(path, tied=False, shards=2, family="qwen2"),
+    "qwen3_moe": lambda path: make_tiny_qwen3_moe(path),
+    "mixtral": lambda path: make_tiny_mixtral(path),
     # The sample tokenizer's vocabulary (1,436 tokens): text decoders of pretrain_mm.py.
     "qwen3_vocab1436": lambda path: make_tiny_qwen3(path, vocab_size=1436),
 }

@@ -27,7 +27,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 PROG = "check_hf_parity.py"
-MODEL_TYPES = {"qwen3": "qwen3", "deepseek_v3": "deepseek3", "llama": "llama2", "qwen2": "qwen2"}
+MODEL_TYPES = {"qwen3": "qwen3", "deepseek_v3": "deepseek3", "llama": "llama2", "qwen2": "qwen2",
+               "qwen3_moe": "qwen3-moe", "mixtral": "mixtral"}
 
 
 def error(message: str, code: int = 2):
@@ -162,7 +163,7 @@ def main(argv=None) -> int:
     model_type = opts.model_type or MODEL_TYPES.get(config.get("model_type"))
     if model_type is None:
         error(f"--hf-dir {opts.hf_dir}: model_type {config.get('model_type')!r} is not supported; "
-              f"pass --model-type {'|'.join(sorted(set(MODEL_TYPES.values())))}")
+              f"pass --model-type {'|'.join(dict.fromkeys(MODEL_TYPES.values()))}")
     for name in ("tp", "pp", "ep", "seq_len", "batch"):
         if getattr(opts, name) < 1:
             error(f"--{name.replace('_', '-')} must be at least 1")

@@ -36,7 +36,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--save-model-type", choices=["hf", "mg"], required=True)
     parser.add_argument("--load-dir", required=True)
     parser.add_argument("--save-dir", required=True)
-    parser.add_argument("--model-type-hf", choices=["qwen3", "deepseek3", "llama2", "qwen2"],
+    parser.add_argument("--model-type-hf", choices=["qwen3", "deepseek3", "llama2", "qwen2", "qwen3-moe", "mixtral"],
                         help="architecture (required for hf -> mg; mg -> hf reads it from the checkpoint)")
     parser.add_argument("--target-tensor-parallel-size", type=int, default=1)
     parser.add_argument("--target-pipeline-parallel-size", type=int, default=1)

@@ -58,7 +58,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     merge = sub.add_parser("merge", help="whole tensors, Megatron or Hugging Face names")
     merge.add_argument("--load-dir", required=True, help="a --save directory (its latest checkpoint) or an iter_* directory")
     merge.add_argument("--save-dir", required=True)
-    merge.add_argument("--model-type-hf", choices=["qwen3", "deepseek3", "llama2", "qwen2"], help="write Hugging Face names and config.json")
+    merge.add_argument("--model-type-hf", choices=["qwen3", "deepseek3", "llama2", "qwen2", "qwen3-moe", "mixtral"],
+                       help="write Hugging Face names and config.json")
     merge.add_argument("--max-shard-size", default="5GB")
     split = sub.add_parser("split", help="a merged directory back into a checkpoint, at a layout if given")
     split.add_argument("--load-dir", required=True)

@@ -13,7 +13,8 @@ from pathlib import Path
 from adaptor.features import ArgumentError
 
 # config.json model_type -> the family (--model-type-hf name, a row of adaptor.convert.models.MODELS)
-HF_MODEL_TYPES = {"qwen3": "qwen3", "deepseek_v3": "deepseek3", "llama": "llama2", "qwen2": "qwen2"}
+HF_MODEL_TYPES = {"qwen3": "qwen3", "deepseek_v3": "deepseek3", "llama": "llama2", "qwen2": "qwen2",
+                  "qwen3_moe": "qwen3-moe", "mixtral": "mixtral"}
 # Flags of megatron_args_from_hf_config that do not describe the weights: not compared.
 
 
@@ -30,6 +31,7 @@ NOT_COMPARED = {
 ARCHITECTURE_SWITCHES = (
     "qk_layernorm", "multi_latent_attention", "untie_embeddings_and_output_weights", "swiglu",
     "add_qkv_bias", "moe_router_enable_expert_bias", "rotary_interleaved", "use_rope_scaling",
+    "moe_router_pre_softmax",
 )
 
 
@@ -44,7 +46,7 @@ def hf_model_type(config: dict, given: str | None, where: str) -> str:
         return given
     found = config.get("model_type")
     if found not in HF_MODEL_TYPES:
-        families = "|".join(sorted(set(HF_MODEL_TYPES.values())))
+        families = "|".join(dict.fromkeys(HF_MODEL_TYPES.values()))
         raise ArgumentError(f"{where}: config.json has model_type {found!r}; supported: "
                             f"{', '.join(sorted(HF_MODEL_TYPES))} (or pass --model-type-hf {families})")
     return HF_MODEL_TYPES[found]

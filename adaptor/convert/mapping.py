@@ -54,6 +54,10 @@ class ModelMapping:
         return self.config[key]
 
     # -- subclasses --------------------------------------------------------------------------
+    def for_checkpoint(self, hf) -> ModelMapping:
+        """The mapping that reads the tensors of ``hf`` (a family may read more than one layout; it writes one)."""
+        return self
+
     def layer_params(self, prefix: str, hf_prefix: str, layer: int, place: str) -> list[Param]:
         raise NotImplementedError
 

@@ -82,7 +82,31 @@ def _deepseek3(config: dict, mapping) -> list[str]:
     return flags
 
 
-FAMILY_FLAGS = {"qwen3": _qwen3, "deepseek3": _deepseek3, "llama2": _llama, "qwen2": _llama}
+def _routed_moe(config: dict, mapping) -> list[str]:
+    """Qwen3-MoE and Mixtral: GQA (q/k norms for Qwen3-MoE), softmax top-k experts, no shared experts.
+
+    transformers takes the softmax over all experts, then the top k; renormalising those k weights
+    (``norm_topk_prob``, always in Mixtral) is Megatron's default softmax over the top-k logits, and
+    keeping them as they are is ``--moe-router-pre-softmax``.
+    """
+    flags = _common(config, mapping) + position_flags(config) + [
+        "--group-query-attention", "--num-query-groups", str(mapping.groups), "--kv-channels", str(mapping.head_dim),
+    ]
+    if mapping.qk_norm:
+        flags.append("--qk-layernorm")
+    flags += [
+        "--num-experts", str(mapping.num_experts),
+        "--moe-layer-freq", "[" + ",".join(map(str, mapping.moe_layer_freq())) + "]",
+        "--moe-ffn-hidden-size", str(mapping.moe_ffn), "--moe-router-topk", str(mapping.topk),
+        "--moe-router-score-function", "softmax", "--moe-router-dtype", "fp32",
+    ]
+    if not mapping.norm_topk():
+        flags.append("--moe-router-pre-softmax")
+    return flags
+
+
+FAMILY_FLAGS = {"qwen3": _qwen3, "deepseek3": _deepseek3, "llama2": _llama, "qwen2": _llama,
+                "qwen3-moe": _routed_moe, "mixtral": _routed_moe}
 
 
 def megatron_args_from_hf_config(model_type: str, hf_config: dict) -> list[str]:

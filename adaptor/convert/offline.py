@@ -198,7 +198,7 @@ def convert_hf_to_megatron(load_dir, save_dir, model_type: str, layout: Layout, 
     if save_format not in SAVE_FORMATS:
         raise ConversionError(f"save format {save_format!r}: choose {' or '.join(SAVE_FORMATS)}")
     hf = HfCheckpoint(load_dir)
-    mapping = model_mapping(model_type, hf.config)
+    mapping = model_mapping(model_type, hf.config).for_checkpoint(hf)
     mapping.check_layout(layout)
     padded = padded_vocab_size or default_padded_vocab(mapping.vocab_size, layout.tp, make_vocab_size_divisible_by)
     if padded < mapping.vocab_size or padded % layout.tp:

@@ -195,6 +195,8 @@ def hf_config_from_args(args) -> dict:
                 else args.num_attention_heads,
                 "head_dim": args.kv_channels, "attention_bias": bool(args.add_qkv_bias),
                 "rope_theta": float(args.rotary_base), "rope_parameters": _rope_parameters(args)}
+    if args.model_type_hf in ("qwen3-moe", "mixtral"):
+        return _routed_moe_config(args, common)
     if args.model_type_hf in ("llama2", "qwen2"):
         config = {**common, "intermediate_size": args.ffn_hidden_size,
                   "num_key_value_heads": args.num_query_groups if args.group_query_attention
@@ -230,6 +232,39 @@ def hf_config_from_args(args) -> dict:
             "v_head_dim": args.v_head_dim, "rope_interleave": True,
             "num_nextn_predict_layers": args.mtp_num_layers or 0, "attention_bias": False,
             "rope_theta": float(args.rotary_base), "rope_parameters": rope}
+
+
+def _routed_moe_config(args, common: dict) -> dict:
+    """config.json of a Qwen3-MoE or Mixtral model the flags build; ValueError for what neither expresses."""
+    if not args.num_experts:
+        raise ValueError(f"{args.model_type_hf} needs --num-experts")
+    if args.moe_shared_expert_intermediate_size:
+        raise ValueError(f"{args.model_type_hf} has no shared experts (--moe-shared-expert-intermediate-size)")
+    if args.moe_router_score_function != "softmax" or args.moe_router_topk_scaling_factor not in (None, 1.0) \
+            or args.moe_router_enable_expert_bias or args.moe_router_num_groups:
+        raise ValueError(f"{args.model_type_hf}'s router is a plain softmax top-k (no --moe-router-score-function "
+                         f"sigmoid, --moe-router-topk-scaling-factor, expert bias or groups)")
+    freq = normalized_value("moe_layer_freq", args.moe_layer_freq, args)
+    kv_heads = args.num_query_groups if args.group_query_attention else args.num_attention_heads
+    attention = {"num_key_value_heads": kv_heads, "head_dim": args.kv_channels,
+                 "rope_theta": float(args.rotary_base), "rope_parameters": _rope_parameters(args),
+                 "num_experts_per_tok": args.moe_router_topk, "sliding_window": None}
+    if args.model_type_hf == "mixtral":
+        if not all(freq) or args.qk_layernorm or args.moe_router_pre_softmax \
+                or args.moe_ffn_hidden_size != args.ffn_hidden_size:
+            raise ValueError("mixtral has every layer MoE with --moe-ffn-hidden-size = --ffn-hidden-size, no "
+                             "--qk-layernorm and renormalised top-k weights (no --moe-router-pre-softmax)")
+        return {**common, **attention, "architectures": ["MixtralForCausalLM"], "model_type": "mixtral",
+                "intermediate_size": args.ffn_hidden_size, "num_local_experts": args.num_experts,
+                "router_jitter_noise": 0.0}
+    if not args.qk_layernorm:
+        raise ValueError("qwen3-moe normalises q and k (--qk-layernorm)")
+    dense = [i for i, f in enumerate(freq) if not f]
+    return {**common, **attention, "architectures": ["Qwen3MoeForCausalLM"], "model_type": "qwen3_moe",
+            "intermediate_size": args.ffn_hidden_size, "moe_intermediate_size": args.moe_ffn_hidden_size,
+            "num_experts": args.num_experts, "norm_topk_prob": not args.moe_router_pre_softmax,
+            "decoder_sparse_step": 1, "mlp_only_layers": dense, "use_sliding_window": False,
+            "attention_bias": bool(args.add_qkv_bias)}
 
 
 def _hf_config(args) -> dict:

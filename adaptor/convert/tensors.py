@@ -56,7 +56,7 @@ def megatron_rank_tensors(hf: HfCheckpoint, model_type, layout: Layout, tp_rank:
 
     `meta=True` yields meta tensors (shapes and dtypes from the safetensors headers only).
     """
-    mapping = _mapping(model_type, hf.config)
+    mapping = _mapping(model_type, hf.config).for_checkpoint(hf)
     padded = padded_vocab_size or default_padded_vocab(mapping.vocab_size, layout.tp, make_vocab_size_divisible_by)
     get = hf.get_meta if meta else hf.get
     for name, param in _rank_params(mapping, layout, pp_rank, ep_rank, padded):

@@ -133,12 +133,33 @@ class RankStates:
     A rank's directory holds Megatron's legacy ``model_optim_rng.pt`` (memory-mapped, unpickled with
     ``weights_only=True``; tools/convert_ckpt.py reads real checkpoints) or ``model.safetensors`` (what
     ``--hf-save-dir``'s ranks hand over: no pickle). Used pages can be given back (:meth:`release`).
+
+    With expert tensor parallel 1 the expert-parallel ranks may lie inside the tensor-parallel group
+    (TP2 x EP2 on two processes: ranks (tp 0, ep 0) and (tp 1, ep 1)), so not every (tp, ep) pair
+    has a directory. A tensor of a missing pair is then read where the same part lives: a routed
+    expert's from a rank of the same pipeline stage and EP rank (expert TP 1: each holds it whole),
+    any other tensor from one of the same TP rank and stage (it is the same on every EP rank).
     """
 
     def __init__(self, iteration_dir, layout):
         self.path, self.layout = Path(iteration_dir), layout
         self._states: dict = {}
         self._release: dict = {}
+        self._present: list | None = None
+
+    def _resolve(self, key, name: str):
+        if key in self._states or self.file(key).is_file():
+            return key
+        if self._present is None:
+            self._present = [k for k in self.layout.rank_keys() if self.file(k).is_file()]
+        tp_rank, pp_rank, ep_rank = key
+        expert = ".experts.local_experts." in name
+        if expert and self.layout.expert_tp != 1:
+            return key  # each TP rank holds its own part of the expert
+        for other in self._present:
+            if other[1] == pp_rank and (other[2] == ep_rank if expert else other[0] == tp_rank):
+                return other
+        return key
 
     def file(self, key: tuple[int, int, int]) -> Path:
         tp_rank, pp_rank, ep_rank = key
@@ -163,9 +184,10 @@ class RankStates:
         return self._states[key]
 
     def has(self, key, name: str) -> bool:
-        return name in self.state(key)
+        return name in self.state(self._resolve(key, name))
 
     def get(self, key, name: str) -> torch.Tensor:
+        key = self._resolve(key, name)
         state = self.state(key)
         if name not in state:
             raise ConversionError(f"{self.file(key)}: tensor {name} missing")
@@ -176,6 +198,7 @@ class RankStates:
 
     def release(self, key, name: str) -> None:
         """Give back the memory-mapped pages of a tensor already used (unchanged pages, re-read on demand)."""
+        key = self._resolve(key, name)
         if self._states.get(key, {}).get(name) is not None:
             self._release[key](name)
 

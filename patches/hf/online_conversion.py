@@ -182,7 +182,7 @@ class OnlineConversion(Feature):
         if args.hf_save_dir is not None:
             if args.model_type_hf is None:
                 raise ArgumentError("--hf-save-dir without --hf-load-dir needs --model-type-hf "
-                                    + "|".join(sorted(set(HF_MODEL_TYPES.values()))))
+                                    + "|".join(dict.fromkeys(HF_MODEL_TYPES.values())))
             final = Path(args.hf_save_dir)
             if final.exists() and (not final.is_dir() or any(final.iterdir())):
                 raise ArgumentError(f"--hf-save-dir {args.hf_save_dir} exists and is not an empty directory")

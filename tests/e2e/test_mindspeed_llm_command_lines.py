@@ -1,6 +1,7 @@
 """MindSpeed-LLM's own pretrain scripts run through pretrain_gpt.py, and train what our flags train.
 
-The flag sets are those of MindSpeed-LLM's ``examples/mcore/qwen3/pretrain_qwen3_8b_4K_ptd.sh`` and
+The flag sets are those of MindSpeed-LLM's ``examples/mcore/qwen3/pretrain_qwen3_8b_4K_ptd.sh``,
+``examples/mcore/qwen3_moe/pretrain_qwen3_30b_a3b_4K_ptd.sh`` (from Hugging Face weights) and
 ``examples/mcore/deepseek3/pretrain_deepseek3_671b_4k_ptd.sh`` as published, every flag kept, with
 only sizes scaled to two CPU cores (layers, hidden, heads, experts, vocabulary, sequence, batch,
 iterations, parallel sizes) and paths pointed at the embedded corpus and tokenizer. Each runs
@@ -15,7 +16,7 @@ from __future__ import annotations
 
 import pytest
 
-from helpers.hf_fixtures import make_tiny_qwen3
+from helpers.hf_fixtures import make_tiny_qwen3, make_tiny_qwen3_moe
 from helpers.megatron_runs import (
     SAMPLE_CORPUS, SAMPLE_TOKENIZER, TINY_QWEN3, TwoAtATime, run_pretrain, side_by_side, tail,
 )
@@ -102,6 +103,79 @@ def test_qwen3_8b_script_trains_like_our_flags(tmp_path, corpus):
                  "--enable-hf2mg-convert --load", "distributed_backend=gloo (for --distributed-backend nccl"):
         assert said in theirs.output, said
     assert (tmp_path / "save" / "latest_checkpointed_iteration.txt").read_text().strip() == "4"
+
+
+def qwen3_30b_a3b_script(hf_dir, data, save) -> list[str]:
+    """pretrain_qwen3_30b_a3b_4K_ptd.sh: 48 layers / 2048 hidden / 32 heads / 4 groups of 128, 128 experts of 768
+    top-8 -> 4 / 64 / 6 / 2 of 12, 6 experts of 24 top-2; TP 1 / PP 4 / EP 4 -> 1 / 1 / 2; loaded as its CI's
+    tune scripts load Hugging Face weights (--enable-hf2mg-convert --model-type-hf qwen3-moe)."""
+    moe = ["--num-experts", "6", "--moe-router-topk", "2", "--moe-router-load-balancing-type", "aux_loss",
+           "--moe-intermediate-size", "24", "--moe-ffn-hidden-size", "24", "--moe-grouped-gemm",
+           "--moe-permutation-async-comm", "--moe-token-dispatcher-type", "alltoall_seq", "--moe-aux-loss-coeff", "0.001"]
+    optimize = ["--use-flash-attn", "--use-fused-rotary-pos-emb", "--sequence-parallel",
+                "--use-rotary-position-embeddings", "--use-fused-swiglu", "--use-fused-rmsnorm",
+                "--no-masked-softmax-fusion", "--use-distributed-optimizer", "--gemm-gradient-accumulation-fusion",
+                "--recompute-method", "uniform", "--recompute-granularity", "full", "--recompute-num-layers", "1"]
+    train = ["--micro-batch-size", "1", "--global-batch-size", "8", "--lr", "1.25e-6", "--lr-decay-style", "cosine",
+             "--min-lr", "1.25e-7", "--weight-decay", "1e-1", "--lr-warmup-fraction", "0.01",
+             "--attention-dropout", "0.0", "--init-method-std", "0.01", "--hidden-dropout", "0.0",
+             "--clip-grad", "1.0", "--adam-beta1", "0.9", "--adam-beta2", "0.95", "--initial-loss-scale", "4096",
+             "--seed", "42", "--bf16", "--train-iters", "4", "--seq-length", "64", "--no-shared-storage"]
+    model_parallel = ["--tensor-model-parallel-size", "1", "--pipeline-model-parallel-size", "1",
+                      "--expert-model-parallel-size", "2", "--context-parallel-size", "1",
+                      "--context-parallel-algo", "ulysses_cp_algo"]
+    gpt = ["--use-mcore-models", "--spec", "mindspeed_llm.tasks.models.spec.qwen3_spec", "layer_spec",
+           "--kv-channels", "12", "--qk-layernorm", "--norm-topk-prob", "--tokenizer-name-or-path", TOKENIZER,
+           "--max-position-embeddings", "64", "--num-layers", "4", "--hidden-size", "64", "--ffn-hidden-size", "96",
+           "--num-attention-heads", "6", "--tokenizer-type", "PretrainedFromHF", "--make-vocab-size-divisible-by", "1",
+           "--padded-vocab-size", "1536", "--rotary-base", "1000000", "--untie-embeddings-and-output-weights",
+           "--disable-bias-linear", "--position-embedding-type", "rope", "--normalization", "RMSNorm", "--swiglu",
+           "--attention-softmax-in-fp32", "--no-gradient-accumulation-fusion", "--group-query-attention",
+           "--num-query-groups", "2"]
+    output = ["--log-interval", "1", "--save-interval", "4", "--eval-interval", "4", "--eval-iters", "0",
+              "--no-load-optim", "--no-load-rng"]
+    return (gpt + ["--data-path", data, "--split", "100,0,0"] + moe + output + optimize + train + model_parallel
+            + ["--distributed-backend", "nccl", "--load", str(hf_dir), "--save", str(save), "--enable-hf2mg-convert",
+               "--model-type-hf", "qwen3-moe", "--ckpt-format", "torch"])
+
+
+def qwen3_30b_a3b_ours(hf_dir, data) -> list[str]:
+    """The same model and training as we would write it: the flags config.json implies, and the run's."""
+    import json
+
+    from adaptor.convert.config_check import model_flags
+
+    flags = model_flags("qwen3-moe", json.loads((hf_dir / "config.json").read_text()))
+    for drop in ("--max-position-embeddings", "--moe-router-dtype"):  # the script's: 64, and the model's dtype
+        at = flags.index(drop)
+        flags = flags[:at] + flags[at + 2:]
+    return flags + [
+        "--max-position-embeddings", "64", "--seq-length", "64", "--attention-dropout", "0", "--hidden-dropout", "0",
+        "--init-method-std", "0.01", "--attention-softmax-in-fp32", "--tokenizer-type", "HuggingFaceTokenizer",
+        "--tokenizer-model", TOKENIZER, "--padded-vocab-size", "1536", "--data-path", data, "--split", "100,0,0",
+        "--hf-load-dir", str(hf_dir), "--moe-router-load-balancing-type", "aux_loss", "--moe-aux-loss-coeff", "0.001",
+        "--moe-grouped-gemm", "--moe-token-dispatcher-type", "alltoall", "--expert-model-parallel-size", "2",
+        "--sequence-parallel", "--bf16", "--use-flash-attn", "--use-fused-rmsnorm", "--use-fused-swiglu",
+        "--use-fused-rotary-pos-emb", "--use-distributed-optimizer", "--recompute-granularity", "full",
+        "--recompute-method", "uniform", "--recompute-num-layers", "1", "--micro-batch-size", "1",
+        "--global-batch-size", "8", "--lr", "1.25e-6", "--min-lr", "1.25e-7", "--lr-decay-style", "cosine",
+        "--lr-warmup-fraction", "0.01", "--weight-decay", "0.1", "--adam-beta2", "0.95", "--initial-loss-scale", "4096",
+        "--seed", "42", "--train-iters", "4", "--log-interval", "1", "--eval-iters", "0", "--eval-interval", "4"]
+
+
+def test_qwen3_30b_a3b_script_trains_like_our_flags(tmp_path, corpus):
+    # The script gives no --norm-epsilon: Megatron's 1e-5, which --hf-load-dir checks against rms_norm_eps.
+    hf = make_tiny_qwen3_moe(tmp_path / "hf", vocab_size=1536, norm_topk_prob=True, mlp_only_layers=[],
+                             intermediate_size=96, rms_norm_eps=1e-5)
+    theirs, ours = side_by_side(lambda: run_pretrain(qwen3_30b_a3b_script(hf, corpus, tmp_path / "save"), nproc=2),
+                                lambda: run_pretrain(qwen3_30b_a3b_ours(hf, corpus), nproc=2))
+    assert theirs.returncode == 0, tail(theirs.output)
+    assert ours.returncode == 0, tail(ours.output)
+    assert sorted(theirs.losses) == [1, 2, 3, 4], tail(theirs.output)
+    assert theirs.curve() == ours.curve(), (theirs.curve(), ours.curve())
+    assert "loaded" in theirs.output and "--hf-load-dir" in theirs.output
+    for said in ("--moe-intermediate-size -> --moe-ffn-hidden-size", "--norm-topk-prob is not applied here"):
+        assert said in theirs.output, said
 
 
 def deepseek3_script(data, load, save) -> list[str]:

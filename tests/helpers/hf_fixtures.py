@@ -128,6 +128,50 @@ def make_tiny_llama(path, tied: bool = False, shards: int = 1, seed: int = 0, ro
     return path
 
 
+def make_tiny_qwen3_moe(path, seed: int = 0, shards: int = 2, **overrides) -> Path:
+    """A 4-layer Qwen3MoeForCausalLM: 6 heads / 2 groups of head_dim 12 (!= 64/6), 6 experts of 24, top-2 without
+    renormalising (norm_topk_prob false, transformers' default), layer 2 dense (mlp_only_layers) of 96, untied.
+    ``overrides``: other config values (norm_topk_prob, decoder_sparse_step, ...)."""
+    from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
+
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    config = Qwen3MoeConfig(**{
+        "vocab_size": VOCAB_SIZE, "hidden_size": HIDDEN_SIZE, "intermediate_size": 96, "moe_intermediate_size": 24,
+        "num_hidden_layers": 4, "num_attention_heads": 6, "num_key_value_heads": 2, "head_dim": 12,
+        "num_experts": 6, "num_experts_per_tok": 2, "norm_topk_prob": False, "decoder_sparse_step": 1,
+        "mlp_only_layers": [2], "max_position_embeddings": 64, "rms_norm_eps": 1e-6,
+        "rope_parameters": {"rope_type": "default", "rope_theta": 1000000.0}, "tie_word_embeddings": False,
+        "bos_token_id": 0, "eos_token_id": 1, **overrides})
+    torch.manual_seed(seed)
+    model = Qwen3MoeForCausalLM(config).to(torch.float32)
+    _randomize(model, seed)
+    model.save_pretrained(path)
+    write_safetensors_shards(path, _read_weights(path), shards)
+    return path
+
+
+def make_tiny_mixtral(path, seed: int = 0, shards: int = 1, **overrides) -> Path:
+    """A 4-layer MixtralForCausalLM: 6 heads / 2 groups of head_dim 12, 6 experts of 40, top-3, untied."""
+    from transformers import MixtralConfig, MixtralForCausalLM
+
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    config = MixtralConfig(**{
+        "vocab_size": VOCAB_SIZE, "hidden_size": HIDDEN_SIZE, "intermediate_size": 40, "num_hidden_layers": 4,
+        "num_attention_heads": 6, "num_key_value_heads": 2, "head_dim": 12, "num_local_experts": 6,
+        "num_experts_per_tok": 3, "max_position_embeddings": 64, "rms_norm_eps": 1e-5,
+        "rope_parameters": {"rope_type": "default", "rope_theta": 1000000.0}, "tie_word_embeddings": False,
+        "sliding_window": None, "router_jitter_noise": 0.0, "bos_token_id": 0, "eos_token_id": 1, **overrides})
+    torch.manual_seed(seed)
+    model = MixtralForCausalLM(config).to(torch.float32)
+    _randomize(model, seed)
+    model.save_pretrained(path)
+    if shards > 1:
+        write_safetensors_shards(path, _read_weights(path), shards)
+    return path
+
+
 def _mtp_layer_tensors(config, layer_index: int, generator: torch.Generator) -> dict[str, torch.Tensor]:
     """The tensors of one DeepSeek-V3 MTP layer (a MoE decoder layer plus its MTP parts)."""
     h, v = config.hidden_size, config.vocab_size
@@ -261,5 +305,28 @@ def make_peft_adapter(base_dir, out, r: int, alpha: float, targets: list[str], s
                           (layer.mlp.gate_proj, layer.mlp.up_proj)):
                 for module in group[1:]:
                     module.lora_A["default"].weight.copy_(group[0].lora_A["default"].weight)
+    peft_model.save_pretrained(out)
+    return Path(out)
+
+
+def make_peft_attention_adapter(base_dir, out, r: int, alpha: float, seed: int = 0) -> Path:
+    """A LoRA adapter written by peft on the attention projections (q/k/v/o) of any decoder directory: random
+    non-zero A and B, A shared within q/k/v (Megatron's fused linear_qkv has one). Routed experts have no PEFT
+    layout, so MoE models are adapted here."""
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(base_dir, dtype=torch.float32)
+    peft_model = get_peft_model(model, LoraConfig(r=r, lora_alpha=alpha, task_type="CAUSAL_LM",
+                                                  target_modules=["q_proj", "k_proj", "v_proj", "o_proj"]))
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for layer in peft_model.base_model.model.model.layers:
+            attn = layer.self_attn
+            for module in (attn.q_proj, attn.k_proj, attn.v_proj, attn.o_proj):
+                for which in (module.lora_A["default"], module.lora_B["default"]):
+                    which.weight.copy_(0.1 * torch.randn(which.weight.shape, generator=g))
+            for module in (attn.k_proj, attn.v_proj):
+                module.lora_A["default"].weight.copy_(attn.q_proj.lora_A["default"].weight)
     peft_model.save_pretrained(out)
     return Path(out)

@@ -65,4 +65,4 @@ def test_a_config_no_family_expresses_is_one_line(tmp_path, capsys):
     assert exited.value.code == 2
     assert capsys.readouterr().err.strip() == (f"megatron-adaptor: error: --hf-load-dir {hf_dir}: config.json: "
                                                f"rope_scaling type 'dynamic' has no Megatron equivalent here "
-                                               f"(supported: default, linear, yarn)")
+                                               f"(supported: default, linear, yarn, llama3)")

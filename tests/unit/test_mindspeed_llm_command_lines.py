@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 
-from helpers.hf_fixtures import make_tiny_qwen3
+from helpers.hf_fixtures import make_tiny_qwen3, make_tiny_qwen3_moe
 from helpers.megatron_runs import SAMPLE_TOKENIZER
 from helpers.paths import EXAMPLES
 from helpers.processes import import_tool, run_tool
@@ -41,14 +41,30 @@ def test_mindspeed_llm_conversion_scripts(tmp_path, capsys):
         back.update(load_file(str(shard)))
     assert sorted(back) == sorted(original)
     assert all(torch_equal(back[k], original[k]) for k in original)
-    # Qwen3-MoE's Hugging Face layout is not one we convert: one line, nothing written.
+    # ckpt_convert_qwen3_moe_*.sh: the same flags with --model-type-hf qwen3-moe and EP 2, and back bit-exact.
+    moe_hf = make_tiny_qwen3_moe(tmp_path / "moe_hf")
     moe = [a if a != "qwen3" else "qwen3-moe" for a in to_mg]
-    moe[moe.index("--save-dir") + 1] = str(tmp_path / "moe")
-    assert convert_ckpt.main(moe) == 2
-    assert capsys.readouterr().err.strip().splitlines()[-1] == (
-        "convert_ckpt.py: error: --model-type-hf qwen3-moe: Hugging Face conversion supports deepseek3, llama2, qwen2, "
-        "qwen3")
-    assert not (tmp_path / "moe").exists()
+    moe[moe.index("--load-dir") + 1], moe[moe.index("--save-dir") + 1] = str(moe_hf), str(tmp_path / "moe_mg")
+    moe[moe.index("--target-expert-parallel-size") + 1] = "2"
+    moe[moe.index("--tokenizer-model") + 1] = str(moe_hf / "config.json")
+    assert convert_ckpt.main(moe) == 0, capsys.readouterr().err
+    back = [a if a != "qwen3" else "qwen3-moe" for a in to_hf]
+    back[back.index("--load-dir") + 1], back[back.index("--save-dir") + 1] = str(tmp_path / "moe_mg"), str(
+        tmp_path / "moe_back")
+    assert convert_ckpt.main(back + ["--target-expert-parallel-size", "1"]) == 0, capsys.readouterr().err
+    original, back_tensors = {}, {}
+    for directory, tensors in ((moe_hf, original), (tmp_path / "moe_back", back_tensors)):
+        for shard in directory.glob("*.safetensors"):
+            tensors.update(load_file(str(shard)))
+    assert sorted(back_tensors) == sorted(original)
+    assert all(torch_equal(back_tensors[k], original[k]) for k in original)
+    # A family we do not convert: one line, nothing written.
+    other = [a if a != "qwen3" else "chatglm3" for a in to_mg]
+    other[other.index("--save-dir") + 1] = str(tmp_path / "other")
+    assert convert_ckpt.main(other) == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1].startswith(
+        "convert_ckpt.py: error: --model-type-hf chatglm3: Hugging Face conversion supports deepseek3, ")
+    assert not (tmp_path / "other").exists()
 
 
 def torch_equal(a, b) -> bool:
