@@ -58,6 +58,18 @@ def architecture_source(argv: list[str]) -> tuple[str, dict, str | None] | None:
         return None  # --hf-load-dir's own checks say what is wrong with the directory
 
 
+def _given_dests(argv: list[str]) -> set[str]:
+    """The Megatron dests ``argv`` names, by option string only: its values are Megatron's parser's to
+    judge later (``--ckpt-format safetensors`` is a choice our features add, say)."""
+    import argparse
+
+    from megatron.training.arguments import add_megatron_arguments
+
+    parser = add_megatron_arguments(argparse.ArgumentParser(add_help=False, allow_abbrev=False))
+    tokens = {token.split("=", 1)[0] for token in argv if token.startswith("--")}
+    return {action.dest for action in parser._actions if tokens & set(action.option_strings)}
+
+
 def _flag_groups(flags: list[str]) -> list[tuple[str, list[str]]]:
     """``["--a", "1", "--b"]`` -> ``[("--a", ["1"]), ("--b", [])]``."""
     groups: list[tuple[str, list[str]]] = []
@@ -88,7 +100,7 @@ def architecture_flags(argv: list[str]) -> tuple[str, list[str], list[str]] | No
         fail(str(exc))
     except ConversionError as exc:
         fail(f"{where}: {exc}")
-    given_args, given, _ = megatron_namespace(argv)
+    given = _given_dests(argv)
     _, _, options = megatron_namespace(flags)
     dest_of = {flag: dest for dest, flag in options.items()}
     added: list[str] = []
@@ -98,9 +110,10 @@ def architecture_flags(argv: list[str]) -> tuple[str, list[str], list[str]] | No
         if dest is None or dest in NOT_TAKEN or dest in given:
             continue
         shown = values
-        if dest == "max_position_embeddings" and (given_args.seq_length or 0) > int(values[0]):
-            values = [str(given_args.seq_length)]
-            shown = [f"{given_args.seq_length} (--seq-length; config.json has {flags[flags.index(flag) + 1]})"]
+        seq_length = _value_of(argv, "--seq-length")
+        if dest == "max_position_embeddings" and seq_length and seq_length.isdigit() and int(seq_length) > int(values[0]):
+            values = [seq_length]
+            shown = [f"{seq_length} (--seq-length; config.json has {flags[flags.index(flag) + 1]})"]
         added += [flag, *values]
         described.append(" ".join([flag, *shown]))
     return where, added, described

@@ -33,6 +33,15 @@ def test_silent_flags_come_from_config_and_given_ones_stay(tmp_path):
     assert "--num-layers" not in feature.note and args.seq_length == 32
 
 
+def test_values_are_left_to_the_parser_that_owns_them(tmp_path):
+    """Only which flags are given is read: --ckpt-format safetensors (a choice a feature adds to Megatron's
+    parser later) and a flag Megatron does not know pass through untouched."""
+    hf_dir = make_tiny_qwen3(tmp_path / "qwen3", seed=1)
+    given = ["--hf-load-dir", str(hf_dir), "--ckpt-format", "safetensors", "--not-a-megatron-flag", "x"]
+    argv = ArchitectureFromConfig().rewrite_argv(given)
+    assert argv[:len(given)] == given and "--num-layers" in argv[len(given):]
+
+
 def test_a_longer_sequence_sets_the_position_table(tmp_path):
     hf_dir = make_tiny_qwen3(tmp_path / "qwen3", seed=1)  # max_position_embeddings 64
     feature = ArchitectureFromConfig()
