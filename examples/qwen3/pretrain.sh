@@ -19,7 +19,8 @@
 #   SEQ_LEN  MBS micro batch  GBS global batch  TRAIN_ITERS  LR  MIN_LR  WARMUP
 #   PRECISION bf16|fp16|fp32 [bf16 for 0.6b+, fp32 for tiny]   SAVE  LOAD  SAVE_INTERVAL
 #   CKPT_FORMAT [safetensors] checkpoint format for SAVE (safetensors, torch_dist, torch)
-#   HF_LOAD a Hugging Face Qwen3 directory (config.json + safetensors) to start from (--hf-load-dir):
+#   HF_LOAD a Hugging Face directory (config.json + safetensors) to start from (--hf-load-dir): Qwen3, or any
+#     family the converter knows (Llama 3, Qwen2.5, Qwen3-MoE, Mixtral, DeepSeek-V3; docs/models.md);
 #     the architecture flags come from its config.json (MODEL_SIZE then picks only the schedule
 #     defaults), its tokenizer is used when TOKENIZER_MODEL is unset, and a LOAD checkpoint that
 #     exists wins (resume)
