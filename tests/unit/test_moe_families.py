@@ -251,7 +251,7 @@ def convert_fails(src, kind, tmp_path, capsys, *flags):
     ("mixtral", {"mlp_only_layers": [1]}, "mlp_only_layers is not a mixtral setting"),
     ("qwen3_moe", {"use_sliding_window": True, "sliding_window": 16}, "use_sliding_window=true"),
     ("qwen3_moe", {"hidden_act": "gelu"}, "hidden_act='gelu' is not supported"),
-    ("qwen3_moe", {"attention_bias": True}, "attention_bias=true is not supported"),
+    ("qwen3_moe", {"attention_bias": True}, "attention_bias=True is not supported for qwen3-moe"),
     ("qwen3_moe", {"num_experts": None, "num_local_experts": None}, "no value for 'num_experts'"),
     ("qwen3_moe", {"mlp_only_layers": [0, 1, 2, 3]}, "leave no MoE layer"),
     ("qwen3_moe", {"num_experts_per_tok": 7}, "num_experts_per_tok=7"),
