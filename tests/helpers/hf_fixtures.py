@@ -69,6 +69,18 @@ def write_safetensors_shards(path: Path, tensors: dict[str, torch.Tensor], shard
         {"metadata": {"total_size": total}, "weight_map": weight_map}, indent=2))
 
 
+def _save_random(model_class, config, path: Path, seed: int, shards: int) -> Path:
+    """``model_class(config)`` in fp32 with random weights (seeded), saved as transformers saves it, in
+    ``shards`` safetensors files."""
+    torch.manual_seed(seed)
+    model = model_class(config).to(torch.float32)
+    _randomize(model, seed)
+    model.save_pretrained(path)
+    if shards > 1:
+        write_safetensors_shards(path, _read_weights(path), shards)
+    return path
+
+
 def make_tiny_qwen3(path, tied: bool = True, shards: int = 1, seed: int = 0, vocab_size: int = VOCAB_SIZE,
                     rope_scaling: dict | None = None, head_dim: int = 32) -> Path:
     """A 4-layer Qwen3ForCausalLM: GQA 4 heads / 2 groups, head_dim 32 != 64/4, qk-norm, rope 1e6.
@@ -87,13 +99,7 @@ def make_tiny_qwen3(path, tied: bool = True, shards: int = 1, seed: int = 0, voc
         tie_word_embeddings=tied, attention_bias=False, hidden_act="silu",
         bos_token_id=0, eos_token_id=1,
     )
-    torch.manual_seed(seed)
-    model = Qwen3ForCausalLM(config).to(torch.float32)
-    _randomize(model, seed)
-    model.save_pretrained(path)
-    if shards > 1:
-        write_safetensors_shards(path, _read_weights(path), shards)
-    return path
+    return _save_random(Qwen3ForCausalLM, config, path, seed, shards)
 
 
 LLAMA3_ROPE = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
@@ -119,13 +125,7 @@ def make_tiny_llama(path, tied: bool = False, shards: int = 1, seed: int = 0, ro
         config, model_class = Qwen2Config(**shape, use_sliding_window=False), Qwen2ForCausalLM
     else:
         config, model_class = LlamaConfig(**shape, attention_bias=False, mlp_bias=False), LlamaForCausalLM
-    torch.manual_seed(seed)
-    model = model_class(config).to(torch.float32)
-    _randomize(model, seed)
-    model.save_pretrained(path)
-    if shards > 1:
-        write_safetensors_shards(path, _read_weights(path), shards)
-    return path
+    return _save_random(model_class, config, path, seed, shards)
 
 
 def make_tiny_qwen3_moe(path, seed: int = 0, shards: int = 2, **overrides) -> Path:
@@ -143,12 +143,7 @@ def make_tiny_qwen3_moe(path, seed: int = 0, shards: int = 2, **overrides) -> Pa
         "mlp_only_layers": [2], "max_position_embeddings": 64, "rms_norm_eps": 1e-6,
         "rope_parameters": {"rope_type": "default", "rope_theta": 1000000.0}, "tie_word_embeddings": False,
         "bos_token_id": 0, "eos_token_id": 1, **overrides})
-    torch.manual_seed(seed)
-    model = Qwen3MoeForCausalLM(config).to(torch.float32)
-    _randomize(model, seed)
-    model.save_pretrained(path)
-    write_safetensors_shards(path, _read_weights(path), shards)
-    return path
+    return _save_random(Qwen3MoeForCausalLM, config, path, seed, shards)
 
 
 def make_tiny_mixtral(path, seed: int = 0, shards: int = 1, **overrides) -> Path:
@@ -163,13 +158,7 @@ def make_tiny_mixtral(path, seed: int = 0, shards: int = 1, **overrides) -> Path
         "num_experts_per_tok": 3, "max_position_embeddings": 64, "rms_norm_eps": 1e-5,
         "rope_parameters": {"rope_type": "default", "rope_theta": 1000000.0}, "tie_word_embeddings": False,
         "sliding_window": None, "router_jitter_noise": 0.0, "bos_token_id": 0, "eos_token_id": 1, **overrides})
-    torch.manual_seed(seed)
-    model = MixtralForCausalLM(config).to(torch.float32)
-    _randomize(model, seed)
-    model.save_pretrained(path)
-    if shards > 1:
-        write_safetensors_shards(path, _read_weights(path), shards)
-    return path
+    return _save_random(MixtralForCausalLM, config, path, seed, shards)
 
 
 def _mtp_layer_tensors(config, layer_index: int, generator: torch.Generator) -> dict[str, torch.Tensor]:
