@@ -86,14 +86,19 @@ def qwen3_ours(hf_dir, data) -> list[str]:
             "--eval-interval", "4"]
 
 
-def test_qwen3_8b_script_trains_like_our_flags(tmp_path, corpus):
-    hf = make_tiny_qwen3(tmp_path / "hf", tied=False, vocab_size=1536, head_dim=16)
-    theirs, ours = side_by_side(lambda: run_pretrain(qwen3_8b_script(hf, corpus, tmp_path / "save"), nproc=2),
-                                lambda: run_pretrain(qwen3_ours(hf, corpus), nproc=2))
+def assert_trained_alike(theirs, ours) -> None:
+    """Both runs trained their 4 iterations, with the same losses to the last printed digit."""
     assert theirs.returncode == 0, tail(theirs.output)
     assert ours.returncode == 0, tail(ours.output)
     assert sorted(theirs.losses) == [1, 2, 3, 4], tail(theirs.output)
     assert theirs.curve() == ours.curve(), (theirs.curve(), ours.curve())
+
+
+def test_qwen3_8b_script_trains_like_our_flags(tmp_path, corpus):
+    hf = make_tiny_qwen3(tmp_path / "hf", tied=False, vocab_size=1536, head_dim=16)
+    theirs, ours = side_by_side(lambda: run_pretrain(qwen3_8b_script(hf, corpus, tmp_path / "save"), nproc=2),
+                                lambda: run_pretrain(qwen3_ours(hf, corpus), nproc=2))
+    assert_trained_alike(theirs, ours)
     # Loaded from the Hugging Face directory, not initialised: ln(1536) = 7.34 is a fresh model's loss.
     assert "loaded" in theirs.output and "--hf-load-dir" in theirs.output
     for said in ("--use-ascend-coc is not applied here", "--reuse-fp32-param is not applied here",
@@ -169,10 +174,7 @@ def test_qwen3_30b_a3b_script_trains_like_our_flags(tmp_path, corpus):
                              intermediate_size=96, rms_norm_eps=1e-5)
     theirs, ours = side_by_side(lambda: run_pretrain(qwen3_30b_a3b_script(hf, corpus, tmp_path / "save"), nproc=2),
                                 lambda: run_pretrain(qwen3_30b_a3b_ours(hf, corpus), nproc=2))
-    assert theirs.returncode == 0, tail(theirs.output)
-    assert ours.returncode == 0, tail(ours.output)
-    assert sorted(theirs.losses) == [1, 2, 3, 4], tail(theirs.output)
-    assert theirs.curve() == ours.curve(), (theirs.curve(), ours.curve())
+    assert_trained_alike(theirs, ours)
     assert "loaded" in theirs.output and "--hf-load-dir" in theirs.output
     for said in ("--moe-intermediate-size -> --moe-ffn-hidden-size", "--norm-topk-prob is not applied here"):
         assert said in theirs.output, said
@@ -257,10 +259,7 @@ def test_deepseek3_script_trains_like_our_flags(tmp_path, corpus):
     theirs, ours = side_by_side(
         lambda: run_pretrain(deepseek3_script(corpus, tmp_path / "none", tmp_path / "save"), nproc=2),
         lambda: run_pretrain(deepseek3_ours(corpus), nproc=2))
-    assert theirs.returncode == 0, tail(theirs.output)
-    assert ours.returncode == 0, tail(ours.output)
-    assert sorted(theirs.losses) == [1, 2, 3, 4], tail(theirs.output)
-    assert theirs.curve() == ours.curve(), (theirs.curve(), ours.curve())
+    assert_trained_alike(theirs, ours)
     assert [theirs.mtp_losses[i] for i in sorted(theirs.mtp_losses)] == \
         [ours.mtp_losses[i] for i in sorted(ours.mtp_losses)]
     for said in ("--noop-layers: 1 identity layers dropped, --num-layers 5, --pipeline-model-parallel-layout Ettt|ttmL",
