@@ -44,8 +44,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--target-expert-tensor-parallel-size", type=int, default=None,
                         help="1 or the tensor parallel size (Megatron's default)")
     parser.add_argument("--num-layers-per-virtual-pipeline-stage", type=int, default=None, metavar="N",
-                        help="hf -> mg with --save-format torch: interleaved virtual pipeline stages of N layers, "
-                             "as pretrain_gpt.py's flag (rank files hold model0, model1, ...)")
+                        help="hf -> mg: interleaved virtual pipeline stages of N layers, as pretrain_gpt.py's flag "
+                             "(checked; torch rank files hold model0, model1, ...; the safetensors release "
+                             "loads at any layout as it is)")
     parser.add_argument("--make-vocab-size-divisible-by", type=int, default=128,
                         help="as pretrain_gpt.py's flag: the vocabulary is padded to a multiple of this times TP")
     parser.add_argument("--save-format", choices=["safetensors", "torch"], default="safetensors",

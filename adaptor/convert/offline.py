@@ -209,15 +209,13 @@ def convert_hf_to_megatron(load_dir, save_dir, model_type: str, layout: Layout, 
                            save_format: str = "safetensors") -> Path:
     """Write a release checkpoint `pretrain_gpt.py --load save_dir` reads.
 
-    ``save_format="safetensors"`` (default): one file of whole tensors, no pickle; any TP/PP/EP layout
-    loads it (resharded on load; `layout` sets the vocabulary padding and is checked). ``"torch"``:
-    Megatron's legacy ``--ckpt-format torch`` rank files, for that exact `layout`.
+    ``save_format="safetensors"`` (default): one file of whole tensors, no pickle; any TP/PP/EP layout,
+    virtual pipeline stages included, loads it (resharded on load; `layout` sets the vocabulary padding and
+    is checked). ``"torch"``: Megatron's legacy ``--ckpt-format torch`` rank files, for that exact `layout`
+    (with virtual stages each file holds ``model0``, ``model1``, ... as Megatron saves its model chunks).
     """
     if save_format not in SAVE_FORMATS:
         raise ConversionError(f"save format {save_format!r}: choose {' or '.join(SAVE_FORMATS)}")
-    if save_format == "safetensors" and layout.vpp > 1:
-        raise ConversionError("virtual pipeline stages: the safetensors release has no layout (convert without "
-                              "them; pretrain_gpt.py reshards it on load), or pass --save-format torch")
     hf = HfCheckpoint(load_dir)
     mapping = model_mapping(model_type, hf.config).for_checkpoint(hf)
     mapping.check_layout(layout)

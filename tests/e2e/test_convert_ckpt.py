@@ -105,20 +105,24 @@ def test_pretrain_loads_converted_checkpoint_same_loss_as_single_process(hf_mode
 
 
 def test_virtual_pipeline_stages_match_megatrons_own_checkpoint(hf_models, tmp_path):
-    """PP2 x VPP2 (--num-layers-per-virtual-pipeline-stage 1 of 4 layers), tied: one run at lr 0 from --hf-load-dir
-    saves Megatron's own rank files (--ckpt-format torch) and --hf-save-dir. The offline conversion's rank files
-    hold what Megatron's do, chunk by chunk ("model0", "model1": names, shapes and values, the loaded weights
-    unchanged at lr 0), and --hf-save-dir gives back the source directory bit for bit."""
+    """PP2 x VPP2 (--num-layers-per-virtual-pipeline-stage 1 of 4 layers), tied: one run at lr 0 loads the
+    safetensors release (converted without virtual stages: it has no layout) and saves Megatron's own rank files
+    (--ckpt-format torch) and --hf-save-dir. The offline conversion's torch rank files at PP2 x VPP2 hold what
+    Megatron's do, chunk by chunk ("model0", "model1": names, shapes and values, the loaded weights unchanged at
+    lr 0), and --hf-save-dir gives back the source tensors bit for bit. (--hf-load-dir at this layout:
+    tests/e2e/test_hf_parity.py.)"""
     from adaptor.convert import HfCheckpoint
 
     src = hf_models["qwen3_tied"]
+    release = convert_hf_to_megatron(src, tmp_path / "release", "qwen3", Layout())
     flags = megatron_args_from_hf_config("qwen3", json.loads((src / "config.json").read_text())) + TRAIN
     run = run_pretrain(flags + ["--lr", "0", "--pipeline-model-parallel-size", "2",
-                                "--num-layers-per-virtual-pipeline-stage", "1", "--hf-load-dir", str(src),
-                                "--hf-save-dir", str(tmp_path / "hf_out"), "--save", str(tmp_path / "megatron"),
-                                "--save-interval", "1", "--ckpt-format", "torch"], nproc=2)
+                                "--num-layers-per-virtual-pipeline-stage", "1", "--load", str(release),
+                                "--model-type-hf", "qwen3", "--hf-save-dir", str(tmp_path / "hf_out"),
+                                "--save", str(tmp_path / "megatron"), "--save-interval", "1", "--ckpt-format", "torch"],
+                       nproc=2)
     assert run.returncode == 0, tail(run.output)
-    assert "from Hugging Face directory" in run.output
+    assert "successfully loaded checkpoint" in run.output and "load_return" not in run.output, tail(run.output)
     convert_hf_to_megatron(src, tmp_path / "converted", "qwen3", Layout(1, 2, vpp=2), save_format="torch")
     real_files = sorted((tmp_path / "megatron" / "iter_0000001").glob("mp_rank_*/model_optim_rng.pt"))
     assert [f.parent.name for f in real_files] == ["mp_rank_00_000", "mp_rank_00_001"]

@@ -73,19 +73,22 @@ def test_each_chunk_holds_the_layers_megatron_builds_there(tiny_hf, tmp_path):
 
 
 def test_command_line_takes_mindspeed_llms_virtual_stage_flag(tiny_hf, tmp_path, capsys):
-    """--num-layers-per-virtual-pipeline-stage (MindSpeed-LLM's name) at PP2: 4 layers, 1 per chunk -> 2
-    chunks per rank; the safetensors release has no layout, so the flag needs --save-format torch."""
+    """--num-layers-per-virtual-pipeline-stage (MindSpeed-LLM's convert_ckpt.py flag) at PP2: 4 layers, 1 per chunk
+    -> 2 chunks per rank in torch rank files; the safetensors release has no layout and is written as ever
+    (it loads at PP2 x VPP2: tests/e2e/test_convert_ckpt.py); a split that does not divide is one line."""
     args = ["--load-model-type", "hf", "--save-model-type", "mg", "--model-type-hf", "qwen3",
             "--load-dir", str(tiny_hf["qwen3_tied"]), "--target-pipeline-parallel-size", "2",
             "--num-layers-per-virtual-pipeline-stage", "1"]
-    assert convert_ckpt.main(args + ["--save-dir", str(tmp_path / "st")]) == 2
-    err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and "--save-format torch" in err[0], err
-    assert not (tmp_path / "st").exists()
+    assert convert_ckpt.main(args + ["--save-dir", str(tmp_path / "st")]) == 0
+    assert sorted(p.name for p in (tmp_path / "st" / "release").iterdir()) == [
+        "common.json", "metadata.json", "rank_00000.safetensors"]
     assert convert_ckpt.main(args + ["--save-dir", str(tmp_path / "pt"), "--save-format", "torch"]) == 0
-    state = load_rank(tmp_path / "pt" / "release" / "mp_rank_00_001" / "model_optim_rng.pt")
-    assert sorted(k for k in state if k.startswith("model")) == ["model0", "model1"]
+    for pp_rank in range(2):
+        state = load_rank(tmp_path / "pt" / "release" / f"mp_rank_00_{pp_rank:03d}" / "model_optim_rng.pt")
+        assert sorted(k for k in state if k.startswith("model")) == ["model0", "model1"]
+    capsys.readouterr()
     assert convert_ckpt.main(args + ["--save-dir", str(tmp_path / "odd"), "--save-format", "torch",
                                      "--num-layers-per-virtual-pipeline-stage", "3"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "x 3 layers per virtual" in err[0], err
+    assert not (tmp_path / "odd").exists()
