@@ -13,7 +13,9 @@ import os
 import pytest
 import torch
 
-from adaptor.convert import Layout, convert_hf_to_megatron, megatron_args_from_hf_config
+from adaptor.convert import (
+    HfCheckpoint, Layout, convert_hf_to_megatron, convert_megatron_to_hf, megatron_args_from_hf_config,
+)
 from helpers.megatron_runs import TINY_DEEPSEEK_V3, TINY_QWEN3, run_pretrain, side_by_side, tail
 from helpers.processes import run_tool
 
@@ -109,10 +111,8 @@ def test_virtual_pipeline_stages_match_megatrons_own_checkpoint(hf_models, tmp_p
     safetensors release (converted without virtual stages: it has no layout) and saves Megatron's own rank files
     (--ckpt-format torch) and --hf-save-dir. The offline conversion's torch rank files at PP2 x VPP2 hold what
     Megatron's do, chunk by chunk ("model0", "model1": names, shapes and values, the loaded weights unchanged at
-    lr 0), and --hf-save-dir gives back the source tensors bit for bit. (--hf-load-dir at this layout:
-    tests/e2e/test_hf_parity.py.)"""
-    from adaptor.convert import HfCheckpoint
-
+    lr 0); --hf-save-dir, and tools/convert_ckpt.py's mg -> hf of Megatron's own files, give back the source
+    tensors bit for bit. (--hf-load-dir at this layout: tests/e2e/test_hf_parity.py.)"""
     src = hf_models["qwen3_tied"]
     release = convert_hf_to_megatron(src, tmp_path / "release", "qwen3", Layout())
     flags = megatron_args_from_hf_config("qwen3", json.loads((src / "config.json").read_text())) + TRAIN
@@ -136,9 +136,13 @@ def test_virtual_pipeline_stages_match_megatrons_own_checkpoint(hf_models, tmp_p
             for name, tensor in ours[chunk].items():
                 if tensor is not None:
                     assert torch.equal(tensor, theirs[chunk][name]), (real.parent.name, chunk, name)
-    before, after = HfCheckpoint(src), HfCheckpoint(tmp_path / "hf_out")
-    assert sorted(after.names()) == sorted(before.names())
-    assert all(torch.equal(before.get(n), after.get(n)) for n in before.names())
+    # --hf-save-dir, and mg -> hf of Megatron's own checkpoint (its layout read from the saved args)
+    convert_megatron_to_hf(tmp_path / "megatron", tmp_path / "hf_back", "qwen3", hf_config_dir=src)
+    before = HfCheckpoint(src)
+    for out in ("hf_out", "hf_back"):
+        after = HfCheckpoint(tmp_path / out)
+        assert sorted(after.names()) == sorted(before.names())
+        assert all(torch.equal(before.get(n), after.get(n)) for n in before.names()), out
 
 
 def test_missing_megatron_rank_file_via_command_line(hf_models, tmp_path):
