@@ -92,3 +92,18 @@ def test_command_line_takes_mindspeed_llms_virtual_stage_flag(tiny_hf, tmp_path,
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "x 3 layers per virtual" in err[0], err
     assert not (tmp_path / "odd").exists()
+
+
+@pytest.mark.parametrize("flags,needle", [
+    (["--vpp", "2"], "--vpp 2 needs --pp 2 or more"),
+    (["--pp", "2", "--vpp", "4"], "num_hidden_layers=4 is not divisible by --pp 2 x 4 (--vpp)"),
+])
+def test_parity_tool_virtual_stages_that_cannot_split(tiny_hf, capsys, monkeypatch, flags, needle):
+    monkeypatch.setenv("ADAPTOR_QUIET", "1")  # as the tool sets it; restored afterwards
+    check_hf_parity = import_tool("check_hf_parity")
+    src = tiny_hf["qwen3_tied"]
+    capsys.readouterr()  # transformers' progress lines, if the directory was written just now
+    with pytest.raises(SystemExit) as exit_:
+        check_hf_parity.main(["--hf-dir", str(src), *flags])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert exit_.value.code == 2 and len(err) == 1 and needle in err[0], err
