@@ -3,6 +3,7 @@
     python tools/check_hf_parity.py --hf-dir /models/Qwen3-0.6B --tp 2 --pp 2
     python tools/check_hf_parity.py --hf-dir tiny_dsv3 --model-type deepseek3 --tp 2 --pp 2 --ep 2
     python tools/check_hf_parity.py --hf-dir /models/Qwen3-0.6B --lora-dir my_adapter --tp 2
+    python tools/check_hf_parity.py --hf-dir /models/Qwen3-0.6B --pp 2 --vpp 2
 
 One fixed random batch, fp32, twice: transformers (``AutoModelForCausalLM``, eager attention) here,
 and Megatron's GPTModel (``pretrain_gpt.model_provider``, flags from
@@ -43,6 +44,8 @@ def parse_args(argv=None):
                         help="default: from config.json's model_type")
     parser.add_argument("--tp", type=int, default=1, help="tensor parallel size")
     parser.add_argument("--pp", type=int, default=1, help="pipeline parallel size")
+    parser.add_argument("--vpp", type=int, default=1,
+                        help="virtual pipeline stages per pipeline rank (interleaved schedule; needs --pp 2 or more)")
     parser.add_argument("--ep", type=int, default=1, help="expert parallel size (expert tensor parallel 1 when > 1)")
     parser.add_argument("--lora-dir", default=None, help="a PEFT LoRA adapter directory to add on both sides")
     parser.add_argument("--tolerance", type=float, default=1e-4, help="bound on the max abs logit difference")
@@ -98,6 +101,9 @@ def megatron_flags(model_type: str, config: dict, opts) -> list[str]:
     ]
     if opts.ep > 1:
         kept += ["--expert-tensor-parallel-size", "1"]
+    if opts.vpp > 1:  # as MindSpeed-LLM's scripts give it: layers per virtual stage
+        layers = int(config["num_hidden_layers"]) // (opts.pp * opts.vpp)
+        kept += ["--num-layers-per-virtual-pipeline-stage", str(layers)]
     return kept
 
 
@@ -164,9 +170,11 @@ def main(argv=None) -> int:
     if model_type is None:
         error(f"--hf-dir {opts.hf_dir}: model_type {config.get('model_type')!r} is not supported; "
               f"pass --model-type {'|'.join(dict.fromkeys(MODEL_TYPES.values()))}")
-    for name in ("tp", "pp", "ep", "seq_len", "batch"):
+    for name in ("tp", "pp", "ep", "vpp", "seq_len", "batch"):
         if getattr(opts, name) < 1:
             error(f"--{name.replace('_', '-')} must be at least 1")
+    if opts.vpp > 1 and opts.pp < 2:
+        error(f"--vpp {opts.vpp} needs --pp 2 or more")
     os.environ.setdefault("ADAPTOR_QUIET", "1")
     import torch
 
@@ -175,7 +183,7 @@ def main(argv=None) -> int:
     try:
         HfCheckpoint(str(hf_dir)).names()
         etp = 1 if opts.ep > 1 else None
-        model_mapping(model_type, config).check_layout(Layout(opts.tp, opts.pp, opts.ep, etp))
+        model_mapping(model_type, config).check_layout(Layout(opts.tp, opts.pp, opts.ep, etp, opts.vpp))
         flags = megatron_flags(model_type, config, opts)
         if opts.lora_dir is not None:
             flags += lora_flags(opts.lora_dir)
@@ -185,6 +193,7 @@ def main(argv=None) -> int:
                                      ("--target-pipeline-parallel-size", "--pp"),
                                      ("--target-expert-parallel-size", "--ep")):
             message = message.replace(converter_flag, ours)
+        message = message.replace(" virtual stages", " (--vpp)")
         lora = opts.lora_dir and opts.lora_dir in message
         where = f"--lora-dir {opts.lora_dir}" if lora else f"--hf-dir {opts.hf_dir}"
         error(f"{where}: {message}")
@@ -207,7 +216,7 @@ def main(argv=None) -> int:
         error(f"logits shapes differ: Megatron {tuple(megatron.shape)}, transformers {tuple(reference.shape)}")
     diff = (megatron - reference).abs().max().item()
     scale = reference.abs().max().item()
-    layout = f"tp={opts.tp} pp={opts.pp} ep={opts.ep} ({nproc} processes)"
+    layout = f"tp={opts.tp} pp={opts.pp}{f' vpp={opts.vpp}' if opts.vpp > 1 else ''} ep={opts.ep} ({nproc} processes)"
     if adapted is not None:
         layout += f" with LoRA {opts.lora_dir} (moves logits by up to {(adapted - base).abs().max().item():.3e})"
     verdict = "ok" if diff <= opts.tolerance else "FAILED"
@@ -268,9 +277,12 @@ def worker(spec_file: str) -> int:
         output = chunk(tokens, position_ids, attention_mask)
         return output, lambda out, non_loss_data=False: out
 
+    # The interleaved schedule (virtual stages) runs at least PP micro-batches: the same batch each time.
+    microbatches = mpu.get_pipeline_model_parallel_world_size() if len(model) > 1 else 1
     with torch.no_grad():
         collected = get_forward_backward_func()(
-            forward_step_func=forward_step, data_iterator=iter([None]), model=model, num_microbatches=1,
+            forward_step_func=forward_step, data_iterator=[iter([None] * microbatches) for _ in model]
+            if len(model) > 1 else iter([None]), model=model, num_microbatches=microbatches,
             seq_length=seq, micro_batch_size=batch, forward_only=True, collect_non_loss_data=True)
     if mpu.is_pipeline_last_stage():
         logits = tensor_parallel.gather_from_tensor_model_parallel_region(collected[0])

@@ -43,6 +43,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--target-expert-parallel-size", type=int, default=1)
     parser.add_argument("--target-expert-tensor-parallel-size", type=int, default=None,
                         help="1 or the tensor parallel size (Megatron's default)")
+    parser.add_argument("--num-layers-per-virtual-pipeline-stage", type=int, default=None, metavar="N",
+                        help="hf -> mg: interleaved virtual pipeline stages of N layers, as pretrain_gpt.py's flag "
+                             "(checked; torch rank files hold model0, model1, ...; the safetensors release "
+                             "loads at any layout as it is)")
     parser.add_argument("--make-vocab-size-divisible-by", type=int, default=128,
                         help="as pretrain_gpt.py's flag: the vocabulary is padded to a multiple of this times TP")
     parser.add_argument("--save-format", choices=["safetensors", "torch"], default="safetensors",
@@ -56,8 +60,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     if args.load_model_type == "hf" and args.model_type_hf is None:
         parser.error("--model-type-hf is required when loading a Hugging Face checkpoint")
     for flag in ("target_tensor_parallel_size", "target_pipeline_parallel_size", "target_expert_parallel_size",
-                 "make_vocab_size_divisible_by"):
-        if getattr(args, flag) < 1:
+                 "make_vocab_size_divisible_by", "num_layers_per_virtual_pipeline_stage"):
+        if getattr(args, flag) is not None and getattr(args, flag) < 1:
             parser.error(f"--{flag.replace('_', '-')} must be >= 1")
     try:
         args.max_shard_bytes = parse_size(args.max_shard_size)
@@ -75,6 +79,23 @@ def parse_size(text: str) -> int:
     return int(text)
 
 
+def virtual_stages(args) -> int:
+    """Model chunks per pipeline rank of --num-layers-per-virtual-pipeline-stage (1 without it)."""
+    from adaptor.convert import ConversionError, HfCheckpoint
+
+    per_stage = args.num_layers_per_virtual_pipeline_stage
+    if per_stage is None:
+        return 1
+    layers = int(HfCheckpoint(args.load_dir).config.get("num_hidden_layers") or 0)
+    per_rank, left = divmod(layers, args.target_pipeline_parallel_size)
+    if left or per_rank % per_stage or args.target_pipeline_parallel_size < 2:
+        raise ConversionError(f"--num-layers-per-virtual-pipeline-stage {per_stage}: num_hidden_layers={layers} "
+                              f"does not split into --target-pipeline-parallel-size "
+                              f"{args.target_pipeline_parallel_size} (2 or more) x {per_stage} layers per virtual "
+                              f"pipeline stage")
+    return per_rank // per_stage
+
+
 def main(argv=None) -> int:
     from adaptor.command_line.mindspeed_llm import rewrite_convert_argv
 
@@ -90,7 +111,8 @@ def main(argv=None) -> int:
     try:
         if args.load_model_type == "hf":
             layout = Layout(args.target_tensor_parallel_size, args.target_pipeline_parallel_size,
-                            args.target_expert_parallel_size, args.target_expert_tensor_parallel_size)
+                            args.target_expert_parallel_size, args.target_expert_tensor_parallel_size,
+                            virtual_stages(args))
             out = convert_hf_to_megatron(args.load_dir, args.save_dir, args.model_type_hf, layout,
                                          make_vocab_size_divisible_by=args.make_vocab_size_divisible_by,
                                          save_format=args.save_format)

@@ -151,8 +151,6 @@ CONVERT_CKPT_VALUES = {
     ("--model-type", "GPT"): None,  # None: the flag and its value are dropped (GPT is the only kind)
 }
 CONVERT_CKPT_REFUSED = {
-    "--num-layers-per-virtual-pipeline-stage": (1, "the converter writes one model chunk per pipeline stage; "
-                                                   "convert without it and load with --ckpt-format torch_dist"),
     "--moe-tp-extend-ep": (0, "convert with --target-expert-tensor-parallel-size 1 and --target-expert-parallel-size "
                               "TPxEP, the same layout"),
     "--mla-mm-split": (0, "the converter writes megatron-core's MLA projections, which training uses"),

@@ -13,23 +13,44 @@ import torch
 
 @dataclass(frozen=True)
 class Layout:
-    """Tensor, pipeline and expert parallel sizes; expert tensor parallel is tp (Megatron's default) or 1."""
+    """Tensor, pipeline and expert parallel sizes; expert tensor parallel is tp (Megatron's default) or 1;
+    ``vpp`` virtual pipeline stages (model chunks) per pipeline rank.
+
+    Megatron's interleaved schedule splits the L layers into ``pp * vpp`` runs of consecutive layers:
+    chunk v of pipeline rank p holds run ``v * pp + p`` (``get_transformer_layer_offset``), the embedding
+    lives in chunk 0 of rank 0, the final norm, output layer and MTP in the last chunk of the last rank.
+    The mappings place parameters on these runs (:attr:`stages`); :meth:`stage` numbers a chunk's run.
+    """
 
     tp: int = 1
     pp: int = 1
     ep: int = 1
     etp: int | None = None
+    vpp: int = 1
 
     @property
     def expert_tp(self) -> int:
         return self.tp if self.etp is None else self.etp
+
+    @property
+    def stages(self) -> int:
+        """Pipeline stages counting each virtual stage: runs of consecutive layers."""
+        return self.pp * self.vpp
+
+    def stage(self, pp_rank: int, vp_stage: int = 0) -> int:
+        """The run of layers chunk ``vp_stage`` of pipeline rank ``pp_rank`` holds."""
+        return vp_stage * self.pp + pp_rank
+
+    def flat(self) -> Layout:
+        """The same placement with each virtual stage as a pipeline rank of its own (one chunk per rank)."""
+        return Layout(self.tp, self.stages, self.ep, self.etp)
 
     @classmethod
     def of(cls, args) -> Layout:
         """The layout of a run's (or a saved checkpoint's) arguments."""
         tp, etp = args.tensor_model_parallel_size, getattr(args, "expert_tensor_parallel_size", None)
         return cls(tp, args.pipeline_model_parallel_size, getattr(args, "expert_model_parallel_size", 1),
-                   None if etp in (None, tp) else etp)
+                   None if etp in (None, tp) else etp, getattr(args, "virtual_pipeline_model_parallel_size", None) or 1)
 
     def rank_keys(self):
         """(tp_rank, pp_rank, ep_rank) of every checkpoint file."""

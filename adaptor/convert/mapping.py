@@ -63,9 +63,10 @@ class ModelMapping:
 
     def check_layout(self, layout: Layout) -> None:
         """Raise ConversionError naming the setting that `layout` cannot split."""
-        if self.num_layers % layout.pp:
+        if self.num_layers % layout.stages:
+            virtual = f" x {layout.vpp} virtual stages" if layout.vpp > 1 else ""
             raise ConversionError(f"num_hidden_layers={self.num_layers} is not divisible by "
-                                  f"--target-pipeline-parallel-size {layout.pp}")
+                                  f"--target-pipeline-parallel-size {layout.pp}{virtual}")
         if layout.ep > 1 and (self.num_experts == 0 or self.num_experts % layout.ep):
             raise ConversionError(f"{self.num_experts} routed experts are not divisible by "
                                   f"--target-expert-parallel-size {layout.ep}")
@@ -99,21 +100,22 @@ class ModelMapping:
 
     # -- placement ---------------------------------------------------------------------------
     def stage_of(self, param: Param, layout: Layout) -> list[int]:
-        last = layout.pp - 1
+        """The stages (runs of layers, :attr:`Layout.stages`) that hold ``param``."""
+        last = layout.stages - 1
         if param.place == "layer":
-            return [param.layer // (self.num_layers // layout.pp)]
+            return [param.layer // (self.num_layers // layout.stages)]
         if param.place == "first":
             return [0]
         if param.place == "first+last":
             return sorted({0, last})
         if param.place == "last+pp":
-            return [last] if layout.pp > 1 else []
+            return [last] if layout.stages > 1 else []
         return [last]  # "last", "mtp"
 
     def local_name(self, param: Param, layout: Layout) -> str:
         layer = param.layer
         if param.place == "layer":
-            layer = param.layer % (self.num_layers // layout.pp)
+            layer = param.layer % (self.num_layers // layout.stages)
         expert = None
         if param.expert is not None:
             expert = param.expert % (self.num_experts // layout.ep)
@@ -126,15 +128,16 @@ class ModelMapping:
         return param.expert // (self.num_experts // layout.ep)
 
 
-def extra_state_names(names: list[str], pp_rank: int, layout: Layout, tied: bool) -> list[str]:
-    """The ``_extra_state`` entries (None) of the linear layers among `names`, as Megatron saves them."""
+def extra_state_names(names: list[str], stage: int, layout: Layout, tied: bool) -> list[str]:
+    """The ``_extra_state`` entries (None) of the linear layers among `names` (those of ``stage``,
+    :meth:`Layout.stage`), as Megatron saves them."""
     extra = []
     for name in names:
         module, _, leaf = name.rpartition(".")
         last = module.rpartition(".")[2]
         if leaf == "weight" and (last.startswith("linear_") or last in ("eh_proj", "output_layer")):
             extra.append(module + "._extra_state")
-    if tied and layout.pp == 1 and pp_rank == 0:
+    if tied and layout.stages == 1 and stage == 0:
         extra.append("output_layer._extra_state")  # the tied output layer keeps its extra state
     return extra
 

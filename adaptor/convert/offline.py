@@ -95,7 +95,7 @@ class MegatronCheckpoint:
         else:
             self.save_format = "torch"
             if layout is None and meta:
-                layout = Layout(meta["tp"], meta["pp"], meta["ep"], meta.get("etp"))
+                layout = Layout(meta["tp"], meta["pp"], meta["ep"], meta.get("etp"), meta.get("vpp") or 1)
             self.layout = layout or self._layout_from_args()
             self.tensors = RankStates(self.iteration_dir, self.layout)
         if self.save_format == "safetensors" or not meta.get("padded_vocab_size"):
@@ -110,8 +110,6 @@ class MegatronCheckpoint:
         args = load_rank_file(first).get("args")
         if args is None:
             raise ConversionError(f"{first}: no saved args to read the parallel layout from")
-        if getattr(args, "virtual_pipeline_model_parallel_size", None):
-            raise ConversionError(f"{first}: virtual pipeline checkpoints are not supported")
         return Layout.of(args)
 
     def state(self, key) -> dict:
@@ -186,14 +184,35 @@ def _write_safetensors_release(release: Path, hf: HfCheckpoint, mapping: ModelMa
                         str(hf.path))
 
 
+def _write_torch_rank(release: Path, hf: HfCheckpoint, mapping: ModelMapping, layout: Layout, tp_rank: int,
+                      pp_rank: int, ep_rank: int, padded: int) -> None:
+    """One legacy rank file: its "model" state, or "model0", "model1", ... with virtual pipeline stages
+    (as Megatron saves its model chunks)."""
+    import itertools
+
+    specs, streams = {}, []
+    for vp_stage in range(layout.vpp):
+        kwargs = dict(vp_stage=vp_stage, padded_vocab_size=padded)
+        chunk = list(megatron_rank_tensors(hf, mapping, layout, tp_rank, pp_rank, ep_rank, meta=True, **kwargs))
+        names = [name for name, _ in chunk]
+        stage = layout.stage(pp_rank, vp_stage)
+        chunk += [(name, None) for name in extra_state_names(names, stage, layout, mapping.tied)]
+        specs["model" if layout.vpp == 1 else f"model{vp_stage}"] = chunk
+        streams.append(megatron_rank_tensors(hf, mapping, layout, tp_rank, pp_rank, ep_rank, **kwargs))
+    rank_dir = release / rank_dir_name(tp_rank, pp_rank, ep_rank, layout.pp, layout.ep)
+    rank_dir.mkdir(parents=True)
+    write_model_file(rank_dir / CHECKPOINT_FILE, specs, itertools.chain(*streams))
+
+
 def convert_hf_to_megatron(load_dir, save_dir, model_type: str, layout: Layout, *,
                            make_vocab_size_divisible_by: int = 128, padded_vocab_size: int | None = None,
                            save_format: str = "safetensors") -> Path:
     """Write a release checkpoint `pretrain_gpt.py --load save_dir` reads.
 
-    ``save_format="safetensors"`` (default): one file of whole tensors, no pickle; any TP/PP/EP layout
-    loads it (resharded on load; `layout` sets the vocabulary padding and is checked). ``"torch"``:
-    Megatron's legacy ``--ckpt-format torch`` rank files, for that exact `layout`.
+    ``save_format="safetensors"`` (default): one file of whole tensors, no pickle; any TP/PP/EP layout,
+    virtual pipeline stages included, loads it (resharded on load; `layout` sets the vocabulary padding and
+    is checked). ``"torch"``: Megatron's legacy ``--ckpt-format torch`` rank files, for that exact `layout`
+    (with virtual stages each file holds ``model0``, ``model1``, ... as Megatron saves its model chunks).
     """
     if save_format not in SAVE_FORMATS:
         raise ConversionError(f"save format {save_format!r}: choose {' or '.join(SAVE_FORMATS)}")
@@ -211,20 +230,13 @@ def convert_hf_to_megatron(load_dir, save_dir, model_type: str, layout: Layout, 
             _write_safetensors_release(release, hf, mapping, padded)
         else:
             for tp_rank, pp_rank, ep_rank in layout.rank_keys():
-                kwargs = dict(padded_vocab_size=padded)
-                specs = list(megatron_rank_tensors(hf, mapping, layout, tp_rank, pp_rank, ep_rank, meta=True,
-                                                   **kwargs))
-                names = [name for name, _ in specs]
-                specs += [(name, None) for name in extra_state_names(names, pp_rank, layout, mapping.tied)]
-                rank_dir = release / rank_dir_name(tp_rank, pp_rank, ep_rank, layout.pp, layout.ep)
-                rank_dir.mkdir(parents=True)
-                tensors = megatron_rank_tensors(hf, mapping, layout, tp_rank, pp_rank, ep_rank, **kwargs)
-                write_model_file(rank_dir / CHECKPOINT_FILE, specs, tensors)
+                _write_torch_rank(release, hf, mapping, layout, tp_rank, pp_rank, ep_rank, padded)
         (temp / TRACKER_FILE).write_text("release")
         copy_side_files(hf.path, temp / HF_SUBDIR)
         (temp / HF_SUBDIR / CONVERSION_FILE).write_text(json.dumps({
             "model_type": model_type, "format": save_format, "tp": layout.tp, "pp": layout.pp, "ep": layout.ep,
-            "etp": layout.etp, "vocab_size": mapping.vocab_size, "padded_vocab_size": padded}, indent=2) + "\n")
+            "etp": layout.etp, "vpp": layout.vpp, "vocab_size": mapping.vocab_size, "padded_vocab_size": padded},
+            indent=2) + "\n")
     return Path(save_dir)
 
 

@@ -62,15 +62,20 @@ def load_hf_weights(model, args) -> int:
     from adaptor.convert.tensors import megatron_rank_tensors
 
     chunks = _unwrapped(model)
-    if len(chunks) != 1:
-        raise ConversionError("virtual pipeline stages are not supported by --hf-load-dir")
+    layout = Layout.of(args)
+    if len(chunks) != layout.vpp:
+        raise ConversionError(f"{len(chunks)} model chunks on this rank, {layout.vpp} virtual pipeline stages")
     hf = HfCheckpoint(args.hf_load_dir)
-    tensors = megatron_rank_tensors(
-        hf, args.model_type_hf, Layout.of(args), mpu.get_tensor_model_parallel_rank(),
-        mpu.get_pipeline_model_parallel_rank(), mpu.get_expert_model_parallel_rank(),
-        padded_vocab_size=args.padded_vocab_size)
-    # LoRA adapters keep their own start (or --lora-load's): the base checkpoint has none.
-    return copy_into(chunks[0], tensors, "this rank's model", select=lambda n: not is_lora_name(n))
+    count = 0
+    for vp_stage, chunk in enumerate(chunks):  # Megatron's model list: one chunk per virtual stage, in order
+        tensors = megatron_rank_tensors(
+            hf, args.model_type_hf, layout, mpu.get_tensor_model_parallel_rank(),
+            mpu.get_pipeline_model_parallel_rank(), mpu.get_expert_model_parallel_rank(), vp_stage=vp_stage,
+            padded_vocab_size=args.padded_vocab_size)
+        # LoRA adapters keep their own start (or --lora-load's): the base checkpoint has none.
+        what = "this rank's model" if len(chunks) == 1 else f"model chunk {vp_stage} of this rank"
+        count += copy_into(chunk, tensors, what, select=lambda n: not is_lora_name(n))
+    return count
 
 
 def load_peft_adapter(model, args, adapter_dir) -> int:
@@ -86,17 +91,25 @@ def load_peft_adapter(model, args, adapter_dir) -> int:
     from adaptor.convert.lora import PeftAdapter, peft_rank_tensors, settings_from_args
 
     chunks = _unwrapped(model)
-    if len(chunks) != 1:
-        raise ConversionError("virtual pipeline stages are not supported for PEFT adapters")
     settings = settings_from_args(args)
     if settings is None:
         raise ConversionError("a PEFT adapter needs LoRA layers (--lora-r)")
     hf_config = _hf_config(args)
-    wanted = {n for n in chunks[0].state_dict() if is_lora_name(n)}
-    tensors = peft_rank_tensors(PeftAdapter(adapter_dir), args.model_type_hf, hf_config, Layout.of(args),
-                                mpu.get_tensor_model_parallel_rank(), mpu.get_pipeline_model_parallel_rank(),
-                                mpu.get_expert_model_parallel_rank(), settings, wanted)
-    return copy_into(chunks[0], tensors, "this rank's LoRA adapter", select=is_lora_name)
+    layout = Layout.of(args)
+    if len(chunks) != layout.vpp:
+        raise ConversionError(f"{len(chunks)} model chunks on this rank, {layout.vpp} virtual pipeline stages")
+    adapter = PeftAdapter(adapter_dir)
+    count = 0
+    for vp_stage, chunk in enumerate(chunks):
+        wanted = {n for n in chunk.state_dict() if is_lora_name(n)}
+        # each chunk as a pipeline rank of its own: the same placement (Layout.flat)
+        tensors = peft_rank_tensors(adapter, args.model_type_hf, hf_config, layout.flat(),
+                                    mpu.get_tensor_model_parallel_rank(),
+                                    layout.stage(mpu.get_pipeline_model_parallel_rank(), vp_stage),
+                                    mpu.get_expert_model_parallel_rank(), settings, wanted)
+        what = "this rank's LoRA adapter" if len(chunks) == 1 else f"LoRA adapter of model chunk {vp_stage}"
+        count += copy_into(chunk, tensors, what, select=is_lora_name)
+    return count
 
 
 def lora_scalings(module) -> dict[str, float | None]:
@@ -125,29 +138,32 @@ def load_peft_lora(model, optimizer, args) -> None:
 
 def write_rank_state(model, args, directory: Path, lora: str | None = None) -> None:
     """This rank's model state as ``directory/mp_rank_TT[_PPP][_EEE]/model.safetensors`` (Megatron's rank
-    directory names; :class:`~adaptor.convert.torch_legacy.RankStates` reads them back).
+    directory names; :class:`~adaptor.convert.torch_legacy.RankStates` reads them back). With virtual
+    pipeline stages each model chunk is written as a pipeline rank of its own, of ``Layout.of(args).flat()``.
 
     ``lora="merged"``: adapted weights are written merged (``W + scaling * B @ A``), without the adapter
     tensors; ``lora="adapter"``: only the adapter tensors are written.
     """
     from megatron.core import mpu
 
+    from adaptor.convert.layout import Layout
     from adaptor.convert.lora import merge_lora_state
     from adaptor.convert.torch_legacy import STATE_FILE, rank_dir_name
     from adaptor.safetensors_file import write_file
 
-    chunk = _unwrapped(model)[0]
-    state = {name: tensor.detach().cpu() for name, tensor in chunk.state_dict().items()
-             if not name.endswith("_extra_state")}
-    if lora == "merged":
-        state = merge_lora_state(state, lora_scalings(chunk))
-    elif lora == "adapter":
-        state = {name: tensor for name, tensor in state.items() if is_lora_name(name)}
-    rank_dir = directory / rank_dir_name(
-        mpu.get_tensor_model_parallel_rank(), mpu.get_pipeline_model_parallel_rank(),
-        mpu.get_expert_model_parallel_rank(), args.pipeline_model_parallel_size, args.expert_model_parallel_size)
-    rank_dir.mkdir(parents=True, exist_ok=True)
-    write_file(rank_dir / STATE_FILE, list(state.items()))
+    layout = Layout.of(args)
+    for vp_stage, chunk in enumerate(_unwrapped(model)):
+        state = {name: tensor.detach().cpu() for name, tensor in chunk.state_dict().items()
+                 if not name.endswith("_extra_state")}
+        if lora == "merged":
+            state = merge_lora_state(state, lora_scalings(chunk))
+        elif lora == "adapter":
+            state = {name: tensor for name, tensor in state.items() if is_lora_name(name)}
+        rank_dir = directory / rank_dir_name(
+            mpu.get_tensor_model_parallel_rank(), layout.stage(mpu.get_pipeline_model_parallel_rank(), vp_stage),
+            mpu.get_expert_model_parallel_rank(), layout.stages, args.expert_model_parallel_size)
+        rank_dir.mkdir(parents=True, exist_ok=True)
+        write_file(rank_dir / STATE_FILE, list(state.items()))
 
 
 def _get_mscale(scale: float, mscale: float) -> float:
@@ -323,7 +339,7 @@ def save_hf_dir(model, args, iteration: int) -> None:
     if rank == 0:
         try:
             if error is None:
-                layout, hf_config = Layout.of(args), _hf_config(args)
+                layout, hf_config = Layout.of(args).flat(), _hf_config(args)  # as write_rank_state wrote
                 if mode == "adapter":
                     peft_adapter_from_rank_files(work, final, args.model_type_hf, hf_config, layout, lora,
                                                  None if args.hf_load_dir is None else str(args.hf_load_dir),

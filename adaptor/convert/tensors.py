@@ -30,9 +30,9 @@ def _parallel(param: Param, layout: Layout, tp_rank: int) -> tuple[int, int]:
     return 0, 1
 
 
-def _rank_params(mapping: ModelMapping, layout: Layout, pp_rank: int, ep_rank: int, padded: int):
+def _rank_params(mapping: ModelMapping, layout: Layout, stage: int, ep_rank: int, padded: int):
     for param in mapping.params(padded):
-        if not param.to_megatron or pp_rank not in mapping.stage_of(param, layout):
+        if not param.to_megatron or stage not in mapping.stage_of(param, layout):
             continue
         owner = mapping.ep_rank_of(param, layout)
         if owner is not None and owner != ep_rank:
@@ -49,17 +49,18 @@ def _shard(param: Param, tensors: list[torch.Tensor], rank: int, size: int) -> t
 
 
 def megatron_rank_tensors(hf: HfCheckpoint, model_type, layout: Layout, tp_rank: int = 0, pp_rank: int = 0,
-                          ep_rank: int = 0, *, padded_vocab_size: int | None = None,
+                          ep_rank: int = 0, *, vp_stage: int = 0, padded_vocab_size: int | None = None,
                           make_vocab_size_divisible_by: int = 128, meta: bool = False
                           ) -> Iterator[tuple[str, torch.Tensor]]:
-    """The tensors of rank (tp_rank, pp_rank, ep_rank) of Megatron's local-spec GPTModel, as HF views.
+    """The tensors of rank (tp_rank, pp_rank, ep_rank) of Megatron's local-spec GPTModel, as HF views:
+    those of its model chunk `vp_stage` when the layout has virtual pipeline stages.
 
     `meta=True` yields meta tensors (shapes and dtypes from the safetensors headers only).
     """
     mapping = _mapping(model_type, hf.config).for_checkpoint(hf)
     padded = padded_vocab_size or default_padded_vocab(mapping.vocab_size, layout.tp, make_vocab_size_divisible_by)
     get = hf.get_meta if meta else hf.get
-    for name, param in _rank_params(mapping, layout, pp_rank, ep_rank, padded):
+    for name, param in _rank_params(mapping, layout, layout.stage(pp_rank, vp_stage), ep_rank, padded):
         rank, size = _parallel(param, layout, tp_rank)
         tensor = _shard(param, [get(n) for n in param.hf], rank, size)
         if not meta:  # pages of the inputs: dropped now, re-read if `tensor` is a view of them
@@ -76,8 +77,9 @@ def hf_tensors_from_megatron(get: Callable[[tuple[int, int, int], str], torch.Te
                              layout: Layout, *, padded_vocab_size: int,
                              release: Callable[[tuple[int, int, int], str], None] | None = None
                              ) -> Iterator[tuple[str, torch.Tensor]]:
-    """HF tensors one at a time; `get((tp_rank, pp_rank, ep_rank), megatron_name)` reads a rank's tensor,
-    `release(key, name)` (optional) is called once the tensors made from it were consumed."""
+    """HF tensors one at a time; `get((tp_rank, stage, ep_rank), megatron_name)` reads a rank's tensor (`stage`:
+    :meth:`Layout.stage`, the pipeline rank without virtual stages), `release(key, name)` (optional) is called
+    once the tensors made from it were consumed."""
     mapping = _mapping(model_type, hf_config)
     for param in mapping.params(padded_vocab_size):
         if not param.to_hf:

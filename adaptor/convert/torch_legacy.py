@@ -65,23 +65,26 @@ class _Pickler(pickle.Pickler):
         return None
 
 
-def write_model_file(path, specs: list[tuple[str, torch.Tensor | None]],
-                     tensors: Iterable[tuple[str, torch.Tensor]], extra: dict | None = None) -> None:
+def write_model_file(path, specs, tensors: Iterable[tuple[str, torch.Tensor]], extra: dict | None = None) -> None:
     """Write {"model": {name: tensor or None}, **extra} to `path` as torch.save would.
 
     `specs`: (name, meta tensor) in the order `tensors` yields them, or (name, None) for
-    entries stored as None (the ``_extra_state`` of Megatron's linear layers).
+    entries stored as None (the ``_extra_state`` of Megatron's linear layers). With virtual pipeline
+    stages, a dict {"model0": specs, "model1": specs, ...} (Megatron's keys for its model chunks),
+    `tensors` yielding the chunks' tensors one chunk after the other.
     """
-    model = collections.OrderedDict()
     order = []
-    for name, meta in specs:
-        if meta is None:
-            model[name] = None
-            continue
-        storage = _Storage(str(len(order)), meta.dtype, meta.numel())
-        model[name] = _TensorRecord(storage, tuple(meta.shape))
-        order.append((name, meta, storage.key))
-    state = {"model": model, "checkpoint_version": CHECKPOINT_VERSION, "iteration": 0}
+    state = {}
+    for key, chunk_specs in (specs if isinstance(specs, dict) else {"model": specs}).items():
+        model = state[key] = collections.OrderedDict()
+        for name, meta in chunk_specs:
+            if meta is None:
+                model[name] = None
+                continue
+            storage = _Storage(str(len(order)), meta.dtype, meta.numel())
+            model[name] = _TensorRecord(storage, tuple(meta.shape))
+            order.append((name, meta, storage.key))
+    state.update({"checkpoint_version": CHECKPOINT_VERSION, "iteration": 0})
     state.update(extra or {})
     buffer = io.BytesIO()
     _Pickler(buffer, protocol=2).dump(state)
@@ -119,12 +122,16 @@ def load_rank_file(path) -> dict:
         raise ConversionError(f"{path}: cannot read the checkpoint ({str(exc).splitlines()[0]})") from None
 
 
-def read_model_state(path) -> dict:
-    """The "model" state dict of one rank file, memory-mapped."""
+def read_model_state(path, chunk: int | None = None) -> dict:
+    """The "model" state dict of one rank file, memory-mapped; ``chunk`` v: "model{v}", the state of
+    model chunk v of a checkpoint with virtual pipeline stages."""
     state = load_rank_file(path)
-    if "model" not in state:
-        raise ConversionError(f"{path}: no 'model' state dict (virtual pipeline checkpoints are not supported)")
-    return state["model"]
+    key = "model" if chunk is None else f"model{chunk}"
+    if key not in state:
+        chunks = sorted(k for k in state if k.startswith("model") and k[5:].isdigit())
+        saved = f"it holds {len(chunks)} model chunks (virtual pipeline stages)" if chunks else "it holds no model"
+        raise ConversionError(f"{path}: no '{key}' state dict; {saved}")
+    return state[key]
 
 
 class RankStates:
@@ -133,6 +140,8 @@ class RankStates:
     A rank's directory holds Megatron's legacy ``model_optim_rng.pt`` (memory-mapped, unpickled with
     ``weights_only=True``; tools/convert_ckpt.py reads real checkpoints) or ``model.safetensors`` (what
     ``--hf-save-dir``'s ranks hand over: no pickle). Used pages can be given back (:meth:`release`).
+    Keys are (tp, stage, ep) with ``stage`` as :meth:`Layout.stage` numbers it: with virtual pipeline
+    stages, model chunk ``stage // pp`` ("model{v}") of pipeline rank ``stage % pp``'s file.
 
     With expert tensor parallel 1 the expert-parallel ranks may lie inside the tensor-parallel group
     (TP2 x EP2 on two processes: ranks (tp 0, ep 0) and (tp 1, ep 1)), so not every (tp, ep) pair
@@ -152,25 +161,27 @@ class RankStates:
             return key
         if self._present is None:
             self._present = [k for k in self.layout.rank_keys() if self.file(k).is_file()]
-        tp_rank, pp_rank, ep_rank = key
+        tp_rank, stage, ep_rank = key
         expert = ".experts.local_experts." in name
         if expert and self.layout.expert_tp != 1:
             return key  # each TP rank holds its own part of the expert
         for other in self._present:
-            if other[1] == pp_rank and (other[2] == ep_rank if expert else other[0] == tp_rank):
-                return other
+            if other[1] == stage % self.layout.pp and (other[2] == ep_rank if expert else other[0] == tp_rank):
+                return other[0], stage, other[2]
         return key
 
     def file(self, key: tuple[int, int, int]) -> Path:
-        tp_rank, pp_rank, ep_rank = key
-        rank_dir = self.path / rank_dir_name(tp_rank, pp_rank, ep_rank, self.layout.pp, self.layout.ep)
+        tp_rank, stage, ep_rank = key
+        rank_dir = self.path / rank_dir_name(tp_rank, stage % self.layout.pp, ep_rank, self.layout.pp, self.layout.ep)
         return rank_dir / STATE_FILE if (rank_dir / STATE_FILE).is_file() else rank_dir / CHECKPOINT_FILE
 
     def state(self, key) -> dict:
-        """Every tensor of rank ``key`` = (tp, pp, ep) by its state-dict name (``_extra_state`` entries None)."""
+        """Every tensor of rank ``key`` = (tp, stage, ep) by its state-dict name (``_extra_state`` entries None)."""
         if key not in self._states:
             path = self.file(key)
             if path.name == STATE_FILE:
+                if self.layout.vpp > 1:
+                    raise ConversionError(f"{path}: holds one model chunk, not {self.layout.vpp} virtual stages")
                 try:
                     file = SafetensorsFile(path)
                 except SafetensorsError as exc:
@@ -178,7 +189,8 @@ class RankStates:
                 self._states[key] = {name: file.get(name) for name in file.tensors}
                 self._release[key] = lambda name, file=file: file.release(name)
             else:
-                self._states[key] = read_model_state(path)
+                chunk = key[1] // self.layout.pp if self.layout.vpp > 1 else None
+                self._states[key] = read_model_state(path, chunk)
                 ranges = mapped_ranges(path)
                 self._release[key] = lambda name, state=self._states[key]: drop_pages(state[name], ranges)
         return self._states[key]

@@ -188,16 +188,13 @@ class OnlineConversion(Feature):
                 raise ArgumentError(f"--hf-save-dir {args.hf_save_dir} exists and is not an empty directory")
             if not final.absolute().parent.is_dir():
                 raise ArgumentError(f"--hf-save-dir {args.hf_save_dir}: parent directory does not exist")
-        vpp = getattr(args, "num_layers_per_virtual_pipeline_stage", None) or getattr(
-            args, "num_virtual_stages_per_pipeline_rank", None)
         uneven = [flag for flag, dest in (("--decoder-first-pipeline-num-layers", "decoder_first_pipeline_num_layers"),
                                           ("--decoder-last-pipeline-num-layers", "decoder_last_pipeline_num_layers"),
                                           ("--pipeline-model-parallel-layout", "pipeline_model_parallel_layout"))
                   if getattr(args, dest, None)]
-        if vpp or uneven:
-            what = f"{uneven[0]} is" if uneven else "virtual pipeline stages are"
-            raise ArgumentError(f"--hf-load-dir/--hf-save-dir split layers evenly over pipeline stages; "
-                                f"{what} not supported with them")
+        if uneven:
+            raise ArgumentError(f"--hf-load-dir/--hf-save-dir split layers evenly over pipeline stages (virtual "
+                                f"ones included); {uneven[0]} is not supported with them")
         if args.num_layers and args.num_layers % args.pipeline_model_parallel_size:
             raise ArgumentError(f"--num-layers {args.num_layers} is not divisible by "
                                 f"--pipeline-model-parallel-size {args.pipeline_model_parallel_size}")

@@ -13,7 +13,9 @@ import os
 import pytest
 import torch
 
-from adaptor.convert import Layout, convert_hf_to_megatron, megatron_args_from_hf_config
+from adaptor.convert import (
+    HfCheckpoint, Layout, convert_hf_to_megatron, convert_megatron_to_hf, megatron_args_from_hf_config,
+)
 from helpers.megatron_runs import TINY_DEEPSEEK_V3, TINY_QWEN3, run_pretrain, side_by_side, tail
 from helpers.processes import run_tool
 
@@ -102,6 +104,45 @@ def test_pretrain_loads_converted_checkpoint_same_loss_as_single_process(hf_mode
     if fresh is not None:
         assert fresh.returncode == 0, tail(fresh.output)
         assert abs(runs["single"].losses[1] - fresh.losses[1]) > 1e-3  # the loaded weights, not a fresh init
+
+
+def test_virtual_pipeline_stages_match_megatrons_own_checkpoint(hf_models, tmp_path):
+    """PP2 x VPP2 (--num-layers-per-virtual-pipeline-stage 1 of 4 layers), tied: one run at lr 0 loads the
+    safetensors release (converted without virtual stages: it has no layout) and saves Megatron's own rank files
+    (--ckpt-format torch) and --hf-save-dir. The offline conversion's torch rank files at PP2 x VPP2 hold what
+    Megatron's do, chunk by chunk ("model0", "model1": names, shapes and values, the loaded weights unchanged at
+    lr 0); --hf-save-dir, and tools/convert_ckpt.py's mg -> hf of Megatron's own files, give back the source
+    tensors bit for bit. (--hf-load-dir at this layout: tests/e2e/test_hf_parity.py.)"""
+    src = hf_models["qwen3_tied"]
+    release = convert_hf_to_megatron(src, tmp_path / "release", "qwen3", Layout())
+    flags = megatron_args_from_hf_config("qwen3", json.loads((src / "config.json").read_text())) + TRAIN
+    run = run_pretrain(flags + ["--lr", "0", "--pipeline-model-parallel-size", "2",
+                                "--num-layers-per-virtual-pipeline-stage", "1", "--load", str(release),
+                                "--model-type-hf", "qwen3", "--hf-save-dir", str(tmp_path / "hf_out"),
+                                "--save", str(tmp_path / "megatron"), "--save-interval", "1", "--ckpt-format", "torch"],
+                       nproc=2)
+    assert run.returncode == 0, tail(run.output)
+    assert "successfully loaded checkpoint" in run.output and "load_return" not in run.output, tail(run.output)
+    convert_hf_to_megatron(src, tmp_path / "converted", "qwen3", Layout(1, 2, vpp=2), save_format="torch")
+    real_files = sorted((tmp_path / "megatron" / "iter_0000001").glob("mp_rank_*/model_optim_rng.pt"))
+    assert [f.parent.name for f in real_files] == ["mp_rank_00_000", "mp_rank_00_001"]
+    for real in real_files:
+        theirs = torch.load(real, map_location="cpu", weights_only=False)
+        ours = torch.load(tmp_path / "converted" / "release" / real.parent.name / real.name, weights_only=True)
+        chunks = sorted(k for k in theirs if k.startswith("model"))
+        assert chunks == ["model0", "model1"] and sorted(k for k in ours if k.startswith("model")) == chunks
+        for chunk in chunks:
+            assert sorted(ours[chunk]) == sorted(theirs[chunk]), (real, chunk)
+            for name, tensor in ours[chunk].items():
+                if tensor is not None:
+                    assert torch.equal(tensor, theirs[chunk][name]), (real.parent.name, chunk, name)
+    # --hf-save-dir, and mg -> hf of Megatron's own checkpoint (its layout read from the saved args)
+    convert_megatron_to_hf(tmp_path / "megatron", tmp_path / "hf_back", "qwen3", hf_config_dir=src)
+    before = HfCheckpoint(src)
+    for out in ("hf_out", "hf_back"):
+        after = HfCheckpoint(tmp_path / out)
+        assert sorted(after.names()) == sorted(before.names())
+        assert all(torch.equal(before.get(n), after.get(n)) for n in before.names()), out
 
 
 def test_missing_megatron_rank_file_via_command_line(hf_models, tmp_path):
