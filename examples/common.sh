@@ -122,6 +122,17 @@ qwen3_model_args() {
   fi
 }
 
+# TINY_BASE: the tiny pretraining example's checkpoint in BASE_CACHE [<repo>/.cache/qwen3-tiny-base], which
+# examples/qwen3/pretrain.sh writes there first when it is missing (the start of fine-tuning and generation).
+tiny_base_checkpoint() {
+  TINY_BASE="${BASE_CACHE:-$ROOT/.cache/qwen3-tiny-base}"
+  if [ ! -f "$TINY_BASE/latest_checkpointed_iteration.txt" ]; then
+    echo "[$SCRIPT] no checkpoint yet: pretraining the tiny example into $TINY_BASE first"
+    (unset NPROC TP PP SAVE LOAD HF_SAVE TRAIN_ITERS LR GBS MBS SEQ_LEN; MODEL_SIZE=tiny SAVE="$TINY_BASE" \
+      bash "$ROOT/examples/qwen3/pretrain.sh")
+  fi
+}
+
 # The weights inference.py and evaluation.py read, in WEIGHT_ARGS: HF_LOAD (already in MODEL_ARGS), else
 # LOAD, else, for MODEL_SIZE=tiny only, the tiny pretraining example's checkpoint in BASE_CACHE, which
 # examples/qwen3/pretrain.sh writes there first when it is missing. Sets TOKENIZER_MODEL's default.
@@ -130,13 +141,8 @@ generation_weights() {
   if [ -z "${HF_LOAD:-}" ]; then
     if [ -z "${LOAD:-}" ]; then
       [ "$MODEL_SIZE" = tiny ] || die "give HF_LOAD (a Hugging Face directory) or LOAD (a Megatron checkpoint) for MODEL_SIZE=$MODEL_SIZE"
-      LOAD="${BASE_CACHE:-$ROOT/.cache/qwen3-tiny-base}"
-      if [ ! -f "$LOAD/latest_checkpointed_iteration.txt" ]; then
-        echo "[$SCRIPT] no checkpoint yet: pretraining the tiny example into $LOAD first"
-        BASE="$LOAD"  # the subshell unsets LOAD before it names the pretraining's SAVE
-        (unset NPROC TP PP SAVE LOAD HF_SAVE TRAIN_ITERS LR GBS MBS SEQ_LEN; MODEL_SIZE=tiny SAVE="$BASE" \
-          bash "$ROOT/examples/qwen3/pretrain.sh")
-      fi
+      tiny_base_checkpoint
+      LOAD="$TINY_BASE"
     fi
     [ -d "$LOAD" ] || die "LOAD=$LOAD is not a directory"
     WEIGHT_ARGS=(--load "$LOAD")

@@ -50,12 +50,8 @@ BASE_ARGS=()
 if [ -z "${HF_LOAD:-}" ]; then
   if [ -z "${BASE:-}" ]; then
     [ "$MODEL_SIZE" = tiny ] || die "give HF_LOAD (a Hugging Face directory) or BASE (a Megatron checkpoint) for MODEL_SIZE=$MODEL_SIZE"
-    BASE="${BASE_CACHE:-$ROOT/.cache/qwen3-tiny-base}"
-    if [ ! -f "$BASE/latest_checkpointed_iteration.txt" ]; then
-      echo "[$SCRIPT] no base model yet: pretraining the tiny example into $BASE first"
-      (unset NPROC TP PP SAVE LOAD HF_SAVE TRAIN_ITERS LR GBS MBS SEQ_LEN; MODEL_SIZE=tiny SAVE="$BASE" \
-        bash "$ROOT/examples/qwen3/pretrain.sh")
-    fi
+    tiny_base_checkpoint
+    BASE="$TINY_BASE"
   fi
   [ -d "$BASE" ] || die "BASE=$BASE is not a directory"
   # LoRA reads --load as the base model's weights only (resume state comes with --lora-load);
