@@ -57,10 +57,14 @@ def block_config(settings: VisionSettings, **overrides) -> TransformerConfig:
 
 
 def merger_config(settings: VisionSettings, **overrides) -> TransformerConfig:
-    """The merger MLP's config: ``merge_unit * hidden`` in and between, ``out_hidden_size`` out, exact GELU."""
+    """The merger MLP's config: ``merge_unit * hidden`` in and between, ``out_hidden_size`` out, exact GELU.
+
+    It has no attention; its head count only has to divide over the tensor-parallel ranks.
+    """
+    heads = overrides.get("tensor_model_parallel_size", 1)
     return TransformerConfig(
         num_layers=1, hidden_size=settings.out_hidden_size, ffn_hidden_size=settings.merge_unit * settings.hidden_size,
-        num_attention_heads=1, kv_channels=settings.out_hidden_size, gated_linear_unit=False, activation_func=F.gelu,
+        num_attention_heads=heads, kv_channels=1, gated_linear_unit=False, activation_func=F.gelu,
         **{**_PLAIN, **overrides})
 
 
