@@ -25,12 +25,12 @@ import torch
 os.environ.setdefault("ADAPTOR_BACKEND", "cpu")
 
 from adaptor.mm.qwen_vl import weights  # noqa: E402
-from adaptor.mm.qwen_vl.image_processor import ImageSettings, preprocess  # noqa: E402
+from adaptor.mm.qwen_vl.image_processor import image_settings, preprocess  # noqa: E402
 from adaptor.mm.qwen_vl.settings import VisionSettings  # noqa: E402
 
-QWEN25_IMAGES = ImageSettings(min_pixels=28 * 28, max_pixels=28 * 28 * 40)
-QWEN3_IMAGES = ImageSettings(patch_size=16, min_pixels=32 * 32, max_pixels=32 * 32 * 40, mean=(0.5,) * 3,
-                             std=(0.5,) * 3)
+# data.json's image_min_pixels / image_max_pixels, small enough for tiny images
+QWEN25_IMAGES = image_settings("qwen2_5_vl", min_pixels=28 * 28, max_pixels=28 * 28 * 40)
+QWEN3_IMAGES = image_settings("qwen3_vl", min_pixels=32 * 32, max_pixels=32 * 32 * 40)
 TOLERANCE = 1e-5
 
 
@@ -118,7 +118,7 @@ def test_image_processor_equals_transformers():
         assert grid.tolist() == expect_grids
 
 
-def _two_images(settings: ImageSettings, side: int):
+def _two_images(settings, side: int):
     pixels, grid = preprocess(_images((side, side), (2 * side, 3 * side), seed=1), settings)
     assert grid.tolist() == [[1, 2, 2], [1, 4, 6]]
     return pixels, grid

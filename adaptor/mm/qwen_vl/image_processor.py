@@ -14,6 +14,7 @@ mean/std, or patch 16 and mean/std 0.5), so one function takes a :class:`ImageSe
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 
@@ -45,6 +46,19 @@ class ImageSettings:
 QWEN2_5_VL = ImageSettings()
 # Qwen3-VL's published preprocessor_config.json: 16-pixel patches, mean and std 0.5, larger bounds.
 QWEN3_VL = ImageSettings(patch_size=16, min_pixels=65536, max_pixels=16777216, mean=(0.5,) * 3, std=(0.5,) * 3)
+
+
+def image_settings(family: str, min_pixels: int | None = None, max_pixels: int | None = None) -> ImageSettings:
+    """A family's processor numbers, with data.json's ``image_min_pixels`` / ``image_max_pixels`` when given."""
+    presets = {"qwen2_5_vl": QWEN2_5_VL, "qwen3_vl": QWEN3_VL}
+    if family not in presets:
+        raise ValueError(f"no image processor for {family!r} (known: {', '.join(presets)})")
+    base = presets[family]
+    low = base.min_pixels if min_pixels is None else min_pixels
+    high = base.max_pixels if max_pixels is None else max_pixels
+    if not 0 < low <= high:
+        raise ValueError(f"image_min_pixels {low} and image_max_pixels {high} must satisfy 0 < min <= max")
+    return dataclasses.replace(base, min_pixels=low, max_pixels=high)
 
 
 def target_size(height: int, width: int, settings: ImageSettings) -> tuple[int, int]:
