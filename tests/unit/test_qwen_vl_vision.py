@@ -1,8 +1,9 @@
 """The Qwen2.5-VL and Qwen3-VL vision side against transformers, in this process (fp32, tiny models).
 
 * The image processor gives the same pixel values (bit for bit) and grids as transformers'
-  ``Qwen2VLImageProcessorPil`` for tiny, odd, wide, over-the-maximum and under-the-minimum images, with
-  Qwen2.5-VL's numbers and with Qwen3-VL's (16-pixel patches, mean and std 0.5).
+  ``Qwen2VLImageProcessorPil`` for tiny, odd, wide, over-the-maximum and under-the-minimum images (and a
+  half-transparent and a grey one), with Qwen2.5-VL's numbers and with Qwen3-VL's (16-pixel patches,
+  mean and std 0.5).
 * Two images of different sizes in one call (grids 2x2 and 4x6 patches): the Qwen2.5-VL tower, with one
   windowed block (two windows of unequal size in the larger image), one full-attention block and one
   more windowed block, loaded from a random ``Qwen2_5_VisionTransformerPretrainedModel``, gives its
@@ -97,12 +98,14 @@ def qwen3(model_parallel):
 def test_image_processor_equals_transformers():
     from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
 
-    # tiny (grown to the minimum), odd, wide, over the maximum (shrunk), exact multiples
+    # tiny (grown to the minimum), odd, wide, over the maximum (shrunk), exact multiples; half transparent, grey
     images = _images((5, 7), (33, 61), (40, 300), (500, 380), (28, 28), (56, 84))
+    images += [images[1].convert("RGBA"), images[2].convert("L")]
+    images[-2].putalpha(images[-2].getchannel("R"))
     for settings, expect_grids in ((QWEN25_IMAGES, [[1, 2, 4], [1, 2, 4], [1, 2, 22], [1, 14, 10], [1, 2, 2],
-                                                    [1, 4, 6]]),
+                                                    [1, 4, 6], [1, 2, 4], [1, 2, 22]]),
                                    (QWEN3_IMAGES, [[1, 2, 4], [1, 2, 4], [1, 2, 18], [1, 14, 10], [1, 2, 2],
-                                                   [1, 4, 6]])):
+                                                   [1, 4, 6], [1, 2, 4], [1, 2, 18]])):
         reference = Qwen2VLImageProcessorPil(
             patch_size=settings.patch_size, merge_size=settings.merge_size, image_mean=list(settings.mean),
             image_std=list(settings.std), size={"shortest_edge": settings.min_pixels,
@@ -167,7 +170,8 @@ def test_weight_mapping_round_trip_and_tensor_parallel_slices(qwen25, qwen3):
         qkv = state["visual.blocks.0.attn.qkv.weight"].view(3, heads, dim, -1)
         assert torch.equal(mine["layers.0.self_attention.linear_qkv.weight"], qkv[:, rank].reshape(3 * dim, -1))
         gate, up = state["visual.blocks.0.mlp.gate_proj.weight"], state["visual.blocks.0.mlp.up_proj.weight"]
-        assert torch.equal(mine["layers.0.mlp.linear_fc1.weight"], torch.cat([gate.chunk(tp)[rank], up.chunk(tp)[rank]]))
+        halves = torch.cat([gate.chunk(tp)[rank], up.chunk(tp)[rank]])
+        assert torch.equal(mine["layers.0.mlp.linear_fc1.weight"], halves)
         down = state["visual.blocks.0.mlp.down_proj.weight"]
         assert torch.equal(mine["layers.0.mlp.linear_fc2.weight"], down.chunk(tp, dim=1)[rank])
         assert torch.equal(mine["layers.0.mlp.linear_fc2.bias"], state["visual.blocks.0.mlp.down_proj.bias"])

@@ -6,7 +6,8 @@ mean/std, or patch 16 and mean/std 0.5), so one function takes a :class:`ImageSe
 1. the size: both sides a multiple of ``patch_size * merge_size`` (so merging 2x2 patches later never
    leaves a remainder), the area kept inside ``[min_pixels, max_pixels]`` (MindSpeed-MM's
    ``image_min_pixels`` / ``image_max_pixels``), the aspect ratio kept as far as rounding allows;
-2. Pillow's bicubic resize of the RGB image, so that the bytes equal those of the reference processor;
+2. Pillow's bicubic resize of the RGB image (transparency over white), so that the bytes equal those of
+   the reference processor;
 3. scale to [0, 1] and normalise per channel, in float32;
 4. the still image repeated ``temporal_patch_size`` times (the patch embedding is a 3-D convolution
    made for video), and patches laid out merge-block by merge-block: the 2x2 patches that the merger
@@ -81,13 +82,23 @@ def target_size(height: int, width: int, settings: ImageSettings) -> tuple[int, 
     return h, w
 
 
+def _rgb(image):
+    """RGB of any Pillow mode; transparent pixels are laid over white (as the reference does), not black."""
+    from PIL import Image
+
+    if "A" in image.getbands() or image.info.get("transparency") is not None:
+        over_white = Image.new("RGBA", image.size, (255, 255, 255, 255))
+        return Image.alpha_composite(over_white, image.convert("RGBA")).convert("RGB")
+    return image.convert("RGB")
+
+
 def _normalised(image, settings: ImageSettings) -> np.ndarray:
     """The resized image as float32 [C, H, W], scaled to [0, 1] and normalised."""
     from PIL import Image
 
     if isinstance(image, np.ndarray):
         image = Image.fromarray(image)
-    image = image.convert("RGB")
+    image = _rgb(image)
     h, w = target_size(image.height, image.width, settings)
     pixels = np.asarray(image.resize((w, h), resample=Image.Resampling.BICUBIC)).transpose(2, 0, 1)
     # Scale in float64 and round once to float32, then normalise in float32: the reference's rounding.
