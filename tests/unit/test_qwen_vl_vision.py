@@ -9,7 +9,8 @@
   more windowed block, loaded from a random ``Qwen2_5_VisionTransformerPretrainedModel``, gives its
   merged tokens within 1e-5 (relative to the largest); the Qwen3-VL tower its merged tokens and both
   deepstack outputs, with the learned position table resampled from 4x4 to each grid.
-  Each image run alone gives the tokens it got in the batch (images do not see each other).
+  Each image run alone gives the tokens it got in the batch (images do not see each other); a 2-frame
+  clip beside an image matches too (frames attend to themselves, windows are cut per frame).
 * Weights: Hugging Face -> tower -> Hugging Face is bit-exact for both families, under either prefix;
   a tensor-parallel rank's qkv holds its heads' query, key and value rows, its gated fc1 its gate then
   its up rows.
@@ -127,6 +128,12 @@ def _two_images(settings, side: int):
     return pixels, grid
 
 
+def _two_frame_clip(tower):
+    """A 2-frame clip of 4x6 patches next to a still image: each frame attends to itself."""
+    frames = torch.tensor([[2, 4, 6], [1, 2, 2]])
+    return torch.randn(2 * 24 + 4, tower.settings.patch_dim, generator=torch.Generator().manual_seed(2)), frames
+
+
 def test_qwen25_tower_equals_transformers_on_two_images(qwen25):
     from adaptor.mm.qwen_vl import positions
 
@@ -142,6 +149,9 @@ def test_qwen25_tower_equals_transformers_on_two_images(qwen25):
     assert got.shape == (1 + 6, 40)
     assert _relative(got, want) < TOLERANCE
     assert _relative(alone, got[1:]) < TOLERANCE
+    clip, frames = _two_frame_clip(tower)
+    with torch.no_grad():
+        assert _relative(tower(clip, frames), hf(clip, grid_thw=frames).pooler_output) < TOLERANCE
 
 
 def test_qwen3_tower_and_deepstack_equal_transformers_on_two_images(qwen3):
@@ -156,6 +166,12 @@ def test_qwen3_tower_and_deepstack_equal_transformers_on_two_images(qwen3):
     for ours, ref in zip(deepstack, want.deepstack_features):
         assert _relative(ours, ref) < TOLERANCE
     assert _relative(alone, got[1:]) < TOLERANCE and _relative(alone_deepstack[1], deepstack[1][1:]) < TOLERANCE
+    clip, frames = _two_frame_clip(tower)
+    with torch.no_grad():
+        got, deepstack = tower(clip, frames)
+        want = hf(clip, grid_thw=frames)
+    assert _relative(got, want.pooler_output) < TOLERANCE
+    assert _relative(deepstack[0], want.deepstack_features[0]) < TOLERANCE
 
 
 def test_weight_mapping_round_trip_and_tensor_parallel_slices(qwen25, qwen3):
