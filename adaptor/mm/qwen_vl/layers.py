@@ -29,7 +29,6 @@ ACTIVATIONS = {
     "silu": F.silu,
     "gelu": F.gelu,
     "gelu_pytorch_tanh": functools.partial(F.gelu, approximate="tanh"),
-    "quick_gelu": lambda x: x * torch.sigmoid(1.702 * x),
 }
 
 # Switches every config here sets: exact (unfused) math and no dropout, so that the towers compute
