@@ -4,12 +4,13 @@ References, in this process, all fp32: the ``get_rope_index`` of a tiny random
 ``Qwen2_5_VLForConditionalGeneration`` / ``Qwen3VLForConditionalGeneration`` (text only, one image, two
 images of different grids in a sample, left padding in a batch of two, videos with
 ``second_per_grid_ts``, Qwen3-VL's frames separated by timestamps): equal integers. Their text rotary
-modules: megatron-core's ``MultimodalRotaryEmbedding`` (sectioned) and ours (interleaved) give the same
-cos/sin to 1e-5 at positions up to ~5000 (angles equal in fp32; cos/sin of large angles round apart).
+modules: megatron-core's ``MultimodalRotaryEmbedding`` (sectioned) and ours (interleaved) give bitwise
+the same cos/sin at positions up to 5000 (both multiply the same fp32 inverse frequencies).
 Their decoders (hidden 64, 4 heads in 2 groups, 2 layers) fed the token embeddings with arbitrary image
 rows at the placeholders and their own positions (and Qwen3-VL's deepstack rows after layers 0 and 1):
-our ``GPTModel`` loaded through the VL text mappings gives logits within 1e-4 at every kept token.
-Sectioned rotary in the Qwen3-VL decoder, or no deepstack, moves the logits by far more (the checks see them).
+our ``GPTModel`` loaded through the VL text mappings gives logits within 1e-4 at every kept token (measured:
+2e-7; the logits are O(1)). Sectioned rotary in the Qwen3-VL decoder (0.02) or no deepstack (0.5) moves them
+by far more. The published Qwen2.5-VL layout (flat config.json, ``model.`` tensor names) reads alike.
 """
 from __future__ import annotations
 
@@ -144,7 +145,7 @@ def test_rotary_tables_match_transformers(hf_models, cpu_training_process):
                          ("qwen3_vl", AxisTableRotaryEmbedding(16, 5000.0, MROPE, interleaved=True))):
         cos, sin = hf_models[family].model.language_model.rotary_emb(x, positions)
         emb = ours(positions, MROPE)[:, :, 0].transpose(0, 1)  # [b, s, d]
-        assert (emb.cos() - cos).abs().max() < 1e-5 and (emb.sin() - sin).abs().max() < 1e-5, family
+        assert torch.equal(emb.cos(), cos) and torch.equal(emb.sin(), sin), family  # the same fp32 angles
     sectioned = AxisTableRotaryEmbedding(16, 10000.0, MROPE, interleaved=False)(positions)
     assert torch.equal(sectioned, MultimodalRotaryEmbedding(16, 1.0, rotary_base=10000)(positions, MROPE))
     assert (sectioned - AxisTableRotaryEmbedding(16, 10000.0, MROPE)(positions)).abs().max() > 1.0
@@ -159,6 +160,33 @@ def hf_logits(model, ids, mask, image_rows, positions, deepstack=None):
     extra = {} if deepstack is None else {"visual_pos_masks": visual, "deepstack_visual_embeds": deepstack}
     hidden = text(inputs_embeds=embeds, position_ids=positions, attention_mask=mask, **extra).last_hidden_state
     return model.lm_head(hidden)
+
+
+def published_layout_reads_alike(hf, checkpoint, directory):
+    """The published Qwen2.5-VL layout: decoder keys at the top of config.json (M-RoPE in ``rope_scaling``,
+    ``type: mrope``), tensors under ``model.`` rather than ``model.language_model.``."""
+    import json
+
+    from safetensors.torch import save_file
+
+    from adaptor.convert import HfCheckpoint
+    from adaptor.mm.qwen_vl.text_config import vl_text_config
+    from adaptor.mm.qwen_vl.text_weights import text_decoder_tensors
+
+    config = hf.config.to_dict()
+    text = config.pop("text_config")
+    rope = text.pop("rope_parameters")
+    flat = {**config, **text, "model_type": "qwen2_5_vl", "rope_theta": rope["rope_theta"],
+            "rope_scaling": {"type": "mrope", "mrope_section": rope["mrope_section"]}}
+    directory.mkdir()
+    (directory / "config.json").write_text(json.dumps(flat))
+    state = {k.replace("model.language_model.", "model."): v.contiguous() for k, v in hf.state_dict().items()}
+    save_file(state, str(directory / "model.safetensors"))
+    published = HfCheckpoint(directory)
+    assert vl_text_config(published.config) == vl_text_config(checkpoint.config)
+    mine = dict(text_decoder_tensors(published, padded_vocab_size=160))
+    theirs = dict(text_decoder_tensors(checkpoint, padded_vocab_size=160))
+    assert mine.keys() == theirs.keys() and all(torch.equal(mine[k], theirs[k]) for k in mine)
 
 
 @pytest.mark.parametrize("family", ["qwen2_5_vl", "qwen3_vl"])
@@ -208,6 +236,8 @@ def test_decoder_logits_match_transformers(hf_models, model_parallel, tmp_path, 
             sectioned = vl_logits(model, text, ids, image_token_id=IMAGE_ID, image_embeds=rows, image_grid_thw=grid,
                                   attention_mask=mask, deepstack_embeds=deepstack)
             assert (sectioned[keep] - want[keep]).abs().max() > 1e-3
+    if family == "qwen2_5_vl":
+        published_layout_reads_alike(hf, checkpoint, tmp_path / "published")
     with pytest.raises(ValueError, match="^16 image placeholder tokens but 15 image embeddings$"):
         vl_logits(model, text, ids, image_token_id=IMAGE_ID, image_embeds=rows[:15], image_grid_thw=grid,
                   attention_mask=mask)
