@@ -151,12 +151,13 @@ def test_rotary_tables_match_transformers(hf_models, cpu_training_process):
     assert (sectioned - AxisTableRotaryEmbedding(16, 10000.0, MROPE)(positions)).abs().max() > 1.0
 
 
-def hf_logits(model, ids, mask, image_rows, positions, deepstack=None):
-    """transformers' decoder on its own placement of the image rows and its own positions."""
+def hf_logits(model, ids, mask, positions, image_rows, video_rows, deepstack=None):
+    """transformers' decoder on its own placement of the image and video rows and its own positions."""
     text = model.model.language_model
     embeds = text.embed_tokens(ids)
-    visual = ids == IMAGE_ID
-    embeds = embeds.masked_scatter(visual[..., None], image_rows)
+    embeds = embeds.masked_scatter((ids == IMAGE_ID)[..., None], image_rows)
+    embeds = embeds.masked_scatter((ids == VIDEO_ID)[..., None], video_rows)
+    visual = (ids == IMAGE_ID) | (ids == VIDEO_ID)
     extra = {} if deepstack is None else {"visual_pos_masks": visual, "deepstack_visual_embeds": deepstack}
     hidden = text(inputs_embeds=embeds, position_ids=positions, attention_mask=mask, **extra).last_hidden_state
     return model.lm_head(hidden)
@@ -212,32 +213,37 @@ def test_decoder_logits_match_transformers(hf_models, model_parallel, tmp_path, 
     assert copy_into(model, text_decoder_tensors(checkpoint, padded_vocab_size=160), "decoder") == len(
         [n for n in model.state_dict() if not n.endswith("_extra_state")])
 
-    # Two samples: two images of different grids; one image after left padding.
-    ids = torch.tensor([tokens(3, (IMAGE_ID, 4), 2, (IMAGE_ID, 6), 3), [0, 0, 0] + tokens(4, (IMAGE_ID, 6), 5)])
+    # Two samples: two images of different grids, then a video of two frames (Qwen3-VL: timestamp text
+    # between the frames); one image and a video after left padding.
+    video = [(VIDEO_ID, 8), 1] if family == "qwen2_5_vl" else [(VIDEO_ID, 4), 1, (VIDEO_ID, 4), 1]
+    ids = torch.tensor([tokens(3, (IMAGE_ID, 4), 2, (IMAGE_ID, 6), 3, *video),
+                        [0, 0, 0] + tokens(4, (IMAGE_ID, 6), 5, *video)])
     mask = torch.ones_like(ids)
     mask[1, :3] = 0
-    grid = torch.tensor([[1, 4, 4], [1, 4, 6], [1, 4, 6]])
+    grids = dict(image_grid_thw=torch.tensor([[1, 4, 4], [1, 4, 6], [1, 4, 6]]),
+                 video_grid_thw=torch.tensor([[2, 4, 4], [2, 4, 4]]), second_per_grid_ts=torch.tensor([1.3, 0.5]))
     torch.manual_seed(2)
-    rows = torch.randn(16, 64)
-    deepstack = [torch.randn(16, 64), torch.randn(16, 64)] if family == "qwen3_vl" else None
-    positions, _ = hf.model.get_rope_index(ids, P.token_types(ids, IMAGE_ID), image_grid_thw=grid, attention_mask=mask)
+    images, videos = torch.randn(16, 64), torch.randn(16, 64)
+    deepstack = [torch.randn(32, 64), torch.randn(32, 64)] if family == "qwen3_vl" else None
+    types = P.token_types(ids, IMAGE_ID, VIDEO_ID)
+    positions, _ = hf.model.get_rope_index(ids, types, attention_mask=mask, **grids)
+
+    def ours(**kw):
+        return vl_logits(model, text, ids, image_token_id=IMAGE_ID, video_token_id=VIDEO_ID, image_embeds=images,
+                         video_embeds=videos, attention_mask=mask, **grids, **kw)
+
     with torch.no_grad():
-        want = hf_logits(hf, ids, mask, rows, positions, deepstack)
-        got = vl_logits(model, text, ids, image_token_id=IMAGE_ID, image_embeds=rows, image_grid_thw=grid,
-                        attention_mask=mask, deepstack_embeds=deepstack)
+        want = hf_logits(hf, ids, mask, positions, images, videos, deepstack)
+        got = ours(deepstack_embeds=deepstack)
         keep = mask.bool()
         error = (got[keep] - want[keep]).abs().max().item()
         assert got.shape == want.shape and error < 1e-4, error
         if family == "qwen3_vl":  # the interleaved table and the deepstack rows both show in the logits
-            plain = vl_logits(model, text, ids, image_token_id=IMAGE_ID, image_embeds=rows, image_grid_thw=grid,
-                              attention_mask=mask)
-            assert (plain[keep] - want[keep]).abs().max() > 1e-2
+            assert (ours()[keep] - want[keep]).abs().max() > 1e-2
             model.rotary_pos_emb = AxisTableRotaryEmbedding(16, text.rope_theta, MROPE, interleaved=False)
-            sectioned = vl_logits(model, text, ids, image_token_id=IMAGE_ID, image_embeds=rows, image_grid_thw=grid,
-                                  attention_mask=mask, deepstack_embeds=deepstack)
-            assert (sectioned[keep] - want[keep]).abs().max() > 1e-3
+            assert (ours(deepstack_embeds=deepstack)[keep] - want[keep]).abs().max() > 1e-3
     if family == "qwen2_5_vl":
         published_layout_reads_alike(hf, checkpoint, tmp_path / "published")
+    images = images[:15]
     with pytest.raises(ValueError, match="^16 image placeholder tokens but 15 image embeddings$"):
-        vl_logits(model, text, ids, image_token_id=IMAGE_ID, image_embeds=rows[:15], image_grid_thw=grid,
-                  attention_mask=mask)
+        ours()

@@ -55,7 +55,10 @@ def vl_logits(model, text: VlTextConfig, input_ids: torch.Tensor, *, image_token
 
     ``image_embeds``: the vision tower's rows, all images in order; ``deepstack_embeds``: per layer, rows for
     the image and video tokens together in batch-major order. ``attention_mask`` (b, s): 0 at padding.
+    The embeddings are replaced over the whole sequence, so sequence parallelism is refused.
     """
+    if model.config.sequence_parallel or model.config.context_parallel_size > 1:
+        raise ValueError("vl_logits places vision rows in the whole sequence: no sequence or context parallelism")
     types = token_types(input_ids, image_token_id, video_token_id)
     position_ids, _ = multimodal_positions(
         text, types, image_grid_thw, video_grid_thw, attention_mask=attention_mask,
