@@ -149,6 +149,8 @@ def test_rotary_tables_match_transformers(hf_models, cpu_training_process):
     sectioned = AxisTableRotaryEmbedding(16, 10000.0, MROPE, interleaved=False)(positions)
     assert torch.equal(sectioned, MultimodalRotaryEmbedding(16, 1.0, rotary_base=10000)(positions, MROPE))
     assert (sectioned - AxisTableRotaryEmbedding(16, 10000.0, MROPE)(positions)).abs().max() > 1.0
+    # A model cast to bf16 keeps fp32 frequencies, as megatron-core's rotary modules do.
+    assert AxisTableRotaryEmbedding(16, 10000.0, MROPE).bfloat16().inv_freq.dtype == torch.float32
 
 
 def hf_logits(model, ids, mask, positions, image_rows, video_rows, deepstack=None):

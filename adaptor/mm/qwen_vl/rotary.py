@@ -47,7 +47,8 @@ class AxisTableRotaryEmbedding(nn.Module):
             raise ValueError(f"mrope_section {list(mrope_section)} sums to {len(axes)}, not half the head "
                              f"dimension {kv_channels}")
         exponents = torch.arange(0, kv_channels, 2, dtype=torch.float32) / kv_channels
-        self.register_buffer("inv_freq", 1.0 / (rotary_base ** exponents), persistent=False)
+        # A plain attribute, as megatron-core keeps it: a buffer would follow the model to bf16.
+        self.inv_freq = 1.0 / (rotary_base ** exponents)
         self.register_buffer("axes", axes, persistent=False)
         self.mrope_section = list(mrope_section)
         self.cp_group = cp_group
