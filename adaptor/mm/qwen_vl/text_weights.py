@@ -21,7 +21,8 @@ PUBLISHED_PREFIX = "model."
 
 
 class _VlText:
-    """Moves the base mapping's ``model.*`` names under ``text_prefix``."""
+    """Moves the base mapping's ``model.*`` names under ``text_prefix``; ``config`` is the flat text config
+    the base mapping reads, ``vl_config`` the VL model's."""
 
     text_prefix = TRANSFORMERS_PREFIX
 
@@ -29,7 +30,7 @@ class _VlText:
         names = set(hf.names())
         if f"{TRANSFORMERS_PREFIX}embed_tokens.weight" in names or f"{PUBLISHED_PREFIX}embed_tokens.weight" not in names:
             return self
-        published = type(self)(self.config)
+        published = type(self)(self.vl_config)
         published.text_prefix = PUBLISHED_PREFIX
         return published
 
@@ -47,7 +48,7 @@ class Qwen2_5VlTextMapping(_VlText, Qwen2Mapping):
 
     def __init__(self, hf_config: dict):
         super().__init__(_flat(hf_config, "qwen2"))
-        self.config = hf_config
+        self.vl_config = hf_config
 
 
 class Qwen3VlTextMapping(_VlText, Qwen3Mapping):
@@ -55,7 +56,7 @@ class Qwen3VlTextMapping(_VlText, Qwen3Mapping):
 
     def __init__(self, hf_config: dict):
         super().__init__(_flat(hf_config, "qwen3"))
-        self.config = hf_config
+        self.vl_config = hf_config
 
 
 def _flat(hf_config: dict, base: str) -> dict:
@@ -71,12 +72,13 @@ def text_mapping(hf_config: dict) -> ModelMapping:
     return MAPPINGS[text.family](hf_config)
 
 
-def text_decoder_tensors(hf, layout: Layout | None = None, tp_rank: int = 0, *, padded_vocab_size: int | None = None):
-    """(name, tensor) of tensor-parallel rank ``tp_rank`` of the decoder ``GPTModel``, from ``hf`` (an
-    :class:`adaptor.convert.HfCheckpoint` of a VL model)."""
+def text_decoder_tensors(hf, layout: Layout | None = None, tp_rank: int = 0, pp_rank: int = 0, *,
+                         padded_vocab_size: int | None = None):
+    """(name, tensor) of rank (``tp_rank``, ``pp_rank``) of the decoder ``GPTModel`` on ``layout``, from ``hf``
+    (an :class:`adaptor.convert.HfCheckpoint` of a VL model)."""
     from adaptor.convert.tensors import megatron_rank_tensors
 
     layout = layout or Layout()
     mapping = text_mapping(hf.config)
     mapping.check_layout(layout)
-    return megatron_rank_tensors(hf, mapping, layout, tp_rank, padded_vocab_size=padded_vocab_size)
+    return megatron_rank_tensors(hf, mapping, layout, tp_rank, pp_rank, padded_vocab_size=padded_vocab_size)
