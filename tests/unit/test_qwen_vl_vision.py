@@ -135,7 +135,7 @@ def _two_frame_clip(tower):
 
 
 def test_qwen25_tower_equals_transformers_on_two_images(qwen25):
-    from adaptor.mm.qwen_vl import positions
+    from adaptor.mm.qwen_vl import vision_grid as positions
 
     hf, tower, _ = qwen25
     pixels, grid = _two_images(QWEN25_IMAGES, 28)

@@ -1,10 +1,22 @@
-"""The Qwen2.5-VL and Qwen3-VL vision side: image processor, vision towers, Hugging Face weight names.
+"""Qwen2.5-VL and Qwen3-VL on megatron-core.
+
+Vision side:
 
 - :mod:`.image_processor`: images to ``(pixel_values, grid_thw)`` the way the published processors make them.
 - :mod:`.settings`: the towers' hyper-parameters, read from a Hugging Face ``vision_config``.
-- :mod:`.positions`: what ``grid_thw`` alone decides (patch coordinates, 2-D rotary angles, window order,
+- :mod:`.vision_grid`: what ``grid_thw`` alone decides (patch coordinates, 2-D rotary angles, window order,
   attention segments, the learned position table resampled to each image).
 - :mod:`.layers`: megatron-core layer spec and config of the vision blocks, the patch merger.
 - :mod:`.vision`: :class:`Qwen25VisionTower` and :class:`Qwen3VisionTower`.
 - :mod:`.weights`: Hugging Face ``visual.*`` names to the towers' parameters and back, whole or per TP rank.
+
+Text side:
+
+- :mod:`.rope_index`: the 3-D rotary positions of text, image and video tokens.
+- :mod:`.rotary`: multimodal rotary embeddings, sectioned and interleaved.
+- :mod:`.text_config`: the text decoder's shape from a VL config.json.
+- :mod:`.decoder`: the text decoder as a ``GPTModel``.
+- :mod:`.deepstack`: Qwen3-VL's visual features added after early decoder layers.
+- :mod:`.forward`: token ids and vision embeddings in, logits out.
+- :mod:`.text_weights`: the decoder's weights from a Hugging Face checkpoint.
 """

@@ -23,7 +23,7 @@ import torch
 from megatron.core.transformer.module import MegatronModule
 from megatron.core.transformer.spec_utils import build_module
 
-from adaptor.mm.qwen_vl import positions
+from adaptor.mm.qwen_vl import vision_grid as positions
 from adaptor.mm.qwen_vl.layers import PatchMerger, block_config, block_spec, merger_config
 from adaptor.mm.qwen_vl.settings import VisionSettings
 
