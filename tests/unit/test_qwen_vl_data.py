@@ -29,8 +29,9 @@ from helpers.processes import import_tool  # noqa: E402
 
 from adaptor.mm.config import MMConfigError  # noqa: E402
 from adaptor.mm.data import MMDataError  # noqa: E402
-from adaptor.mm.qwen_vl.data_config import load_qwen_vl_data_config  # noqa: E402
-from adaptor.mm.qwen_vl.dataset import build_train_dataset, collate  # noqa: E402
+from adaptor.mm.qwen_vl.data_config import check_paths, load_mm_data_config, load_qwen_vl_data_config  # noqa: E402
+from adaptor.mm.qwen_vl.dataset import build_train_dataset, collate, data_loader  # noqa: E402
+from helpers.paths import ROOT  # noqa: E402
 
 sample_data = import_tool("make_sample_vl_data")
 
@@ -167,6 +168,26 @@ def test_samples_equal_transformers(reference, folder, dataset):
     assert "Be brief." in tokenizer.decode(dataset[1]["tokens"].tolist())
 
 
+def test_loss_options_and_truncation(reference, folder, dataset):
+    _, tokenizer, _ = reference
+    full = dataset[0]
+    last_only = build_train_dataset(args(), str(data_json(folder, RECORDS[:1], "history.json", mask_history=True)),
+                                    None, 1)[0]
+    assert loss_runs(tokenizer, last_only) == ["Red.<|im_end|>\n"]
+    everything = build_train_dataset(args(), str(data_json(folder, RECORDS[:1], "prompt.json", train_on_prompt=True)),
+                                     None, 1)[0]
+    image_pad = tokenizer.convert_tokens_to_ids("<|image_pad|>")
+    assert torch.equal(everything["loss_mask"].bool(), everything["labels"] != image_pad)
+    # cut after the image: the first tokens of the whole sample, their positions and loss unchanged
+    for limit, cut in ((args(seq_length=45), None), (args(), 46)):
+        path = data_json(folder, RECORDS[:1], "cut.json", cutoff_len=cut)
+        short = build_train_dataset(limit, str(path), None, 1)[0]
+        assert len(short["tokens"]) == 45 < len(full["tokens"])
+        for key in ("tokens", "labels", "loss_mask"):
+            assert torch.equal(short[key], full[key][:45]), key
+        assert torch.equal(short["position_ids"], full["position_ids"][:, :45])
+
+
 def test_micro_batch_of_different_images(dataset):
     samples = [dataset[0], dataset[1], dataset[2]]  # epoch 2 starts again at record 0
     batch = collate(samples, pad_id=dataset.pad_id)
@@ -182,17 +203,52 @@ def test_micro_batch_of_different_images(dataset):
     assert batch["loss_mask"][short, min(lengths):].sum() == 0 and batch["position_ids"][:, short, min(lengths):].sum() == 0
     fixed = collate(samples, pad_id=dataset.pad_id, length=SEQ, multiple=8)
     assert fixed["tokens"].shape == (3, SEQ) and torch.equal(fixed["tokens"][:, :s], batch["tokens"])
+    # The DataLoader collates for the layout: sequence parallel over TP 4 pads to a multiple of 4; pipeline
+    # parallel to --seq-length
+    sp_args = args(num_workers=0, pipeline_model_parallel_size=1, sequence_parallel=True, tensor_model_parallel_size=4)
+    loaded = next(iter(data_loader(dataset, [[2, 3]], sp_args)))
+    want = collate([dataset[2], dataset[3]], pad_id=dataset.pad_id, multiple=4)
+    assert loaded["tokens"].shape[1] % 4 == 0 and all(torch.equal(loaded[k], want[k]) for k in want)
+    pp_args = args(num_workers=0, pipeline_model_parallel_size=2)
+    assert next(iter(data_loader(dataset, [[0]], pp_args)))["position_ids"].shape == (3, 1, SEQ)
 
 
-def test_qwen3_vl_family(folder):
-    from adaptor.mm.qwen_vl.rope_index import qwen3_vl_rope_index, token_types
+def test_example_data_json(tmp_path):
+    """examples/qwen25vl/data.json on what tools/make_sample_vl_data.py writes: a micro-batch of 4 samples."""
+    (tmp_path / "data.json").write_text((ROOT / "examples" / "qwen25vl" / "data.json").read_text())
+    assert sample_data.main(["--output-dir", str(tmp_path / "data"), "--count", "4"]) == 0
+    cfg = load_mm_data_config(tmp_path / "data.json")
+    check_paths(cfg)
+    dataset = build_train_dataset(args(seq_length=256), cfg, None, 4)
+    batch = collate([dataset[i] for i in range(4)], pad_id=dataset.pad_id)
+    assert len(batch["image_grid_thw"]) == 5 and batch["loss_mask"].sum() > 0  # the 4th record has two images
+    assert type(load_mm_data_config(ROOT / "examples" / "vlm" / "data.json")).__name__ == "MMDataConfig"
 
-    cfg = load_qwen_vl_data_config(data_json(folder, RECORDS[1:], "qwen3.json", template="qwen3_vl_nothink"))
+
+def test_qwen3_vl_family(reference, folder):
+    """model_id qwen3vl: Qwen3-VL's 16-pixel patches and mean/std 0.5, no default system prompt, and
+    the positions of transformers' Qwen3-VL get_rope_index."""
+    from PIL import Image
+    from transformers import Qwen3VLConfig
+    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
+    from transformers.models.qwen3_vl.modeling_qwen3_vl import Qwen3VLModel
+
+    _, tokenizer, _ = reference
+    record = {**RECORDS[1], "messages": RECORDS[1]["messages"][1:]}  # no system message
+    cfg = load_qwen_vl_data_config(data_json(folder, [record], "qwen3.json", template="qwen3_vl_nothink"))
     sample = build_train_dataset(args(), cfg, {"model_id": "qwen3vl"}, 1)[0]
-    assert sample["pixel_values"].shape[1] == 3 * 2 * 16 * 16
-    image_pad = sample["tokens"].max().item()  # the newest token of the tokenizer
-    assert int((sample["tokens"] == image_pad).sum()) == int(sample["image_grid_thw"].prod(-1).sum()) // 4
-    want, _ = qwen3_vl_rope_index(token_types(sample["tokens"][None], image_pad), sample["image_grid_thw"])
+    processor = Qwen2VLImageProcessorPil(patch_size=16, image_mean=[0.5] * 3, image_std=[0.5] * 3,
+                                         size={"shortest_edge": MIN_PIXELS, "longest_edge": MAX_PIXELS})
+    want = processor(images=[Image.open(folder / "small.png"), Image.open(folder / "tall.png")], return_tensors="pt")
+    want_pixels, want_grid = want["pixel_values"], want["image_grid_thw"]
+    assert torch.equal(sample["pixel_values"], want_pixels) and torch.equal(sample["image_grid_thw"], want_grid)
+    assert tokenizer.decode(sample["tokens"][:8].tolist()).startswith("<|im_start|>user\nCompare")
+    image_pad = tokenizer.convert_tokens_to_ids("<|image_pad|>")
+    assert int((sample["tokens"] == image_pad).sum()) == int(want_grid.prod(-1).sum()) // 4
+    model = SimpleNamespace(config=Qwen3VLConfig())
+    model.get_vision_position_ids = Qwen3VLModel.get_vision_position_ids.__get__(model)
+    ids = sample["tokens"][None]
+    want, _ = Qwen3VLModel.get_rope_index.__get__(model)(ids, (ids == image_pad).long(), image_grid_thw=want_grid)
     assert torch.equal(sample["position_ids"], want[:, 0])
 
 

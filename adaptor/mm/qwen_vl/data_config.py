@@ -157,3 +157,26 @@ def load_qwen_vl_data_config(path) -> QwenVLDataConfig:
 @functools.lru_cache(maxsize=None)
 def cached_qwen_vl_data_config(path: str) -> QwenVLDataConfig:
     return load_qwen_vl_data_config(path)
+
+
+def check_paths(cfg: QwenVLDataConfig) -> None:
+    """The files data.json names exist (before training starts, not at the first sample)."""
+    import os
+
+    section = f"{cfg.file}: dataset_param"
+    if not os.path.isfile(os.path.join(cfg.model_name_or_path, "tokenizer.json")):
+        raise MMConfigError(f"{section}.preprocess_parameters.model_name_or_path: no tokenizer.json in "
+                            f"{cfg.model_name_or_path}")
+    if not os.path.isfile(cfg.dataset):
+        raise MMConfigError(f"{section}.basic_parameters.dataset: no such file {cfg.dataset}")
+    if not os.path.isdir(cfg.dataset_dir):
+        raise MMConfigError(f"{section}.basic_parameters.dataset_dir: no such directory {cfg.dataset_dir}")
+
+
+def load_mm_data_config(path):
+    """data.json of either kind: this module's for ``dataset_type: huggingface``, else
+    :func:`adaptor.mm.config.load_data_config` (the LLaVA JSONL records)."""
+    from adaptor.mm.config import load_data_config
+
+    raw, _ = read_json(path)
+    return load_qwen_vl_data_config(path) if is_qwen_vl_data_json(raw) else load_data_config(path)

@@ -153,8 +153,18 @@ def batch_shape_for(args) -> tuple[int | None, int]:
     return fixed, multiple
 
 
+def data_loader(dataset: QwenVLDataset, batch_sampler, args):
+    """A DataLoader of micro-batches (index lists from ``batch_sampler``) collated for ``args``' layout."""
+    length, multiple = batch_shape_for(args)
+    return torch.utils.data.DataLoader(
+        dataset, batch_sampler=batch_sampler, num_workers=args.num_workers, pin_memory=torch.cuda.is_available(),
+        persistent_workers=args.num_workers > 0,
+        collate_fn=functools.partial(collate, pad_id=dataset.pad_id, length=length, multiple=multiple))
+
+
 def build_train_loader(dataset: QwenVLDataset, args, consumed_samples: int):
-    """An iterator of micro-batches for this data-parallel rank, behind Megatron's pretraining sampler.
+    """An iterator of micro-batches for this data-parallel rank, behind Megatron's pretraining sampler
+    (so that resuming skips the consumed samples as usual).
 
     Hand it to Megatron with ``args.dataloader_type = "external"`` (Megatron then iterates it as given)."""
     from megatron.core import mpu
@@ -163,9 +173,13 @@ def build_train_loader(dataset: QwenVLDataset, args, consumed_samples: int):
     sampler = MegatronPretrainingSampler(
         total_samples=len(dataset), consumed_samples=consumed_samples, micro_batch_size=args.micro_batch_size,
         data_parallel_rank=mpu.get_data_parallel_rank(), data_parallel_size=mpu.get_data_parallel_world_size())
-    length, multiple = batch_shape_for(args)
-    loader = torch.utils.data.DataLoader(
-        dataset, batch_sampler=sampler, num_workers=args.num_workers, pin_memory=True,
-        persistent_workers=args.num_workers > 0,
-        collate_fn=functools.partial(collate, pad_id=dataset.pad_id, length=length, multiple=multiple))
-    return iter(loader)
+    return iter(data_loader(dataset, sampler, args))
+
+
+def build_train_iterator(args, data_cfg, model_cfg, num_samples: int):
+    """What pretrain_mm.py's dataset provider returns for a ``huggingface`` data.json: the micro-batch
+    iterator from ``args.consumed_train_samples`` on (Megatron sets it before calling the provider when
+    resuming); switches ``args.dataloader_type`` to ``"external"`` so that Megatron iterates it as given."""
+    dataset = build_train_dataset(args, data_cfg, model_cfg, num_samples)
+    args.dataloader_type = "external"
+    return build_train_loader(dataset, args, args.consumed_train_samples)
