@@ -133,8 +133,8 @@ def reference_sample(processor, folder, record):
             if text:
                 parts.append({"type": "text", "text": text})
         messages.append({"role": message["role"], "content": parts})
-    return processor.apply_chat_template(messages, tokenize=True, return_dict=True, return_tensors="pt",
-                                         return_mm_token_type_ids=True)
+    return processor.apply_chat_template(messages, tokenize=True, return_dict=True,
+                                         processor_kwargs={"return_tensors": "pt", "return_mm_token_type_ids": True})
 
 
 def loss_runs(tokenizer, sample) -> list[str]:

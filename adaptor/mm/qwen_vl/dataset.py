@@ -48,8 +48,10 @@ class QwenVLDataset(torch.utils.data.Dataset):
     """``num_samples`` samples drawn epoch by epoch from the records (a seeded new order each epoch when
     shuffling); a record that fails is named, or under ``skip_bad`` replaced by the next one."""
 
-    def __init__(self, records, builder: SampleBuilder, num_samples: int, shuffle: bool, seed: int, skip_bad: bool):
-        self.records, self.builder, self.num_samples = records, builder, num_samples
+    def __init__(self, records, builder: SampleBuilder, num_samples: int, shuffle: bool, seed: int, skip_bad: bool,
+                 source: str = "the dataset"):
+        self.records, self.builder, self.num_samples, self.source = records, builder, num_samples, source
+        self.pad_id = builder.pad_id  # what collate pads tokens and labels with
         self.shuffle, self.seed, self.skip_bad = shuffle, seed, skip_bad
         self._order: tuple[int, torch.Tensor] | None = None
         self._warned: set[str] = set()
@@ -78,7 +80,7 @@ class QwenVLDataset(torch.utils.data.Dataset):
                 if record.where not in self._warned:
                     self._warned.add(record.where)
                     print(f"[pretrain_mm] skipping {exc} (--mm-skip-bad-records)", flush=True)
-        raise MMDataError(f"{self.records[0].where.split(':')[0]}: no record could be made into a sample")
+        raise MMDataError(f"{self.source}: no record could be made into a sample")
 
 
 def build_train_dataset(args, data_cfg, model_cfg, num_samples: int) -> QwenVLDataset:
@@ -110,9 +112,7 @@ def build_train_dataset(args, data_cfg, model_cfg, num_samples: int) -> QwenVLDa
               f"under --mm-skip-bad-records", flush=True)
     builder = SampleBuilder(tokenizer, pad_id, image_pad_id, settings, family, data_cfg.template, max_ids,
                             limit_text, data_cfg.train_on_prompt, data_cfg.mask_history)
-    dataset = QwenVLDataset(records, builder, num_samples, data_cfg.shuffle, args.seed, skip_bad)
-    dataset.pad_id = pad_id
-    return dataset
+    return QwenVLDataset(records, builder, num_samples, data_cfg.shuffle, args.seed, skip_bad, data_cfg.dataset)
 
 
 def collate(samples: list[dict], pad_id: int = 0, length: int | None = None, multiple: int = 1) -> dict:
