@@ -276,6 +276,13 @@ def test_bad_input_is_one_line(folder):
             build_train_dataset(args(), str(path), None, 2)[0]
         assert f"{folder}/bad.json.records.json" in one_line(exc)
         assert exc.match(pattern)
+    # JSON Lines: named by line
+    path = data_json(folder, RECORDS, "lines.json")
+    (folder / "lines.json.records.json").write_text(json.dumps(RECORDS[0]) + "\n\n" + json.dumps(
+        {**RECORDS[1], "images": ["small.png", "gone.png"]}) + "\n")
+    with pytest.raises(MMDataError) as exc:
+        build_train_dataset(args(), str(path), None, 2)
+    assert one_line(exc) == f"{folder}/lines.json.records.json:3: image gone.png: no such file"
     # skipped under --mm-skip-bad-records: the sample comes from the next good record
     path = data_json(folder, [{**RECORDS[0], "images": ["big.png"]}, RECORDS[1]], "bad.json")
     raw = json.loads(path.read_text())

@@ -180,3 +180,9 @@ def load_mm_data_config(path):
 
     raw, _ = read_json(path)
     return load_qwen_vl_data_config(path) if is_qwen_vl_data_json(raw) else load_data_config(path)
+
+
+@functools.lru_cache(maxsize=None)
+def cached_mm_data_config(path: str):
+    """:func:`load_mm_data_config` read once per process (argument checks and the dataset provider share it)."""
+    return load_mm_data_config(path)
