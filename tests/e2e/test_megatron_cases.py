@@ -14,6 +14,7 @@ import math
 
 import pytest
 
+from helpers.prefetch import prefetched
 from helpers.processes import import_tool, run_tool
 
 run = import_tool("megatron_cases.run")
@@ -35,9 +36,10 @@ EXPECTED = {
 }
 
 
-@pytest.fixture(scope="module")
+@prefetched
 def results(tmp_path_factory):
-    """The sample run once, as a user runs the tool (its launches warm, through ADAPTOR_TORCHRUN)."""
+    """The sample run once, as a user runs the tool (its launches warm, through ADAPTOR_TORCHRUN); on the
+    background thread (helpers/prefetch.py): its two minutes of runs use the core other tests leave idle."""
     folder = tmp_path_factory.mktemp("megatron_cases")
     proc = run_tool("megatron_cases/run.py", *sorted(EXPECTED), "--work", folder, "--out", folder / "results.json",
                     timeout=900)
