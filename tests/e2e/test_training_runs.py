@@ -7,6 +7,7 @@ import subprocess
 import sys
 
 from helpers.megatron_runs import LOSS_LINE, ROOT, TINY_QWEN3, free_port, run_pretrain, side_by_side, tail
+from helpers.prefetch import prefetched
 from helpers.processes import warm_torchrun_env
 
 
@@ -30,25 +31,52 @@ def test_bf16_trains_on_cpu_and_tracks_fp32(shared_runs):
     assert "Float16OptimizerWithFloat16Params" not in bf16.output or "Error" not in bf16.output
 
 
-def test_example_scripts_pretrain_then_tune_lora_and_full(tmp_path):
-    """`bash examples/qwen3/finetune.sh`: without a base it first runs README's quick start,
-    `bash examples/qwen3/pretrain.sh` with no model arguments and its default 60 iterations, then LoRA on the
-    sample instructions writes adapters only and a PEFT directory; METHOD=full tunes every weight of that base;
-    `bash examples/qwen3/generate.sh` generates from that base.
+def _script(name: str, env: dict, **popen) -> subprocess.Popen:
+    return subprocess.Popen(["bash", f"examples/qwen3/{name}.sh"], cwd=ROOT, env=env, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, **popen)
+
+
+@prefetched
+def example_scripts(tmp_path_factory):
+    """The Qwen3 example scripts in the order a user runs them, on the prefetch thread (helpers/prefetch.py):
+    `bash examples/qwen3/finetune.sh` without a base, which first runs README's quick start
+    (`bash examples/qwen3/pretrain.sh`, no model arguments, its default 60 iterations) and then LoRA on the
+    sample instructions; METHOD=full on that base; then `generate.sh` and `evaluate.sh` on it side by side.
 
     The first script runs as a user runs it, through torchrun; the later ones start their ranks from the
     session's zygote (ADAPTOR_TORCHRUN, which the scripts honour as the tools do), the same processes
-    without the imports (tests/e2e/test_warm_launcher.py)."""
+    without the imports (tests/e2e/test_warm_launcher.py). Each script's exit status and output are kept
+    for the tests below; a later script runs even when an earlier one failed, and then fails too."""
+    tmp = tmp_path_factory.mktemp("examples")
     base_env = dict(os.environ, ADAPTOR_BACKEND="cpu", LOG_INTERVAL="1", MASTER_PORT=str(free_port()),
-                    BASE_CACHE=str(tmp_path / "base"), DATA_CACHE=str(tmp_path / "data"),
+                    BASE_CACHE=str(tmp / "base"), DATA_CACHE=str(tmp / "data"),
                     PATH=os.path.dirname(sys.executable) + os.pathsep + os.environ["PATH"])
-    lora_env = dict(base_env, TRAIN_ITERS="20", SAVE=str(tmp_path / "lora"), HF_SAVE=str(tmp_path / "lora_hf"))
-    proc = subprocess.run(["bash", "examples/qwen3/finetune.sh"], cwd=ROOT, env=lora_env,
-                          capture_output=True, text=True, timeout=900)
-    out = proc.stdout + proc.stderr
-    assert proc.returncode == 0, tail(out)
+    runs = {"tmp": tmp}
+
+    def finish(name, proc, timeout=900):
+        out, err = proc.communicate(timeout=timeout)
+        runs[name] = (proc.returncode, out, err)
+
+    finish("lora", _script("finetune", dict(base_env, TRAIN_ITERS="20", SAVE=str(tmp / "lora"),
+                                            HF_SAVE=str(tmp / "lora_hf"))))
+    finish("full", _script("finetune", warm_torchrun_env(dict(base_env, METHOD="full", TRAIN_ITERS="10",
+                                                              SAVE=str(tmp / "full"), MASTER_PORT=str(free_port())))))
+    started = {name: _script(name, warm_torchrun_env(dict(base_env, MASTER_PORT=str(free_port()), **extra)))
+               for name, extra in (("generate", {"MAX_NEW_TOKENS": "8"}), ("evaluate", {"OUTPUT": str(tmp / "eval.json")}))}
+    for name, proc in started.items():
+        finish(name, proc, timeout=600)
+    return runs
+
+
+def test_quick_start_then_lora_tuning(example_scripts):
+    """finetune.sh without a base: README's quick start pretrains it, then LoRA writes adapters only and a
+    PEFT directory."""
+    tmp = example_scripts["tmp"]
+    rc, stdout, stderr = example_scripts["lora"]
+    out = stdout + stderr
+    assert rc == 0, tail(out)
     assert "pretraining the tiny example" in out, tail(out)
-    assert (tmp_path / "base" / "latest_checkpointed_iteration.txt").read_text().strip() == "60"
+    assert (tmp / "base" / "latest_checkpointed_iteration.txt").read_text().strip() == "60"
     losses = [float(v) for _, v in LOSS_LINE.findall(out)]
     assert len(losses) == 60 + 20, tail(out)  # the base's pretraining, then the fine-tuning
     assert all(math.isfinite(x) for x in losses)
@@ -60,50 +88,45 @@ def test_example_scripts_pretrain_then_tune_lora_and_full(tmp_path):
     # Without Transformer Engine or apex, Megatron's torch Adam runs torch's fused kernel.
     assert "torch's fused Adam kernel" in out, tail(out)
     # Tokenized once into DATA_CACHE; a second run would reuse this pair.
-    assert len(list((tmp_path / "data").glob("sample_corpus-*_text_document.idx"))) == 1
+    assert len(list((tmp / "data").glob("sample_corpus-*_text_document.idx"))) == 1
     tuned = losses[60:]
     assert tuned[-1] < tuned[0], tuned
-    assert (tmp_path / "lora_hf" / "adapter_config.json").is_file(), tail(out)
-    assert (tmp_path / "lora_hf" / "adapter_model.safetensors").is_file(), tail(out)
-    assert len(list((tmp_path / "data").glob("sample_instructions-*_packed_input_ids_document.idx"))) == 1
+    assert (tmp / "lora_hf" / "adapter_config.json").is_file(), tail(out)
+    assert (tmp / "lora_hf" / "adapter_model.safetensors").is_file(), tail(out)
+    assert len(list((tmp / "data").glob("sample_instructions-*_packed_input_ids_document.idx"))) == 1
 
-    full_env = warm_torchrun_env(dict(base_env, METHOD="full", TRAIN_ITERS="10", SAVE=str(tmp_path / "full"),
-                                      MASTER_PORT=str(free_port())))
-    proc = subprocess.run(["bash", "examples/qwen3/finetune.sh"], cwd=ROOT, env=full_env,
-                          capture_output=True, text=True, timeout=900)
-    out = proc.stdout + proc.stderr
-    assert proc.returncode == 0, tail(out)
+
+def test_full_tuning_reuses_the_base(example_scripts):
+    """METHOD=full tunes every weight of the base the first script left (no second pretraining)."""
+    rc, stdout, stderr = example_scripts["full"]
+    out = stdout + stderr
+    assert rc == 0, tail(out)
     assert "pretraining the tiny example" not in out, tail(out)
     losses = [float(v) for _, v in LOSS_LINE.findall(out)]
     assert len(losses) == 10 and all(math.isfinite(x) for x in losses), tail(out)
-    assert (tmp_path / "full" / "latest_checkpointed_iteration.txt").read_text().strip() == "10"
-
-    check_generate_and_evaluate_scripts(base_env, tmp_path)
+    assert (example_scripts["tmp"] / "full" / "latest_checkpointed_iteration.txt").read_text().strip() == "10"
 
 
-def check_generate_and_evaluate_scripts(base_env: dict, tmp_path) -> None:
+def test_generate_and_evaluate_scripts(example_scripts):
     """`bash examples/qwen3/generate.sh` on the pretrained base (BASE_CACHE): its two sample prompts, greedy,
     with the KV cache, through inference.py --load on the safetensors checkpoint; at the same time
     `bash examples/qwen3/evaluate.sh`: lm-eval's sample_mc task (tools/make_mc_task.py) through evaluation.py
     on that base, its results written as JSON."""
     import json
 
-    results = tmp_path / "eval.json"
-    started = [subprocess.Popen(["bash", f"examples/qwen3/{script}.sh"], cwd=ROOT, text=True, stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE,
-                                env=warm_torchrun_env(dict(base_env, MASTER_PORT=str(free_port()), **extra)))
-               for script, extra in (("generate", {"MAX_NEW_TOKENS": "8"}), ("evaluate", {"OUTPUT": str(results)}))]
-    (gen_out, gen_err), (eval_out, eval_err) = (p.communicate(timeout=600) for p in started)
-    assert started[1].returncode == 0, tail(eval_out + eval_err)
-    scores = json.loads(results.read_text())["results"]["sample_mc"]
+    rc, eval_out, eval_err = example_scripts["evaluate"]
+    assert rc == 0, tail(eval_out + eval_err)
+    scores = json.loads((example_scripts["tmp"] / "eval.json").read_text())["results"]["sample_mc"]
     questions = 16  # tools/make_mc_task.py's set: the accuracy is a count of them
     assert "sample_mc" in eval_out and abs(scores["acc,none"] * questions - round(scores["acc,none"] * questions)) < 1e-9
     assert 0 <= scores["acc,none"] <= 1, scores
 
+    rc, gen_out, gen_err = example_scripts["generate"]
     out = gen_out + gen_err
-    assert started[0].returncode == 0, tail(out)
+    assert rc == 0, tail(out)
     assert "pretraining the tiny example" not in out and "successfully loaded checkpoint" in out, tail(out)
     records = [json.loads(line) for line in gen_out.splitlines() if line.startswith('{"prompt"')]
     assert [r["prompt"] for r in records] == ["Yara was a beekeeper who lived in", "Twenty-four plus forty-seven is"]
     for record in records:
         assert 1 <= len(record["token_ids"]) <= 8 and record["text"].strip(), record
+
