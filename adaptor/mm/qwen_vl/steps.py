@@ -1,0 +1,72 @@
+"""pretrain_mm.py's steps for Qwen2.5-VL and Qwen3-VL (model.json ``model_id: qwen2_5vl`` / ``qwen3vl``).
+
+A micro-batch from the data pipeline holds ``tokens``, ``labels`` [b, s] (int64), ``loss_mask`` [b, s]
+(float32), ``position_ids`` [3, b, s] (int64, the 3-D rotary positions, so every pipeline stage has them),
+``pixel_values`` [patches, C*T*P*P] (float32, the micro-batch's images in order) and ``image_grid_thw``
+[images, 3] (int64). TP rank 0 reads it; :func:`broadcast_batch` sends it over the TP group, sizes first,
+since the number of patches changes from one micro-batch to the next.
+"""
+from __future__ import annotations
+
+from functools import partial
+
+import torch
+
+INT_KEYS = ("tokens", "labels", "position_ids", "image_grid_thw")
+FLOAT_KEYS = ("loss_mask", "pixel_values")
+
+
+def broadcast_batch(batch: dict | None) -> dict:
+    """``batch`` (TP rank 0; None elsewhere) on every rank of the TP group."""
+    from megatron.core import tensor_parallel
+
+    return {**tensor_parallel.broadcast_data(list(INT_KEYS), batch, torch.int64),
+            **tensor_parallel.broadcast_data(list(FLOAT_KEYS), batch, torch.float32)}
+
+
+def get_batch(data_iterator) -> dict:
+    from megatron.core import mpu
+
+    return broadcast_batch(next(data_iterator) if mpu.get_tensor_model_parallel_rank() == 0 else None)
+
+
+def forward_step(data_iterator, model):
+    from megatron.training import get_timers
+
+    from adaptor.lm_loss import masked_lm_loss
+
+    timers = get_timers()
+    timers("batch-generator", log_level=2).start()
+    batch = get_batch(data_iterator)
+    timers("batch-generator").stop()
+    output = model(batch["tokens"], batch["position_ids"], batch["pixel_values"], batch["image_grid_thw"],
+                   labels=batch["labels"], loss_mask=batch["loss_mask"])
+    return output, partial(masked_lm_loss, batch["loss_mask"])
+
+
+def train_dataset(args, data_cfg, model_cfg, num_samples):
+    # The data pipeline of these models (data.json keys, image processor, chat template, placeholders).
+    from adaptor.mm.qwen_vl.dataset import build_train_dataset
+
+    return build_train_dataset(args, data_cfg, model_cfg, num_samples)
+
+
+def load_initial_weights(model, model_cfg, args) -> None:
+    """model.json's ``init_from_hf_path``: this rank's tensors of that directory, split for the run's TP/PP."""
+    from megatron.core import mpu
+
+    from adaptor.convert import ConversionError, HfCheckpoint, Layout
+    from adaptor.errors import fail
+    from adaptor.log import notice
+    from adaptor.mm.qwen_vl.checkpoint import load_hf_into
+
+    path = model_cfg.init_from_hf_path
+    if path is None:
+        return
+    try:
+        count = load_hf_into(model, HfCheckpoint(path), Layout(tp=args.tensor_model_parallel_size,
+                                                               pp=args.pipeline_model_parallel_size),
+                             mpu.get_tensor_model_parallel_rank(), mpu.get_pipeline_model_parallel_rank())
+    except (ConversionError, ValueError, KeyError, OSError) as exc:
+        fail(f"{model_cfg.file}: init_from_hf_path {path}: {exc}")
+    notice(f"Qwen-VL model: {count} tensors on rank 0 loaded from {path}")
