@@ -9,19 +9,22 @@ samples, the first with two images of different sizes (2x2 and 4x6 patches), the
   values, grids and transformers' own 3-D positions, gives transformers' logits within 1e-4 (measured
   below 1e-6, logits O(1)); with labels, the per-token loss is the cross entropy of those logits;
 * Hugging Face -> our ranks -> Hugging Face is bit-exact at TP1 (the built model's own state) and at TP2 x PP2
-  (every rank's tensors cut from the checkpoint, joined back), under the checkpoint's own names;
+  (every rank's tensors cut from the checkpoint, saved as a checkpoint's rank files, written back by
+  tools/qwen_vl_to_hf.py), under the checkpoint's own names;
 * model.json: a key not built here, a shape that disagrees with config.json, a fixed key with another value
   are one line each naming the JSON path.
 """
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 import torch
 
 from helpers.hf_fixtures import VL_IMAGE_TOKEN, VL_VISION_START, make_tiny_qwen2_5_vl, make_tiny_qwen3_vl
 
+ROOT = Path(__file__).resolve().parents[2]
 GRIDS = torch.tensor([[1, 2, 2], [1, 4, 6], [1, 4, 4]])  # merged 2x2: 1, 6 and 4 image tokens
 
 
@@ -63,6 +66,21 @@ def model_json(tmp_path, family, hf_dir, **extra) -> str:
     file = tmp_path / f"{family}_{len(list(tmp_path.iterdir()))}.json"
     file.write_text(json.dumps(doc))
     return str(file)
+
+
+def run_tool(name: str, *argv) -> str:
+    """A tools/ script's main() in this process; what it printed."""
+    import contextlib
+    import importlib.util
+    import io
+
+    spec = importlib.util.spec_from_file_location(name[:-3], ROOT / "tools" / name)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        assert module.main([str(a) for a in argv]) == 0
+    return out.getvalue()
 
 
 def build(model_cfg):
@@ -107,6 +125,7 @@ def test_whole_model_logits_loss_and_weights_round_trip(families, tmp_path, fami
         got = model(ids, positions, pixels, GRIDS)
         error = (got - want).abs().max().item()
         assert got.shape == want.shape and error < 1e-4, error
+        print(f"{family}: max abs logit difference {error:.1e} (max |logit| {want.abs().max():.2f})")
         labels = torch.roll(ids, -1, dims=1)
         loss = model(ids, positions, pixels, GRIDS, labels=labels)
         expected = torch.nn.functional.cross_entropy(got.flatten(0, 1), labels.flatten(), reduction="none")
@@ -124,8 +143,18 @@ def test_whole_model_logits_loss_and_weights_round_trip(families, tmp_path, fami
     assert not any(n.startswith("vision_model.") for n in ranks[(0, 1)])  # the tower lives on the first stage
     qkv = "vision_model.layers.0.self_attention.linear_qkv.weight"
     assert ranks[(0, 0)][qkv].shape[0] * 2 == model.state_dict()[qkv].shape[0]
-    back = hf_state(ranks, checkpoint.config, layout, padded_vocab_size=160, like=checkpoint)
-    assert back.keys() == original.keys() and all(torch.equal(back[n], original[n]) for n in back)
+    # ... written as a pretrain_mm.py checkpoint's rank files, made a Hugging Face directory by the tool.
+    step = tmp_path / "ckpt" / "iter_0000001"
+    for (t, p), state in ranks.items():
+        (step / f"mp_rank_{t:02d}_{p:03d}").mkdir(parents=True)
+        torch.save({"model": state}, step / f"mp_rank_{t:02d}_{p:03d}" / "model_optim_rng.pt")
+    (tmp_path / "ckpt" / "latest_checkpointed_iteration.txt").write_text("1")
+    tool = run_tool("qwen_vl_to_hf.py", "--load", tmp_path / "ckpt", "--mm-model", model_cfg.file,
+                    "--save-dir", tmp_path / "out")
+    assert "(TP 2, PP 2) written to" in tool
+    written = HfCheckpoint(tmp_path / "out")
+    assert set(written.names()) == original.keys()
+    assert all(torch.equal(written.get(n), original[n]) for n in original)
 
 
 def test_model_json_problems_are_one_line(families, tmp_path):

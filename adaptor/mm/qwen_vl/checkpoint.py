@@ -73,16 +73,42 @@ def hf_state(states: dict, hf_config: dict, layout: Layout, *, padded_vocab_size
     return out
 
 
-def save_hf_dir(states: dict, hf_config: dict, layout: Layout, out_dir, *, padded_vocab_size: int, like=None) -> Path:
-    """Write ``config.json`` and ``model.safetensors`` of :func:`hf_state` to ``out_dir``."""
+def save_tensors(tensors: dict, hf_config: dict, out_dir) -> Path:
+    """Write ``config.json`` and ``model.safetensors`` (``tensors``: Hugging Face names) to ``out_dir``."""
     import json
 
     from safetensors.torch import save_file
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    tensors = hf_state(states, hf_config, layout, padded_vocab_size=padded_vocab_size, like=like)
     save_file({n: t.contiguous() for n, t in tensors.items()}, str(out / "model.safetensors"),
               metadata={"format": "pt"})
     (out / "config.json").write_text(json.dumps(hf_config, indent=2))
     return out
+
+
+def checkpoint_layout(iteration_dir) -> Layout:
+    """TP and PP sizes of a Megatron iteration directory, from its ``mp_rank_TT[_PPP]`` names."""
+    import re
+
+    names = [p.name for p in Path(iteration_dir).glob("mp_rank_*") if p.is_dir()]
+    found = [re.fullmatch(r"mp_rank_(\d{2})(?:_(\d{3}))?", n) for n in names]
+    if not names or not all(found):
+        raise ValueError(f"{iteration_dir}: expected mp_rank_TT or mp_rank_TT_PPP directories, found "
+                         f"{sorted(names)[:3] or 'none'}")
+    tps = {int(m.group(1)) for m in found}
+    pps = {int(m.group(2) or 0) for m in found}
+    if len(names) != len(tps) * len(pps):
+        raise ValueError(f"{iteration_dir}: {len(names)} rank directories for TP {len(tps)} x PP {len(pps)}")
+    return Layout(tp=len(tps), pp=len(pps))
+
+
+def hf_state_from_checkpoint(iteration_dir, hf_config: dict, like=None) -> dict:
+    """:func:`hf_state` of the rank files of a pretrain_mm.py checkpoint's iteration directory."""
+    from adaptor.convert.torch_legacy import RankStates
+
+    layout = checkpoint_layout(iteration_dir)
+    ranks = RankStates(iteration_dir, layout)
+    states = {(t, p): ranks.state((t, p, 0)) for t in range(layout.tp) for p in range(layout.pp)}
+    padded = states[(0, 0)][TEXT + "embedding.word_embeddings.weight"].shape[0] * layout.tp
+    return hf_state(states, hf_config, layout, padded_vocab_size=padded, like=like)
