@@ -311,8 +311,11 @@ def worker(spec_file: str) -> int:
         chunk.eval()
     device = next(model[0].parameters()).device
     inputs = torch.load(spec["tokens"])
-    if vl:
-        inputs = {k: v.to(device) for k, v in inputs.items()}
+    if vl:  # read on TP rank 0 and sent over the TP group, as pretrain_mm.py's batches are
+        from adaptor.mm.qwen_vl.steps import broadcast_batch
+
+        batch = {**inputs, "labels": inputs["tokens"], "loss_mask": torch.ones(inputs["tokens"].shape)}
+        inputs = broadcast_batch(batch if mpu.get_tensor_model_parallel_rank() == 0 else None)
         tokens, position_ids, attention_mask = inputs["tokens"], inputs["position_ids"], None
     else:
         tokens = inputs.to(device)

@@ -7,7 +7,8 @@ samples, the first with two images of different sizes (2x2 and 4x6 patches), the
 
 * our :class:`QwenVLModel`, loaded through :func:`adaptor.mm.qwen_vl.checkpoint.load_hf_into`, fed the pixel
   values, grids and transformers' own 3-D positions, gives transformers' logits within 1e-4 (measured
-  below 1e-6, logits O(1)); with labels, the per-token loss is the cross entropy of those logits;
+  6e-7 and 1.3e-6, logits up to 1.6); with labels, the per-token loss is the cross entropy of those logits,
+  also when the batch went through pretrain_mm.py's TP broadcast (and a batch without images passes);
 * Hugging Face -> our ranks -> Hugging Face is bit-exact at TP1 (the built model's own state) and at TP2 x PP2
   (every rank's tensors cut from the checkpoint, saved as a checkpoint's rank files, written back by
   tools/qwen_vl_to_hf.py), under the checkpoint's own names;
@@ -130,6 +131,21 @@ def test_whole_model_logits_loss_and_weights_round_trip(families, tmp_path, fami
         loss = model(ids, positions, pixels, GRIDS, labels=labels)
         expected = torch.nn.functional.cross_entropy(got.flatten(0, 1), labels.flatten(), reduction="none")
         assert torch.allclose(loss.flatten(), expected, atol=1e-5)
+        # The micro-batch as the data pipeline hands it over, through the TP broadcast (sizes first: a batch
+        # without images has no patch rows), into the forward step's call.
+        from adaptor.mm.qwen_vl.steps import broadcast_batch
+
+        batch = {"tokens": ids, "labels": labels, "loss_mask": torch.ones(ids.shape), "position_ids": positions,
+                 "pixel_values": pixels, "image_grid_thw": GRIDS}
+        sent = broadcast_batch(batch)
+        assert all(torch.equal(sent[k].cpu(), v) for k, v in batch.items())
+        assert torch.equal(model(sent["tokens"], sent["position_ids"], sent["pixel_values"], sent["image_grid_thw"],
+                                 labels=sent["labels"], loss_mask=sent["loss_mask"]), loss)
+        text_only = {**batch, "tokens": torch.full_like(ids, 5), "pixel_values": pixels[:0],
+                     "image_grid_thw": GRIDS[:0]}
+        sent = broadcast_batch(text_only)
+        assert sent["pixel_values"].shape == (0, settings.patch_dim) and sent["image_grid_thw"].shape == (0, 3)
+        model(sent["tokens"], sent["position_ids"], sent["pixel_values"], sent["image_grid_thw"])
         # The images count: other pixels move the logits of the tokens after them.
         assert (model(ids, positions, pixels + 1.0, GRIDS) - got).abs().max() > 1e-3
 

@@ -4,7 +4,7 @@ A micro-batch from the data pipeline holds ``tokens``, ``labels`` [b, s] (int64)
 (float32), ``position_ids`` [3, b, s] (int64, the 3-D rotary positions, so every pipeline stage has them),
 ``pixel_values`` [patches, C*T*P*P] (float32, the micro-batch's images in order) and ``image_grid_thw``
 [images, 3] (int64). TP rank 0 reads it; :func:`broadcast_batch` sends it over the TP group, sizes first,
-since the number of patches changes from one micro-batch to the next.
+since the number of patches changes from one micro-batch to the next (and may be zero).
 """
 from __future__ import annotations
 
@@ -12,16 +12,37 @@ from functools import partial
 
 import torch
 
-INT_KEYS = ("tokens", "labels", "position_ids", "image_grid_thw")
-FLOAT_KEYS = ("loss_mask", "pixel_values")
+TEXT_INT_KEYS = ("tokens", "labels", "position_ids")
 
 
 def broadcast_batch(batch: dict | None) -> dict:
-    """``batch`` (TP rank 0; None elsewhere) on every rank of the TP group."""
-    from megatron.core import tensor_parallel
+    """``batch`` (TP rank 0; None elsewhere) on every rank of the TP group.
 
-    return {**tensor_parallel.broadcast_data(list(INT_KEYS), batch, torch.int64),
-            **tensor_parallel.broadcast_data(list(FLOAT_KEYS), batch, torch.float32)}
+    megatron's ``broadcast_data`` reads a tensor's shape up to its first zero, so the image tensors, which
+    are empty in a micro-batch without images, go separately: their sizes, then (if any) their values.
+    """
+    from megatron.core import mpu, tensor_parallel
+
+    out = {**tensor_parallel.broadcast_data(list(TEXT_INT_KEYS), batch, torch.int64),
+           **tensor_parallel.broadcast_data(["loss_mask"], batch, torch.float32)}
+    device = out["tokens"].device
+    group = mpu.get_tensor_model_parallel_group()
+    source = torch.distributed.get_process_group_ranks(group)[0]
+    first = batch is not None
+    sizes = [*batch["pixel_values"].shape, batch["image_grid_thw"].shape[0]] if first else [0, 0, 0]
+    sizes = torch.tensor(sizes, dtype=torch.int64, device=device)
+    torch.distributed.broadcast(sizes, source, group=group)
+    patches, width, images = sizes.tolist()
+    if first:
+        pixels = batch["pixel_values"].to(device, torch.float32).contiguous()
+        grid = batch["image_grid_thw"].to(device, torch.int64).contiguous()
+    else:
+        pixels = torch.empty(patches, width, dtype=torch.float32, device=device)
+        grid = torch.empty(images, 3, dtype=torch.int64, device=device)
+    if images:
+        torch.distributed.broadcast(pixels, source, group=group)
+        torch.distributed.broadcast(grid, source, group=group)
+    return {**out, "pixel_values": pixels, "image_grid_thw": grid}
 
 
 def get_batch(data_iterator) -> dict:
