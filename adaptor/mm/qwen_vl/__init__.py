@@ -19,4 +19,11 @@ Text side:
 - :mod:`.deepstack`: Qwen3-VL's visual features added after early decoder layers.
 - :mod:`.forward`: token ids and vision embeddings in, logits out.
 - :mod:`.text_weights`: the decoder's weights from a Hugging Face checkpoint.
+
+The whole model in pretrain_mm.py:
+
+- :mod:`.model_json`: model.json of ``qwen2_5vl`` / ``qwen3vl`` (MindSpeed-MM's keys, ``init_from_hf_path``).
+- :mod:`.model`: :class:`~.model.QwenVLModel`, tower and decoder for Megatron's loop (TP, PP, freezing).
+- :mod:`.checkpoint`: the whole model's tensors from a Hugging Face directory per TP/PP rank, and back.
+- :mod:`.steps`: the batch's TP broadcast, the forward step, initial weights, the dataset call.
 """
