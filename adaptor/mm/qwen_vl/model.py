@@ -62,7 +62,10 @@ class QwenVLModel(MegatronModule):
         self.language_model = build_decoder(text, config, layer_spec, vocab_size=vocab_size,
                                             max_sequence_length=max_sequence_length, pre_process=pre_process,
                                             post_process=post_process, **decoder_kwargs)
+        # What Megatron's loop reads off the model it trains (gradient finalisation, schedules).
         self.share_embeddings_and_output_weights = self.language_model.share_embeddings_and_output_weights
+        self.pg_collection = self.language_model.pg_collection
+        self.max_sequence_length = max_sequence_length
         self.vision_model = None
         if pre_process:
             tower = Qwen3VisionTower if settings.family == "qwen3_vl" else Qwen25VisionTower

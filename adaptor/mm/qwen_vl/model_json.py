@@ -289,8 +289,9 @@ def load_qwen_vl_model_config(raw: dict, file: Path, path: str) -> MMModelConfig
         "max_position_embeddings": text["max_position_embeddings"] or int(
             {**hf_config, **(hf_config.get("text_config") or {})}.get("max_position_embeddings") or 128000),
         "untie_embeddings_and_output_weights": not text_cfg.tied, "swiglu": True,
-        "vocab_size": text_cfg.vocab_size, "hidden_dropout": text["hidden_dropout"],
-        "attention_dropout": text["attention_dropout"], "init_method_std": text["init_method_std"],
+        # The published models have no dropout; Megatron's default (0.1) would add it silently.
+        "vocab_size": text_cfg.vocab_size, "hidden_dropout": text["hidden_dropout"] or 0.0,
+        "attention_dropout": text["attention_dropout"] or 0.0, "init_method_std": text["init_method_std"],
         "freeze": text["freeze"], "ckpt_path": None,
     }
     return MMModelConfig(
