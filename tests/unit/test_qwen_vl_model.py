@@ -13,7 +13,8 @@ samples, the first with two images of different sizes (2x2 and 4x6 patches), the
   (every rank's tensors cut from the checkpoint, saved as a checkpoint's rank files, written back by
   tools/qwen_vl_to_hf.py), under the checkpoint's own names;
 * model.json: a key not built here, a shape that disagrees with config.json, a fixed key with another value
-  are one line each naming the JSON path.
+  are one line each naming the JSON path; a pipeline split that puts Qwen3-VL's deepstack layers past the
+  first stage, and context parallelism, are one line each.
 """
 from __future__ import annotations
 
@@ -195,3 +196,39 @@ def test_model_json_problems_are_one_line(families, tmp_path):
         with pytest.raises(MMConfigError, match=message) as info:
             load_model_config(file)
         assert "\n" not in str(info.value) and str(info.value).startswith(file)
+
+
+def test_layouts_the_model_cannot_run_are_one_line(tmp_path):
+    """Qwen3-VL's deepstack layers must lie on the first pipeline stage; no context parallelism."""
+    from types import SimpleNamespace
+
+    from adaptor.features import ArgumentError
+    from adaptor.mm.config import load_model_config
+    from patches.multimodal.mm_arguments import check_qwen_vl_layout
+
+    doc = {"model_id": "qwen3vl", "img_context_token_id": 150,
+           "image_encoder": {"vision_encoder": {"model_id": "qwen3vit", "num_layers": 4, "hidden_size": 32,
+                                                "ffn_hidden_size": 48, "num_attention_heads": 2,
+                                                "num_position_embeddings": 16, "deepstack_visual_indexes": [0, 1, 2]},
+                             "vision_projector": {"model_id": "lnmlp"}},
+           "text_decoder": {"model_id": "qwen3lm", "num_layers": 4, "hidden_size": 64, "ffn_hidden_size": 96,
+                            "num_attention_heads": 4, "vocab_size": 160, "kv_channels": 16, "mrope_section": [2, 3, 3]}}
+    file = tmp_path / "qwen3vl.json"
+    file.write_text(json.dumps(doc))
+    model_cfg = load_model_config(file)
+
+    def args(**kw):
+        return SimpleNamespace(**{"tensor_model_parallel_size": 1, "pipeline_model_parallel_size": 1,
+                                  "context_parallel_size": 1, "sequence_parallel": False,
+                                  "virtual_pipeline_model_parallel_size": None,
+                                  "num_layers_per_virtual_pipeline_stage": None,
+                                  "decoder_first_pipeline_num_layers": None, **kw})
+
+    check_qwen_vl_layout(args(tensor_model_parallel_size=2), model_cfg)
+    check_qwen_vl_layout(args(pipeline_model_parallel_size=2, decoder_first_pipeline_num_layers=3), model_cfg)
+    with pytest.raises(ArgumentError, match=r"qwen3vl adds deepstack features after decoder layers 1\.\.3, which "
+                                            r"must lie on the first pipeline stage; it holds 2 at "
+                                            r"--pipeline-model-parallel-size 2$"):
+        check_qwen_vl_layout(args(pipeline_model_parallel_size=2), model_cfg)
+    with pytest.raises(ArgumentError, match="--context-parallel-size > 1 and --sequence-parallel are not supported"):
+        check_qwen_vl_layout(args(context_parallel_size=2), model_cfg)
