@@ -88,7 +88,11 @@ def check_qwen_vl_layout(args, model_cfg) -> None:
         if value % tp:
             raise ArgumentError(f"{model_cfg.file}: {what} {value} is not divisible by "
                                 f"--tensor-model-parallel-size {tp}")
-    first = getattr(args, "decoder_first_pipeline_num_layers", None) or text.num_layers // pp
+    for flag in ("decoder_first_pipeline_num_layers", "decoder_last_pipeline_num_layers"):
+        if getattr(args, flag, None) is not None:  # the weight mappings place layers by an even split
+            raise ArgumentError(f"pretrain_mm.py: {model_cfg.model_id} splits the decoder evenly over the pipeline "
+                                f"stages; drop --{flag.replace('_', '-')}")
+    first = text.num_layers // pp
     stacked = len(settings.deepstack_visual_indexes)
     if pp > 1 and stacked > first:
         raise ArgumentError(f"pretrain_mm.py: {model_cfg.model_id} adds deepstack features after decoder layers "

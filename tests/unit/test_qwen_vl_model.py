@@ -199,14 +199,15 @@ def test_model_json_problems_are_one_line(families, tmp_path):
 
 
 def test_layouts_the_model_cannot_run_are_one_line(tmp_path):
-    """Qwen3-VL's deepstack layers must lie on the first pipeline stage; no context parallelism."""
+    """Qwen3-VL's deepstack layers must lie on the first pipeline stage; even pipeline splits (the weights are
+    placed by one); no context parallelism."""
     from types import SimpleNamespace
 
     from adaptor.features import ArgumentError
     from adaptor.mm.config import load_model_config
     from patches.multimodal.mm_arguments import check_qwen_vl_layout
 
-    doc = {"model_id": "qwen3vl", "img_context_token_id": 150,
+    doc = {"model_id": "qwen3vl", "img_context_token_id": 150,  # 3 deepstack layers of 4
            "image_encoder": {"vision_encoder": {"model_id": "qwen3vit", "num_layers": 4, "hidden_size": 32,
                                                 "ffn_hidden_size": 48, "num_attention_heads": 2,
                                                 "num_position_embeddings": 16, "deepstack_visual_indexes": [0, 1, 2]},
@@ -222,10 +223,13 @@ def test_layouts_the_model_cannot_run_are_one_line(tmp_path):
                                   "context_parallel_size": 1, "sequence_parallel": False,
                                   "virtual_pipeline_model_parallel_size": None,
                                   "num_layers_per_virtual_pipeline_stage": None,
-                                  "decoder_first_pipeline_num_layers": None, **kw})
+                                  "decoder_first_pipeline_num_layers": None,
+                                  "decoder_last_pipeline_num_layers": None, **kw})
 
     check_qwen_vl_layout(args(tensor_model_parallel_size=2), model_cfg)
-    check_qwen_vl_layout(args(pipeline_model_parallel_size=2, decoder_first_pipeline_num_layers=3), model_cfg)
+    with pytest.raises(ArgumentError, match="splits the decoder evenly over the pipeline stages; drop "
+                                            "--decoder-first-pipeline-num-layers$"):
+        check_qwen_vl_layout(args(pipeline_model_parallel_size=2, decoder_first_pipeline_num_layers=3), model_cfg)
     with pytest.raises(ArgumentError, match=r"qwen3vl adds deepstack features after decoder layers 1\.\.3, which "
                                             r"must lie on the first pipeline stage; it holds 2 at "
                                             r"--pipeline-model-parallel-size 2$"):
