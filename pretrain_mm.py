@@ -22,7 +22,8 @@ from megatron.training.arguments import core_transformer_config_from_args, parse
 from adaptor import run_state
 from adaptor.errors import fail
 from adaptor.mm.builders import builder
-from adaptor.mm.config import cached_data_config, cached_model_config
+from adaptor.mm.config import cached_model_config
+from adaptor.mm.qwen_vl.data_config import cached_mm_data_config
 
 
 def model_provider(pre_process=True, post_process=True, vp_stage=None, config=None, pg_collection=None):
@@ -47,7 +48,7 @@ def train_valid_test_datasets_provider(train_val_test_num_samples, vp_stage=None
     args = get_args()
     if mpu.get_tensor_model_parallel_rank() != 0:
         return None, None, None
-    data_cfg = cached_data_config(args.mm_data)
+    data_cfg = cached_mm_data_config(args.mm_data)
     model_cfg = cached_model_config(args.mm_model)
     train = builder(model_cfg).train_dataset(args, data_cfg, model_cfg, train_val_test_num_samples[0])
     return train, None, None

@@ -41,8 +41,9 @@ VARIABLES = {
         Variable("ADAPTOR_TORCHRUN", "",
                  "The command the tools start distributed workers with (`check_hf_parity.py`, "
                  "`check_vision_parity.py`, the re-layout of `safetensors_ckpt.py`), split as a shell "
-                 "would; default `python -m torch.distributed.run`. A cluster's launcher wrapper goes "
-                 "here; the test suite puts its warm launcher here."),
+                 "would; default `python -m torch.distributed.run` (`torchrun` in the example scripts, "
+                 "which honour it too). A cluster's launcher wrapper goes here; the test suite puts its "
+                 "warm launcher here."),
         Variable("ADAPTOR_ERROR_GRACE_S", "10",
                  "Seconds a rank other than 0 waits before exiting on a command-line error, so "
                  "rank 0 prints the reason first under torchrun."),

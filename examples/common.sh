@@ -72,12 +72,20 @@ checkpoint_args() {
   if [ -n "${LOAD:-}" ]; then out+=(--load "$LOAD"); fi
 }
 
-# launch ENTRY ARGS...: torchrun ENTRY on this node with the layout variables; replaces the shell.
-launch() {
+# distributed ENTRY ARGS...: torchrun ENTRY on this node with the layout variables. ADAPTOR_TORCHRUN,
+# split into words, replaces `torchrun` (a cluster's launcher wrapper, as for the tools).
+distributed() {
+  local -a runner
+  read -r -a runner <<< "${ADAPTOR_TORCHRUN:-torchrun}"
   export CUDA_DEVICE_MAX_CONNECTIONS="${CUDA_DEVICE_MAX_CONNECTIONS:-1}"
   export OMP_NUM_THREADS="${OMP_NUM_THREADS:-$(( $(nproc) / NPROC > 0 ? $(nproc) / NPROC : 1 ))}"
-  exec torchrun --nproc_per_node "$NPROC" --nnodes "$NNODES" --node_rank "$NODE_RANK" \
+  ${EXEC:-} "${runner[@]}" --nproc_per_node "$NPROC" --nnodes "$NNODES" --node_rank "$NODE_RANK" \
     --master_addr "$MASTER_ADDR" --master_port "$MASTER_PORT" "$@"
+}
+
+# launch ENTRY ARGS...: `distributed`, replacing the shell.
+launch() {
+  EXEC=exec distributed "$@"
 }
 
 # qwen3_shape: for MODEL_SIZE, Qwen3's published shape (LAYERS HIDDEN FFN HEADS KV_HEADS HEAD_DIM TIE)

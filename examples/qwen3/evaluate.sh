@@ -55,8 +55,4 @@ EVAL_ARGS=(
 )
 precision_args EVAL_ARGS
 
-export CUDA_DEVICE_MAX_CONNECTIONS="${CUDA_DEVICE_MAX_CONNECTIONS:-1}"
-export OMP_NUM_THREADS="${OMP_NUM_THREADS:-$(( $(nproc) / NPROC > 0 ? $(nproc) / NPROC : 1 ))}"
-torchrun --nproc_per_node "$NPROC" --nnodes "$NNODES" --node_rank "$NODE_RANK" \
-  --master_addr "$MASTER_ADDR" --master_port "$MASTER_PORT" \
-  "$ROOT/evaluation.py" "${MODEL_ARGS[@]}" "${WEIGHT_ARGS[@]}" "${EVAL_ARGS[@]}" "${TASK_ARGS[@]}" "$@"
+distributed "$ROOT/evaluation.py" "${MODEL_ARGS[@]}" "${WEIGHT_ARGS[@]}" "${EVAL_ARGS[@]}" "${TASK_ARGS[@]}" "$@"

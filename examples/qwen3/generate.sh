@@ -61,9 +61,5 @@ GEN_ARGS=(
 if [ "${KV_CACHE:-1}" = 1 ]; then GEN_ARGS+=(--use-kv-cache); fi
 precision_args GEN_ARGS
 
-export CUDA_DEVICE_MAX_CONNECTIONS="${CUDA_DEVICE_MAX_CONNECTIONS:-1}"
-export OMP_NUM_THREADS="${OMP_NUM_THREADS:-$(( $(nproc) / NPROC > 0 ? $(nproc) / NPROC : 1 ))}"
-torchrun --nproc_per_node "$NPROC" --nnodes "$NNODES" --node_rank "$NODE_RANK" \
-  --master_addr "$MASTER_ADDR" --master_port "$MASTER_PORT" \
-  "$ROOT/inference.py" "${MODEL_ARGS[@]}" "${WEIGHT_ARGS[@]}" "${GEN_ARGS[@]}" "${IO_ARGS[@]}" "$@"
+distributed "$ROOT/inference.py" "${MODEL_ARGS[@]}" "${WEIGHT_ARGS[@]}" "${GEN_ARGS[@]}" "${IO_ARGS[@]}" "$@"
 if [ "${PRINT_OUTPUT:-0}" = 1 ]; then cat "$OUTPUT"; fi

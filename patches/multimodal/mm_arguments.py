@@ -140,7 +140,19 @@ def check_layout(args, model_cfg, data_cfg) -> None:
 
 
 def check_files(model_cfg, data_cfg) -> None:
-    if model_cfg.model_id != "llava":  # init_from_hf_path was read with model.json; data.json is the data side's
+    from adaptor.mm.config import MMConfigError
+    from adaptor.mm.qwen_vl.data_config import QwenVLDataConfig, check_paths
+
+    qwen_data, qwen_model = isinstance(data_cfg, QwenVLDataConfig), model_cfg.model_id != "llava"
+    if qwen_data != qwen_model:
+        kind, feeds = ("huggingface", "qwen2_5vl or qwen3vl") if qwen_data else ("multimodal", "llava")
+        raise ArgumentError(f"{data_cfg.file}: a {kind} data.json feeds model_id {feeds}; {model_cfg.file} has "
+                            f"model_id {model_cfg.model_id}")
+    if qwen_model:  # init_from_hf_path was read with model.json
+        try:
+            check_paths(data_cfg)
+        except MMConfigError as exc:
+            raise ArgumentError(str(exc)) from None
         return
     if not os.path.isfile(data_cfg.data_path):
         raise ArgumentError(f"{data_cfg.file}: dataset_param.basic_parameters.data_path: no such file "
@@ -182,7 +194,8 @@ class MultimodalArguments(Feature):
 
     def set_defaults(self, args, ctx) -> None:
         from adaptor.errors import fail
-        from adaptor.mm.config import MMConfigError, cached_data_config, cached_model_config
+        from adaptor.mm.config import MMConfigError, cached_model_config
+        from adaptor.mm.qwen_vl.data_config import cached_mm_data_config
 
         generating = _generation_entry()
         if args.mm_data is None and not generating:
@@ -192,20 +205,21 @@ class MultimodalArguments(Feature):
         try:
             model_cfg = cached_model_config(args.mm_model)
             apply_model_json(args, ctx.explicit, model_cfg)
-            data_cfg = None if generating else cached_data_config(args.mm_data)
+            data_cfg = None if generating else cached_mm_data_config(args.mm_data)
         except MMConfigError as exc:
             fail(str(exc))
         if data_cfg is not None and data_cfg.num_workers is not None and "num_workers" not in ctx.explicit:
             args.num_workers = data_cfg.num_workers
 
     def validate(self, args, ctx) -> None:
-        from adaptor.mm.config import cached_data_config, cached_model_config
+        from adaptor.mm.config import cached_model_config
+        from adaptor.mm.qwen_vl.data_config import cached_mm_data_config
 
         model_cfg = cached_model_config(args.mm_model)
         if _generation_entry():  # the text side of a trained checkpoint: no data, no initial weights
             check_layout(args, model_cfg, None)
         else:
-            data_cfg = cached_data_config(args.mm_data)
+            data_cfg = cached_mm_data_config(args.mm_data)
             check_files(model_cfg, data_cfg)
             check_layout(args, model_cfg, data_cfg)
         if args.tokenizer_type == "NullTokenizer":

@@ -48,7 +48,10 @@ def _cpu(args, nproc):
 
 
 def _counts(log) -> list[dict]:
-    return [json.load(open(path)) for path in sorted(glob.glob(f"{log}.*.json"))]
+    """Each rank's kernel counts. A launch retried after its port was taken (EADDRINUSE) leaves the files
+    of ranks that stopped before seeding; they ran no step and are not counted."""
+    counts = [json.load(open(path)) for path in sorted(glob.glob(f"{log}.*.json"))]
+    return [c for c in counts if c.get("manual_seed")]
 
 
 def _kernel_calls(log, name) -> int:

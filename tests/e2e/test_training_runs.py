@@ -7,6 +7,7 @@ import subprocess
 import sys
 
 from helpers.megatron_runs import LOSS_LINE, ROOT, TINY_QWEN3, free_port, run_pretrain, side_by_side, tail
+from helpers.processes import warm_torchrun_env
 
 
 def test_bf16_trains_on_cpu_and_tracks_fp32(shared_runs):
@@ -33,7 +34,11 @@ def test_example_scripts_pretrain_then_tune_lora_and_full(tmp_path):
     """`bash examples/qwen3/finetune.sh`: without a base it first runs README's quick start,
     `bash examples/qwen3/pretrain.sh` with no model arguments and its default 60 iterations, then LoRA on the
     sample instructions writes adapters only and a PEFT directory; METHOD=full tunes every weight of that base;
-    `bash examples/qwen3/generate.sh` generates from that base."""
+    `bash examples/qwen3/generate.sh` generates from that base.
+
+    The first script runs as a user runs it, through torchrun; the later ones start their ranks from the
+    session's zygote (ADAPTOR_TORCHRUN, which the scripts honour as the tools do), the same processes
+    without the imports (tests/e2e/test_warm_launcher.py)."""
     base_env = dict(os.environ, ADAPTOR_BACKEND="cpu", LOG_INTERVAL="1", MASTER_PORT=str(free_port()),
                     BASE_CACHE=str(tmp_path / "base"), DATA_CACHE=str(tmp_path / "data"),
                     PATH=os.path.dirname(sys.executable) + os.pathsep + os.environ["PATH"])
@@ -62,8 +67,8 @@ def test_example_scripts_pretrain_then_tune_lora_and_full(tmp_path):
     assert (tmp_path / "lora_hf" / "adapter_model.safetensors").is_file(), tail(out)
     assert len(list((tmp_path / "data").glob("sample_instructions-*_packed_input_ids_document.idx"))) == 1
 
-    full_env = dict(base_env, METHOD="full", TRAIN_ITERS="10", SAVE=str(tmp_path / "full"),
-                    MASTER_PORT=str(free_port()))
+    full_env = warm_torchrun_env(dict(base_env, METHOD="full", TRAIN_ITERS="10", SAVE=str(tmp_path / "full"),
+                                      MASTER_PORT=str(free_port())))
     proc = subprocess.run(["bash", "examples/qwen3/finetune.sh"], cwd=ROOT, env=full_env,
                           capture_output=True, text=True, timeout=900)
     out = proc.stdout + proc.stderr
@@ -85,7 +90,8 @@ def check_generate_and_evaluate_scripts(base_env: dict, tmp_path) -> None:
 
     results = tmp_path / "eval.json"
     started = [subprocess.Popen(["bash", f"examples/qwen3/{script}.sh"], cwd=ROOT, text=True, stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE, env=dict(base_env, MASTER_PORT=str(free_port()), **extra))
+                                stderr=subprocess.PIPE,
+                                env=warm_torchrun_env(dict(base_env, MASTER_PORT=str(free_port()), **extra)))
                for script, extra in (("generate", {"MAX_NEW_TOKENS": "8"}), ("evaluate", {"OUTPUT": str(results)}))]
     (gen_out, gen_err), (eval_out, eval_err) = (p.communicate(timeout=600) for p in started)
     assert started[1].returncode == 0, tail(eval_out + eval_err)

@@ -83,16 +83,25 @@ def run_tool(name: str, *args, timeout: float = 300, warm: bool = True, cwd=None
     through ``ADAPTOR_TORCHRUN``, which a warm run points at the same zygote (helpers/warm_torchrun.py).
     """
     from helpers.megatron_runs import finish
-    from helpers.warm_launcher import ZYGOTES, cold_only, start
+    from helpers.warm_launcher import start
 
     env = dict(os.environ if env is None else env)
-    if warm and not cold_only():
-        socket_path = ZYGOTES.socket_for(env)
-        if socket_path:
-            env.update(ADAPTOR_TORCHRUN=f"{sys.executable} {TESTS / 'helpers' / 'warm_torchrun.py'}",
-                       ADAPTOR_TEST_ZYGOTE_SOCKET=socket_path)
+    if warm:
+        env = warm_torchrun_env(env)
     return finish(start(TOOLS / name, [str(a) for a in args], env=env, launcher="python", cwd=cwd or os.getcwd(),
                         warm=warm), timeout)
+
+
+def warm_torchrun_env(env: dict) -> dict:
+    """``env`` with ``ADAPTOR_TORCHRUN`` pointed at a zygote of the session (helpers/warm_torchrun.py), for
+    a tool or example script that starts its workers through it; ``env`` itself when runs start cold."""
+    from helpers.warm_launcher import ZYGOTES, cold_only
+
+    socket_path = None if cold_only() else ZYGOTES.socket_for(env)
+    if not socket_path:
+        return dict(env)
+    return dict(env, ADAPTOR_TORCHRUN=f"{sys.executable} {TESTS / 'helpers' / 'warm_torchrun.py'}",
+                ADAPTOR_TEST_ZYGOTE_SOCKET=socket_path)
 
 
 def import_tool(name: str):

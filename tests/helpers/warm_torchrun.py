@@ -16,6 +16,10 @@ import socket
 import sys
 
 
+SINGLE_NODE = {("--nnodes", "1"), ("--node_rank", "0"), ("--node-rank", "0"), ("--master_addr", "localhost"),
+               ("--master_addr", "127.0.0.1"), ("--master-addr", "localhost"), ("--master-addr", "127.0.0.1")}
+
+
 def _parse(argv: list[str]) -> tuple[int, int, str, list[str]]:
     nproc, port, rest = 1, 29500, list(argv)
     while rest and rest[0].startswith("--"):
@@ -27,6 +31,8 @@ def _parse(argv: list[str]) -> tuple[int, int, str, list[str]]:
             nproc = int(value)
         elif name in ("--master_port", "--master-port"):
             port = int(value)
+        elif (name, value) in SINGLE_NODE:  # the example scripts' layout flags, on one node
+            continue
         else:
             raise SystemExit(f"warm_torchrun.py: {name} is not supported here")
     return nproc, port, rest[0], rest[1:]

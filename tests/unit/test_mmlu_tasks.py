@@ -55,7 +55,7 @@ def test_lm_eval_loads_the_tasks_with_mmlus_prompt(tmp_path, monkeypatch, nested
     monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
     write_layout(tmp_path / "data", nested)
     group = mmlu.write_tasks(tmp_path / "data", tmp_path / "tasks")
-    manager = TaskManager(include_path=str(tmp_path / "tasks"))
+    manager = TaskManager(include_path=str(tmp_path / "tasks"), include_defaults=False)  # self-contained files
     assert group == "mmlu_local" and "mmlu_local_basic_maths" in manager.all_tasks
     task = manager.load_task_or_group(["mmlu_local_basic_maths"])["mmlu_local_basic_maths"]
     docs = list(task.test_docs())
@@ -66,3 +66,22 @@ def test_lm_eval_loads_the_tasks_with_mmlus_prompt(tmp_path, monkeypatch, nested
     assert context == ("The following are multiple choice questions (with answers) about basic maths.\n\n"
                        "What is 1+1?\nA. 2\nB. 3\nC. 4\nD. 5\nAnswer: A\n\n"
                        "What is 2+2?\nA. 3\nB. 4\nC. 5\nD. 6\nAnswer:")
+
+
+def test_local_tasks_are_indexed_without_lm_evals_own(tmp_path):
+    """evaluation.py indexes only --include-path (and the local MMLU) when they define every task asked for;
+    a group with a member defined elsewhere, or an unknown name, needs lm-eval's whole index."""
+    pytest.importorskip("lm_eval")
+    from lm_eval.tasks import TaskManager
+
+    from adaptor.evaluation.tasks import _local_manager
+
+    write_layout(tmp_path / "data", False)
+    group = mmlu.write_tasks(tmp_path / "data", tmp_path / "tasks")
+    (tmp_path / "tasks" / "mixed.yaml").write_text("group: mixed\ntask:\n  - mmlu_local_basic_maths\n  - hellaswag\n")
+    paths = [str(tmp_path / "tasks")]
+    manager = _local_manager(TaskManager, paths, [group, "mmlu_local_basic_maths"])
+    assert manager is not None and "hellaswag" not in manager.all_tasks
+    assert _local_manager(TaskManager, paths, ["mixed"]) is None  # hellaswag is lm-eval's
+    assert _local_manager(TaskManager, paths, ["no_such_task"]) is None
+    assert _local_manager(TaskManager, [], [group]) is None

@@ -20,6 +20,14 @@ Text side:
 - :mod:`.forward`: token ids and vision embeddings in, logits out.
 - :mod:`.text_weights`: the decoder's weights from a Hugging Face checkpoint.
 
+Data side:
+
+- :mod:`.data_config`: MindSpeed-MM's ``huggingface`` data.json, checked key by key.
+- :mod:`.records`: LLaMA-Factory's sharegpt records with images, checked before training.
+- :mod:`.chat_format`: Qwen's chat format as text pieces in or out of the loss.
+- :mod:`.samples`: one record to token ids, loss, positions and patches.
+- :mod:`.dataset`: the training dataset, its micro-batch collate and its loader.
+
 The whole model in pretrain_mm.py:
 
 - :mod:`.model_json`: model.json of ``qwen2_5vl`` / ``qwen3vl`` (MindSpeed-MM's keys, ``init_from_hf_path``).

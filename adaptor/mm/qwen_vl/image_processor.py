@@ -57,8 +57,8 @@ def image_settings(family: str, min_pixels: int | None = None, max_pixels: int |
     base = presets[family]
     low = base.min_pixels if min_pixels is None else min_pixels
     high = base.max_pixels if max_pixels is None else max_pixels
-    if not 0 < low <= high:
-        raise ValueError(f"image_min_pixels {low} and image_max_pixels {high} must satisfy 0 < min <= max")
+    if not 0 <= low <= high or high <= 0:  # MindSpeed-MM's examples give image_min_pixels 0 (no lower bound)
+        raise ValueError(f"image_min_pixels {low} and image_max_pixels {high} must satisfy 0 <= min <= max, max > 0")
     return dataclasses.replace(base, min_pixels=low, max_pixels=high)
 
 
@@ -79,6 +79,9 @@ def target_size(height: int, width: int, settings: ImageSettings) -> tuple[int, 
         grow = math.sqrt(low / (height * width))
         h = math.ceil(height * grow / factor) * factor
         w = math.ceil(width * grow / factor) * factor
+    if h == 0 or w == 0:  # only without a lower bound: a side under half a factor rounds to nothing
+        raise ValueError(f"an image of {height}x{width} pixels is too small for {factor}-pixel blocks "
+                         f"(raise image_min_pixels)")
     return h, w
 
 

@@ -66,10 +66,10 @@ def forward_step(data_iterator, model):
 
 
 def train_dataset(args, data_cfg, model_cfg, num_samples):
-    # The data pipeline of these models (data.json keys, image processor, chat template, placeholders).
-    from adaptor.mm.qwen_vl.dataset import build_train_dataset
+    """The micro-batch iterator of a ``huggingface`` data.json (Megatron iterates it as given)."""
+    from adaptor.mm.qwen_vl.dataset import build_train_iterator
 
-    return build_train_dataset(args, data_cfg, model_cfg, num_samples)
+    return build_train_iterator(args, data_cfg, model_cfg, num_samples)
 
 
 def load_initial_weights(model, model_cfg, args) -> None:

@@ -1,0 +1,185 @@
+"""Qwen2.5-VL / Qwen3-VL training data for pretrain_mm.py: data.json in, micro-batches out.
+
+A micro-batch (what the model side reads)::
+
+    tokens        int64   [b, s]
+    labels        int64   [b, s]       tokens shifted by one (Megatron's convention)
+    loss_mask     float32 [b, s]       1 on what the assistant says, 0 on prompt, images and padding
+    position_ids  int64   [3, b, s]    the family's 3-D rotary positions; 0 on padding
+    pixel_values  float32 [N, C*T*P*P] the patches of all images of the micro-batch, sample by sample
+    image_grid_thw int64  [n, 3]       one row per image, same order
+
+Samples differ in length and image count, so Megatron's default collate cannot batch them: :func:`collate`
+pads to the longest sample (right padding; causal attention never lets a real token see it) and
+concatenates the images. :func:`build_train_loader` puts it behind Megatron's own sampler (so resuming
+skips consumed samples as usual) and returns an iterator, for ``args.dataloader_type = "external"``.
+With pipeline parallelism (stages exchange fixed-shape activations) and without
+``--variable-seq-lengths``, every micro-batch is padded to ``--seq-length`` instead.
+"""
+from __future__ import annotations
+
+import functools
+import math
+
+import torch
+
+from adaptor.mm.config import MMConfigError
+from adaptor.mm.data import MMDataError
+from adaptor.mm.qwen_vl.data_config import QwenVLDataConfig, load_qwen_vl_data_config
+from adaptor.mm.qwen_vl.records import read_vl_records
+from adaptor.mm.qwen_vl.samples import SampleBuilder, load_tokenizer, processor_settings
+
+# model.json's model_id -> the processor / rotary family.
+MODEL_FAMILIES = {"qwen2_5vl": "qwen2_5_vl", "qwen3vl": "qwen3_vl"}
+
+
+def family_of(model_cfg, data_cfg: QwenVLDataConfig) -> str:
+    """model.json's ``model_id`` decides the family; without one (or no model config), data.json's template."""
+    model_id = model_cfg.get("model_id") if isinstance(model_cfg, dict) else getattr(model_cfg, "model_id", None)
+    if model_id is None:
+        return data_cfg.family
+    if model_id not in MODEL_FAMILIES:
+        raise MMConfigError(f"{data_cfg.file}: a huggingface dataset feeds model_id {' or '.join(MODEL_FAMILIES)}, "
+                            f"not {model_id!r}")
+    return MODEL_FAMILIES[model_id]
+
+
+class QwenVLDataset(torch.utils.data.Dataset):
+    """``num_samples`` samples drawn epoch by epoch from the records (a seeded new order each epoch when
+    shuffling); a record that fails is named, or under ``skip_bad`` replaced by the next one."""
+
+    def __init__(self, records, builder: SampleBuilder, num_samples: int, shuffle: bool, seed: int, skip_bad: bool,
+                 source: str = "the dataset"):
+        self.records, self.builder, self.num_samples, self.source = records, builder, num_samples, source
+        self.pad_id = builder.pad_id  # what collate pads tokens and labels with
+        self.shuffle, self.seed, self.skip_bad = shuffle, seed, skip_bad
+        self._order: tuple[int, torch.Tensor] | None = None
+        self._warned: set[str] = set()
+
+    def __len__(self) -> int:
+        return self.num_samples
+
+    def record_index(self, index: int) -> int:
+        epoch, within = divmod(index, len(self.records))
+        if not self.shuffle:
+            return within
+        if self._order is None or self._order[0] != epoch:
+            generator = torch.Generator().manual_seed(self.seed * 1_000_003 + epoch)
+            self._order = (epoch, torch.randperm(len(self.records), generator=generator))
+        return int(self._order[1][within])
+
+    def __getitem__(self, index: int) -> dict:
+        first = self.record_index(index)
+        for attempt in range(len(self.records)):
+            record = self.records[(first + attempt) % len(self.records)]
+            try:
+                return self.builder.build(record)
+            except MMDataError as exc:
+                if not self.skip_bad:
+                    raise
+                if record.where not in self._warned:
+                    self._warned.add(record.where)
+                    print(f"[pretrain_mm] skipping {exc} (--mm-skip-bad-records)", flush=True)
+        raise MMDataError(f"{self.source}: no record could be made into a sample")
+
+
+def build_train_dataset(args, data_cfg, model_cfg, num_samples: int) -> QwenVLDataset:
+    """The training dataset of a ``huggingface`` data.json (a :class:`QwenVLDataConfig` or its path).
+
+    ``args``: ``seq_length``, ``seed`` and ``mm_skip_bad_records`` are read. ``model_cfg``: model.json's
+    parsed dict or config object, for its ``model_id`` (or None).
+    """
+    if not isinstance(data_cfg, QwenVLDataConfig):
+        data_cfg = load_qwen_vl_data_config(data_cfg)
+    family = family_of(model_cfg, data_cfg)
+    where = f"{data_cfg.file}: dataset_param.preprocess_parameters.model_name_or_path"
+    tokenizer, pad_id, image_pad_id = load_tokenizer(data_cfg.model_name_or_path, where)
+    try:
+        settings = processor_settings(family, data_cfg.model_name_or_path, data_cfg.image_min_pixels,
+                                      data_cfg.image_max_pixels)
+    except ValueError as exc:
+        raise MMConfigError(f"{data_cfg.file}: dataset_param.preprocess_parameters: {exc}") from None
+    max_ids, limit_text = args.seq_length + 1, f"--seq-length {args.seq_length}"
+    if data_cfg.cutoff_len is not None and data_cfg.cutoff_len < max_ids:
+        max_ids, limit_text = data_cfg.cutoff_len, f"cutoff_len {data_cfg.cutoff_len}"
+    if max_ids < 2:
+        raise MMConfigError(f"{data_cfg.file}: dataset_param.basic_parameters.cutoff_len: must be at least 2")
+    skip_bad = bool(getattr(args, "mm_skip_bad_records", False))
+    records, skipped = read_vl_records(data_cfg, skip_bad)
+    if skipped:
+        reasons = ", ".join(f"{n} {reason}" for reason, n in sorted(skipped.items()))
+        print(f"> {data_cfg.dataset}: {len(records)} records used, {sum(skipped.values())} skipped ({reasons}) "
+              f"under --mm-skip-bad-records", flush=True)
+    builder = SampleBuilder(tokenizer, pad_id, image_pad_id, settings, family, data_cfg.template, max_ids,
+                            limit_text, data_cfg.train_on_prompt, data_cfg.mask_history)
+    return QwenVLDataset(records, builder, num_samples, data_cfg.shuffle, args.seed, skip_bad, data_cfg.dataset)
+
+
+def collate(samples: list[dict], pad_id: int = 0, length: int | None = None, multiple: int = 1) -> dict:
+    """Samples to one micro-batch: padded on the right to the longest sample (or ``length``), rounded up to
+    ``multiple``; images concatenated in sample order."""
+    longest = max(len(s["tokens"]) for s in samples)
+    size = length if length is not None else longest
+    size = math.ceil(size / multiple) * multiple
+    if longest > size:
+        raise ValueError(f"a sample of {longest} tokens does not fit the padded length {size}")
+    batch = len(samples)
+    tokens = torch.full((batch, size), pad_id, dtype=torch.long)
+    labels = torch.full((batch, size), pad_id, dtype=torch.long)
+    loss_mask = torch.zeros(batch, size, dtype=torch.float32)
+    position_ids = torch.zeros(3, batch, size, dtype=torch.long)
+    for row, sample in enumerate(samples):
+        n = len(sample["tokens"])
+        tokens[row, :n], labels[row, :n] = sample["tokens"], sample["labels"]
+        loss_mask[row, :n] = sample["loss_mask"]
+        position_ids[:, row, :n] = sample["position_ids"]
+    return {"tokens": tokens, "labels": labels, "loss_mask": loss_mask, "position_ids": position_ids,
+            "pixel_values": torch.cat([s["pixel_values"] for s in samples]),
+            "image_grid_thw": torch.cat([s["image_grid_thw"] for s in samples])}
+
+
+def batch_shape_for(args) -> tuple[int | None, int]:
+    """(fixed length or None, multiple) the parallel layout asks of a micro-batch's sequence length:
+    fixed under pipeline parallelism unless --variable-seq-lengths; a multiple of the TP size under
+    sequence parallelism and of twice the CP size under context parallelism (both split the sequence)."""
+    fixed = None
+    if getattr(args, "pipeline_model_parallel_size", 1) > 1 and not getattr(args, "variable_seq_lengths", False):
+        fixed = args.seq_length
+    multiple = 1
+    if getattr(args, "sequence_parallel", False):
+        multiple *= args.tensor_model_parallel_size
+    if getattr(args, "context_parallel_size", 1) > 1:
+        multiple *= 2 * args.context_parallel_size
+    return fixed, multiple
+
+
+def data_loader(dataset: QwenVLDataset, batch_sampler, args):
+    """A DataLoader of micro-batches (index lists from ``batch_sampler``) collated for ``args``' layout."""
+    length, multiple = batch_shape_for(args)
+    return torch.utils.data.DataLoader(
+        dataset, batch_sampler=batch_sampler, num_workers=args.num_workers, pin_memory=torch.cuda.is_available(),
+        persistent_workers=args.num_workers > 0,
+        collate_fn=functools.partial(collate, pad_id=dataset.pad_id, length=length, multiple=multiple))
+
+
+def build_train_loader(dataset: QwenVLDataset, args, consumed_samples: int):
+    """An iterator of micro-batches for this data-parallel rank, behind Megatron's pretraining sampler
+    (so that resuming skips the consumed samples as usual).
+
+    Hand it to Megatron with ``args.dataloader_type = "external"`` (Megatron then iterates it as given)."""
+    from megatron.core import mpu
+    from megatron.training.datasets.data_samplers import MegatronPretrainingSampler
+
+    sampler = MegatronPretrainingSampler(
+        total_samples=len(dataset), consumed_samples=consumed_samples, micro_batch_size=args.micro_batch_size,
+        data_parallel_rank=mpu.get_data_parallel_rank(), data_parallel_size=mpu.get_data_parallel_world_size())
+    return iter(data_loader(dataset, sampler, args))
+
+
+def build_train_iterator(args, data_cfg, model_cfg, num_samples: int):
+    """What pretrain_mm.py's dataset provider returns for a ``huggingface`` data.json: the micro-batch
+    iterator from ``args.consumed_train_samples`` on (Megatron sets it before calling the provider when
+    resuming); switches ``args.dataloader_type`` to ``"external"`` so that Megatron iterates it as given."""
+    dataset = build_train_dataset(args, data_cfg, model_cfg, num_samples)
+    args.dataloader_type = "external"
+    return build_train_loader(dataset, args, args.consumed_train_samples)
