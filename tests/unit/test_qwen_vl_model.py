@@ -14,7 +14,7 @@ samples, the first with two images of different sizes (2x2 and 4x6 patches), the
   tools/qwen_vl_to_hf.py), under the checkpoint's own names;
 * model.json: a key not built here, a shape that disagrees with config.json, a fixed key with another value
   are one line each naming the JSON path; a pipeline split that puts Qwen3-VL's deepstack layers past the
-  first stage, and context parallelism, are one line each.
+  first stage, context parallelism and a LLaVA data.json are one line each.
 """
 from __future__ import annotations
 
@@ -236,3 +236,11 @@ def test_layouts_the_model_cannot_run_are_one_line(tmp_path):
         check_qwen_vl_layout(args(pipeline_model_parallel_size=2), model_cfg)
     with pytest.raises(ArgumentError, match="--context-parallel-size > 1 and --sequence-parallel are not supported"):
         check_qwen_vl_layout(args(context_parallel_size=2), model_cfg)
+    # The LLaVA records' data.json cannot feed it.
+    from adaptor.mm.config import load_data_config
+    from patches.multimodal.mm_arguments import check_files
+
+    llava_data = load_data_config(ROOT / "examples" / "vlm" / "data.json")
+    with pytest.raises(ArgumentError, match=r"data\.json: a multimodal data\.json feeds model_id llava; .*qwen3vl\.json "
+                                            r"has model_id qwen3vl$"):
+        check_files(model_cfg, llava_data)
