@@ -23,7 +23,8 @@ if str(TESTS) not in sys.path:
     sys.path.insert(0, str(TESTS))
 
 from helpers.hf_fixtures import (  # noqa: E402
-    make_tiny_deepseek_v3, make_tiny_llama, make_tiny_mixtral, make_tiny_qwen3, make_tiny_qwen3_moe,
+    make_tiny_deepseek_v3, make_tiny_llama, make_tiny_mixtral, make_tiny_qwen2_5_vl, make_tiny_qwen3, make_tiny_qwen3_moe,
+    make_tiny_qwen3_vl,
 )
 
 E2E = TESTS / "e2e"
@@ -87,6 +88,9 @@ HF_MODELS = {
     "mixtral": lambda path: make_tiny_mixtral(path),
     # The sample tokenizer's vocabulary (1,436 tokens): text decoders of pretrain_mm.py.
     "qwen3_vocab1436": lambda path: make_tiny_qwen3(path, vocab_size=1436),
+    # Whole vision-language models (tied Qwen2.5-VL; untied Qwen3-VL with deepstack): pretrain_mm.py's Qwen-VL side.
+    "qwen2_5_vl": lambda path: make_tiny_qwen2_5_vl(path),
+    "qwen3_vl": lambda path: make_tiny_qwen3_vl(path),
 }
 
 

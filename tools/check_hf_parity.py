@@ -4,12 +4,15 @@
     python tools/check_hf_parity.py --hf-dir tiny_dsv3 --model-type deepseek3 --tp 2 --pp 2 --ep 2
     python tools/check_hf_parity.py --hf-dir /models/Qwen3-0.6B --lora-dir my_adapter --tp 2
     python tools/check_hf_parity.py --hf-dir /models/Qwen3-0.6B --pp 2 --vpp 2
+    python tools/check_hf_parity.py --hf-dir /models/Qwen2.5-VL-3B-Instruct --tp 2 --pp 2
 
 One fixed random batch, fp32, twice: transformers (``AutoModelForCausalLM``, eager attention) here,
 and Megatron's GPTModel (``pretrain_gpt.model_provider``, flags from
 ``adaptor.convert.megatron_args_from_hf_config``, loaded as ``--hf-load-dir`` loads) under torchrun
 (``ADAPTOR_BACKEND``, default cpu/gloo), logits gathered over TP, padding stripped. ``--lora-dir``
 adds a PEFT adapter on both sides (``peft.PeftModel``, ``adaptor.convert.online.load_peft_adapter``).
+Qwen2.5-VL and Qwen3-VL directories run a batch with images (tools/vl_parity.py): transformers'
+``AutoModelForImageTextToText`` against pretrain_mm.py's model of a model.json naming the directory.
 
 Prints the max abs logit difference and exits 1 past ``--tolerance``; bad input is one line
 ``check_hf_parity.py: error: ...`` and exit 2.
@@ -29,7 +32,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 PROG = "check_hf_parity.py"
 MODEL_TYPES = {"qwen3": "qwen3", "deepseek_v3": "deepseek3", "llama": "llama2", "qwen2": "qwen2",
-               "qwen3_moe": "qwen3-moe", "mixtral": "mixtral"}
+               "qwen3_moe": "qwen3-moe", "mixtral": "mixtral", "qwen2_5_vl": "qwen2_5_vl", "qwen3_vl": "qwen3_vl"}
+VL = ("qwen2_5_vl", "qwen3_vl")
 
 
 def error(message: str, code: int = 2):
@@ -69,14 +73,19 @@ def layout_world_size(tp: int, pp: int, ep: int) -> int:
     return tp * pp * dp
 
 
-def megatron_flags(model_type: str, config: dict, opts) -> list[str]:
+def vocab_size(config: dict) -> int:
+    return int(config.get("vocab_size") or config["text_config"]["vocab_size"])
+
+
+def megatron_flags(model_type: str, config: dict, opts, flags: list[str] | None = None) -> list[str]:
+    """The run's flags: the model's (``flags``, or those of config.json) and the layout's."""
     from adaptor.convert import padded_vocab_size
     from adaptor.convert.config_check import model_flags
 
-    flags = model_flags(model_type, config)
+    flags = model_flags(model_type, config) if flags is None else flags
     world = layout_world_size(opts.tp, opts.pp, opts.ep)
     dp = world // (opts.tp * opts.pp)
-    vocab = int(config["vocab_size"])
+    vocab = vocab_size(config)
     drop = {"--vocab-size", "--seq-length", "--max-position-embeddings", "--micro-batch-size",
             "--global-batch-size", "--tokenizer-type", "--padded-vocab-size", "--make-vocab-size-divisible-by"}
     kept, skip = [], False
@@ -88,7 +97,8 @@ def megatron_flags(model_type: str, config: dict, opts) -> list[str]:
             skip = i + 1 < len(flags) and not flags[i + 1].startswith("--")
             continue
         kept.append(flag)
-    max_pos = max(opts.seq_len, int(config.get("max_position_embeddings") or opts.seq_len))
+    max_pos = max(opts.seq_len, int({**config, **config.get("text_config", {})}.get("max_position_embeddings")
+                                    or opts.seq_len))
     kept += [
         "--tensor-model-parallel-size", str(opts.tp), "--pipeline-model-parallel-size", str(opts.pp),
         "--expert-model-parallel-size", str(opts.ep),
@@ -180,11 +190,24 @@ def main(argv=None) -> int:
 
     from adaptor.convert import ConversionError, HfCheckpoint, Layout, model_mapping
 
+    work = tempfile.TemporaryDirectory(prefix="hf_parity_")
     try:
         HfCheckpoint(str(hf_dir)).names()
         etp = 1 if opts.ep > 1 else None
-        model_mapping(model_type, config).check_layout(Layout(opts.tp, opts.pp, opts.ep, etp, opts.vpp))
-        flags = megatron_flags(model_type, config, opts)
+        layout = Layout(opts.tp, opts.pp, opts.ep, etp, opts.vpp)
+        model_json = None
+        if model_type in VL:
+            if opts.lora_dir is not None or opts.vpp > 1 or opts.ep > 1:
+                error(f"--hf-dir {opts.hf_dir}: {model_type} runs without --lora-dir, --vpp and --ep")
+            from adaptor.mm.qwen_vl.text_weights import text_mapping
+            from vl_parity import decoder_flags, write_model_json
+
+            text_mapping(config).check_layout(layout)
+            model_json = write_model_json(str(hf_dir), work.name)
+            flags = megatron_flags(model_type, config, opts, decoder_flags(model_json))
+        else:
+            model_mapping(model_type, config).check_layout(layout)
+            flags = megatron_flags(model_type, config, opts)
         if opts.lora_dir is not None:
             flags += lora_flags(opts.lora_dir)
     except ConversionError as exc:
@@ -197,20 +220,33 @@ def main(argv=None) -> int:
         lora = opts.lora_dir and opts.lora_dir in message
         where = f"--lora-dir {opts.lora_dir}" if lora else f"--hf-dir {opts.hf_dir}"
         error(f"{where}: {message}")
-    vocab = int(config["vocab_size"])
+    vocab = vocab_size(config)
     generator = torch.Generator().manual_seed(opts.seed)
-    tokens = torch.randint(0, vocab, (opts.batch, opts.seq_len), generator=generator)
+    if model_json is not None:
+        from vl_parity import make_batch
+
+        try:
+            inputs = make_batch(config, opts.batch, opts.seq_len, generator)
+        except ValueError as exc:
+            error(str(exc))
+    else:
+        inputs = torch.randint(0, vocab, (opts.batch, opts.seq_len), generator=generator)
     nproc = layout_world_size(opts.tp, opts.pp, opts.ep)
-    with tempfile.TemporaryDirectory(prefix="hf_parity_") as work:
+    with work:
         spec = {"hf_dir": str(hf_dir.resolve()), "model_type": model_type, "flags": flags, "vocab": vocab,
-                "tokens": str(Path(work) / "tokens.pt"), "logits": str(Path(work) / "logits.pt"),
-                "spec_file": str(Path(work) / "spec.json"),
+                "tokens": str(Path(work.name) / "tokens.pt"), "logits": str(Path(work.name) / "logits.pt"),
+                "spec_file": str(Path(work.name) / "spec.json"), "model_json": model_json,
                 "lora_dir": str(Path(opts.lora_dir).resolve()) if opts.lora_dir else None}
-        torch.save(tokens, spec["tokens"])
+        torch.save(inputs, spec["tokens"])
         Path(spec["spec_file"]).write_text(json.dumps(spec))
         run_megatron(spec, nproc, opts.timeout)
         megatron = torch.load(spec["logits"])
-    base, adapted = hf_logits(str(hf_dir), tokens, opts.lora_dir)
+    if model_json is not None:
+        from vl_parity import hf_logits as vl_hf_logits
+
+        base, adapted = vl_hf_logits(str(hf_dir), inputs), None
+    else:
+        base, adapted = hf_logits(str(hf_dir), inputs, opts.lora_dir)
     reference = base if adapted is None else adapted
     if megatron.shape != reference.shape:
         error(f"logits shapes differ: Megatron {tuple(megatron.shape)}, transformers {tuple(reference.shape)}")
@@ -252,12 +288,18 @@ def worker(spec_file: str) -> int:
     parse_and_validate_args(args_defaults={"tokenizer_type": "NullTokenizer"})
     initialize_megatron()
     args = get_args()
-    args.hf_load_dir, args.model_type_hf = spec["hf_dir"], spec["model_type"]
-    model = get_model(model_provider, ModelType.encoder_or_decoder, wrap_with_ddp=False)
-    try:
-        load_hf_weights(model, args)
-    except ConversionError as exc:
-        fail(f"--hf-dir {spec['hf_dir']}: {exc}")
+    vl = spec.get("model_json") is not None
+    if vl:  # built and loaded (init_from_hf_path) as pretrain_mm.py does
+        from vl_parity import model_provider_for
+
+        model = get_model(model_provider_for(spec["model_json"]), ModelType.encoder_or_decoder, wrap_with_ddp=False)
+    else:
+        args.hf_load_dir, args.model_type_hf = spec["hf_dir"], spec["model_type"]
+        model = get_model(model_provider, ModelType.encoder_or_decoder, wrap_with_ddp=False)
+        try:
+            load_hf_weights(model, args)
+        except ConversionError as exc:
+            fail(f"--hf-dir {spec['hf_dir']}: {exc}")
     if spec.get("lora_dir"):
         from adaptor.convert.online import load_peft_adapter
 
@@ -268,13 +310,25 @@ def worker(spec_file: str) -> int:
     for chunk in model:
         chunk.eval()
     device = next(model[0].parameters()).device
-    tokens = torch.load(spec["tokens"]).to(device)
+    inputs = torch.load(spec["tokens"])
+    if vl:  # read on TP rank 0 and sent over the TP group, as pretrain_mm.py's batches are
+        from adaptor.mm.qwen_vl.steps import broadcast_batch
+
+        batch = {**inputs, "labels": inputs["tokens"], "loss_mask": torch.ones(inputs["tokens"].shape)}
+        inputs = broadcast_batch(batch if mpu.get_tensor_model_parallel_rank() == 0 else None)
+        tokens, position_ids, attention_mask = inputs["tokens"], inputs["position_ids"], None
+    else:
+        tokens = inputs.to(device)
     batch, seq = tokens.shape
-    position_ids = torch.arange(seq, device=device).unsqueeze(0).expand(batch, -1)
-    attention_mask = torch.triu(torch.ones(seq, seq, dtype=torch.bool, device=device), diagonal=1)[None, None]
+    if not vl:
+        position_ids = torch.arange(seq, device=device).unsqueeze(0).expand(batch, -1)
+        attention_mask = torch.triu(torch.ones(seq, seq, dtype=torch.bool, device=device), diagonal=1)[None, None]
 
     def forward_step(data_iterator, chunk):
-        output = chunk(tokens, position_ids, attention_mask)
+        if vl:
+            output = chunk(tokens, position_ids, inputs["pixel_values"], inputs["image_grid_thw"])
+        else:
+            output = chunk(tokens, position_ids, attention_mask)
         return output, lambda out, non_loss_data=False: out
 
     # The interleaved schedule (virtual stages) runs at least PP micro-batches: the same batch each time.

@@ -5,4 +5,7 @@
   ``MultimodalProjector``, ``GPTModel``) built from them and Megatron's arguments.
 - :mod:`adaptor.mm.data`: JSONL image-caption/conversation records, images decoded with Pillow.
 - :mod:`adaptor.mm.weights`: initial weights of the parts (converted Qwen3, HF Qwen3, HF CLIP/SigLIP).
+- :mod:`adaptor.mm.llava_steps`: the LLaVA model's batch, forward step and dataset.
+- :mod:`adaptor.mm.builders`: model.json's ``model_id`` to the model, weights, forward step and dataset
+  pretrain_mm.py uses (``llava``, or Qwen2.5-VL / Qwen3-VL of :mod:`adaptor.mm.qwen_vl`).
 """

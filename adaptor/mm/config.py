@@ -37,14 +37,16 @@ class MMConfigError(ValueError):
 class Key:
     """One JSON key: its type, whether it must be given, its default, its allowed values."""
 
-    kind: Any  # int, float, bool, str, "floats3" (three numbers), None (only null accepted)
+    kind: Any  # int, float, bool, str, "floats3" (three numbers), "ints" (a list of integers),
+    # "object" (an object or null, checked by its reader), None (only null)
     required: bool = False
     default: Any = None
     choices: tuple = ()
 
 
 _TYPE_NAMES = {int: "an integer", float: "a number", bool: "true or false", str: "a string",
-               "floats3": "a list of three numbers", None: "null"}
+               "floats3": "a list of three numbers", "ints": "a list of integers",
+               "object": "an object or null", None: "null"}
 
 
 def _value(value, key: Key, where: str):
@@ -57,6 +59,8 @@ def _value(value, key: Key, where: str):
         None: value is None,
         "floats3": isinstance(value, list) and len(value) == 3
         and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in value),
+        "ints": isinstance(value, list) and all(isinstance(v, int) and not isinstance(v, bool) for v in value),
+        "object": value is None or isinstance(value, dict),
     }[kind]
     if not ok:
         raise MMConfigError(f"{where}: expected {_TYPE_NAMES[kind]}, got {json.dumps(value)}")
@@ -66,6 +70,8 @@ def _value(value, key: Key, where: str):
         return float(value)
     if kind == "floats3":
         return tuple(float(v) for v in value)
+    if kind == "ints":
+        return tuple(value)
     return value
 
 
@@ -118,6 +124,10 @@ def resolve(base: Path, value: str | None) -> str | None:
 
 
 # ------------------------------------------------------------------------------------ model.json
+# model_id values of the Qwen-VL family (adaptor.mm.qwen_vl.model_json); MindSpeed-MM spells Qwen3-VL both ways.
+QWEN_VL_MODEL_IDS = ("qwen2_5vl", "qwen3vl", "qwen3_vl")
+
+
 # text_decoder keys and the Megatron argument (dest) each one sets.
 TEXT_DECODER_ARGS = {
     "num_layers": "num_layers", "hidden_size": "hidden_size", "ffn_hidden_size": "ffn_hidden_size",
@@ -128,7 +138,7 @@ TEXT_DECODER_ARGS = {
     "max_position_embeddings": "max_position_embeddings",
     "untie_embeddings_and_output_weights": "untie_embeddings_and_output_weights",
     "hidden_dropout": "hidden_dropout", "attention_dropout": "attention_dropout",
-    "init_method_std": "init_method_std",
+    "init_method_std": "init_method_std", "mrope_section": "mrope_section",
 }
 
 TEXT_DECODER = {
@@ -167,7 +177,7 @@ VISION_PROJECTOR = {
 }
 
 MODEL = {
-    "model_id": Key(str, default="llava", choices=("llava",)),
+    "model_id": Key(str, default="llava", choices=("llava",) + QWEN_VL_MODEL_IDS),
     "image_encoder": {"vision_encoder": VISION_ENCODER, "vision_projector": VISION_PROJECTOR},
     "text_decoder": TEXT_DECODER,
     # Present in MindSpeed-MM's files; only null (absent) is supported here.
@@ -181,6 +191,10 @@ class MMModelConfig:
     vision: dict
     projector: dict
     text: dict
+    # "llava", or a model of :mod:`adaptor.mm.qwen_vl.model_json` (which fills the fields below)
+    model_id: str = "llava"
+    hf_config: dict | None = None  # the whole model as a Hugging Face config.json would describe it
+    init_from_hf_path: str | None = None  # a Hugging Face directory whose weights start the run
 
     def where(self, section: str, key: str) -> str:
         prefix = {"vision": "image_encoder.vision_encoder", "projector": "image_encoder.vision_projector",
@@ -190,6 +204,10 @@ class MMModelConfig:
 
 def load_model_config(path) -> MMModelConfig:
     raw, file = read_json(path)
+    if isinstance(raw, dict) and raw.get("model_id") in QWEN_VL_MODEL_IDS:
+        from adaptor.mm.qwen_vl.model_json import load_qwen_vl_model_config
+
+        return load_qwen_vl_model_config(raw, file, str(path))
     cfg = check_section(raw, MODEL, "", str(path))
     vision, projector, text = cfg["image_encoder"]["vision_encoder"], cfg["image_encoder"]["vision_projector"], \
         cfg["text_decoder"]

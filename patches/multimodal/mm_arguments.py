@@ -6,7 +6,8 @@ GPTModel flags (``num_layers`` â†’ ``--num-layers``, ``activation_func: silu`` â
 ``vocab_size`` the padded vocabulary), a disagreeing command-line flag is one line naming both, and
 ``dataloader_param.num_workers`` sets ``--num-workers`` unless given. One-line checks: files and
 paths, tower/projector widths vs TP, image sizes, room for text in ``--seq-length``, a tokenizer, and
-layouts LLaVAModel does not run here (PP, CP, ``--sequence-parallel`` without TE attention).
+layouts LLaVAModel does not run here (PP, CP, ``--sequence-parallel`` without TE attention); for
+Qwen2.5-VL / Qwen3-VL, TP and PP (deepstack layers on the first stage), no CP or sequence parallelism.
 """
 from __future__ import annotations
 
@@ -69,8 +70,44 @@ def apply_model_json(args, explicit: set, model_cfg) -> None:
         args.padded_vocab_size = vocab
 
 
+def check_qwen_vl_layout(args, model_cfg) -> None:
+    """What the Qwen-VL model runs on: TP and PP (the tower on the first stage, deepstack layers there too)."""
+    from adaptor.mm.qwen_vl.model_json import text_config, vision_settings
+
+    settings, text = vision_settings(model_cfg), text_config(model_cfg)
+    if (getattr(args, "context_parallel_size", 1) or 1) > 1 or getattr(args, "sequence_parallel", False):
+        raise ArgumentError(f"pretrain_mm.py: {model_cfg.model_id} places image rows in the whole sequence: "
+                            f"--context-parallel-size > 1 and --sequence-parallel are not supported")
+    if getattr(args, "virtual_pipeline_model_parallel_size", None) or \
+            getattr(args, "num_layers_per_virtual_pipeline_stage", None):
+        raise ArgumentError(f"pretrain_mm.py: {model_cfg.model_id} runs without virtual pipeline stages")
+    tp, pp = args.tensor_model_parallel_size, args.pipeline_model_parallel_size
+    for what, value in (("vision_config num_heads", settings.num_heads),
+                        ("vision_config intermediate_size", settings.intermediate_size),
+                        ("the merger width", settings.merge_unit * settings.hidden_size)):
+        if value % tp:
+            raise ArgumentError(f"{model_cfg.file}: {what} {value} is not divisible by "
+                                f"--tensor-model-parallel-size {tp}")
+    for flag in ("decoder_first_pipeline_num_layers", "decoder_last_pipeline_num_layers"):
+        if getattr(args, flag, None) is not None:  # the weight mappings place layers by an even split
+            raise ArgumentError(f"pretrain_mm.py: {model_cfg.model_id} splits the decoder evenly over the pipeline "
+                                f"stages; drop --{flag.replace('_', '-')}")
+    first = text.num_layers // pp
+    stacked = len(settings.deepstack_visual_indexes)
+    if pp > 1 and stacked > first:
+        raise ArgumentError(f"pretrain_mm.py: {model_cfg.model_id} adds deepstack features after decoder layers "
+                            f"1..{stacked}, which must lie on the first pipeline stage; it holds {first} at "
+                            f"--pipeline-model-parallel-size {pp}")
+
+
 def check_layout(args, model_cfg, data_cfg) -> None:
     """The layout against model.json, and (``data_cfg`` given: training) the images against the sequence."""
+    if model_cfg.model_id != "llava":
+        if _generation_entry():
+            raise ArgumentError(f"{_generation_entry()} runs the language model of a llava model.json; "
+                                f"{model_cfg.model_id} is not supported there")
+        check_qwen_vl_layout(args, model_cfg)
+        return
     vision, projector = model_cfg.vision, model_cfg.projector
     tp = args.tensor_model_parallel_size
     for flag, dest in (("--pipeline-model-parallel-size", "pipeline_model_parallel_size"),
@@ -103,6 +140,20 @@ def check_layout(args, model_cfg, data_cfg) -> None:
 
 
 def check_files(model_cfg, data_cfg) -> None:
+    from adaptor.mm.config import MMConfigError
+    from adaptor.mm.qwen_vl.data_config import QwenVLDataConfig, check_paths
+
+    qwen_data, qwen_model = isinstance(data_cfg, QwenVLDataConfig), model_cfg.model_id != "llava"
+    if qwen_data != qwen_model:
+        kind, feeds = ("huggingface", "qwen2_5vl or qwen3vl") if qwen_data else ("multimodal", "llava")
+        raise ArgumentError(f"{data_cfg.file}: a {kind} data.json feeds model_id {feeds}; {model_cfg.file} has "
+                            f"model_id {model_cfg.model_id}")
+    if qwen_model:  # init_from_hf_path was read with model.json
+        try:
+            check_paths(data_cfg)
+        except MMConfigError as exc:
+            raise ArgumentError(str(exc)) from None
+        return
     if not os.path.isfile(data_cfg.data_path):
         raise ArgumentError(f"{data_cfg.file}: dataset_param.basic_parameters.data_path: no such file "
                             f"{data_cfg.data_path}")
@@ -143,7 +194,8 @@ class MultimodalArguments(Feature):
 
     def set_defaults(self, args, ctx) -> None:
         from adaptor.errors import fail
-        from adaptor.mm.config import MMConfigError, cached_data_config, cached_model_config
+        from adaptor.mm.config import MMConfigError, cached_model_config
+        from adaptor.mm.qwen_vl.data_config import cached_mm_data_config
 
         generating = _generation_entry()
         if args.mm_data is None and not generating:
@@ -153,20 +205,21 @@ class MultimodalArguments(Feature):
         try:
             model_cfg = cached_model_config(args.mm_model)
             apply_model_json(args, ctx.explicit, model_cfg)
-            data_cfg = None if generating else cached_data_config(args.mm_data)
+            data_cfg = None if generating else cached_mm_data_config(args.mm_data)
         except MMConfigError as exc:
             fail(str(exc))
         if data_cfg is not None and data_cfg.num_workers is not None and "num_workers" not in ctx.explicit:
             args.num_workers = data_cfg.num_workers
 
     def validate(self, args, ctx) -> None:
-        from adaptor.mm.config import cached_data_config, cached_model_config
+        from adaptor.mm.config import cached_model_config
+        from adaptor.mm.qwen_vl.data_config import cached_mm_data_config
 
         model_cfg = cached_model_config(args.mm_model)
         if _generation_entry():  # the text side of a trained checkpoint: no data, no initial weights
             check_layout(args, model_cfg, None)
         else:
-            data_cfg = cached_data_config(args.mm_data)
+            data_cfg = cached_mm_data_config(args.mm_data)
             check_files(model_cfg, data_cfg)
             check_layout(args, model_cfg, data_cfg)
         if args.tokenizer_type == "NullTokenizer":
@@ -174,4 +227,5 @@ class MultimodalArguments(Feature):
                                 "HuggingFaceTokenizer with --tokenizer-model")
         if getattr(args, "hf_load_dir", None) or getattr(args, "hf_save_dir", None):
             raise ArgumentError("pretrain_mm.py: --hf-load-dir/--hf-save-dir load a GPT model; give the text "
-                                "decoder's checkpoint as model.json's text_decoder.ckpt_path")
+                                "decoder's checkpoint as model.json's text_decoder.ckpt_path (llava) or the "
+                                "whole model's directory as init_from_hf_path (qwen2_5vl, qwen3vl)")

@@ -1,11 +1,12 @@
 """Hugging Face checkpoints in Megatron: logits equal transformers', and online load/save in training.
 
 Tiny random Qwen3ForCausalLM (tied and untied), DeepseekV3ForCausalLM (MLA + MoE + MTP), LlamaForCausalLM,
-Qwen2ForCausalLM, Qwen3MoeForCausalLM and MixtralForCausalLM from tests/helpers/hf_fixtures.py, saved by
-transformers as the Hub publishes them:
+Qwen2ForCausalLM, Qwen3MoeForCausalLM, MixtralForCausalLM and Qwen2_5_VLForConditionalGeneration from
+tests/helpers/hf_fixtures.py, saved by transformers as the Hub publishes them:
 
 * tools/check_hf_parity.py (torchrun, gloo) computes Megatron's logits at TP1/PP1, TP2/PP2,
   TP2/PP2/EP2 and PP2 with two virtual stages each, and compares them with transformers' (fp32, eager attention);
+  Qwen2.5-VL (pretrain_mm.py's model, images in the batch) at TP2 and at PP2;
 * pretrain_gpt.py --hf-load-dir trains from the HF weights (the same losses as a run that
   --load's the offline-converted checkpoint), and --hf-save-dir writes a directory that
   transformers loads and whose tensors are the Megatron weights at the end, and whose failure (on
@@ -99,6 +100,9 @@ def one_process_parity(hf_dirs, tmp_path_factory):
     ("mixtral", ["--tp", "2", "--pp", "2", "--ep", "2"]),
     # interleaved schedule: two virtual stages of one layer per pipeline rank, the tied output copy in the last
     ("qwen3_tied", ["--pp", "2", "--vpp", "2"]),
+    # Qwen2.5-VL, two images of different sizes in a sample: the tower's heads split over TP, the tower on stage 0
+    ("qwen2_5_vl", ["--tp", "2"]),
+    ("qwen2_5_vl", ["--pp", "2"]),
 ])
 def test_logits_match_transformers(hf_dirs, one_process_parity, name, layout):
     started = one_process_parity.get((name, tuple(layout)))

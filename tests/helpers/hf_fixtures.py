@@ -264,6 +264,54 @@ def make_tiny_vision_tower(path, kind: str = "clip", layers: int = 3, seed: int 
     return path
 
 
+VL_IMAGE_TOKEN, VL_VIDEO_TOKEN, VL_VISION_START = 150, 151, 152
+VL_TEXT = dict(hidden_size=HIDDEN_SIZE, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+               num_key_value_heads=2, vocab_size=160, max_position_embeddings=4096, rms_norm_eps=1e-6,
+               bos_token_id=0, eos_token_id=1)
+
+
+def make_tiny_qwen2_5_vl(path, seed: int = 0, tied: bool = True, vocab_size: int = 160) -> Path:
+    """A Qwen2_5_VLForConditionalGeneration: decoder hidden 64, 4 heads / 2 groups, 2 layers, M-RoPE sections
+    [2, 3, 3] (head_dim 16), q/k/v bias; vision tower 2 blocks of hidden 32 (one windowed, 56-pixel windows,
+    one full), 14-pixel patches merged 2x2."""
+    from transformers import Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration
+
+    config = Qwen2_5_VLConfig(
+        text_config={**VL_TEXT, "vocab_size": vocab_size, "rope_parameters": {
+            "rope_type": "default", "rope_theta": 10000.0, "mrope_section": [2, 3, 3]}},
+        vision_config=dict(depth=2, hidden_size=32, intermediate_size=48, num_heads=2, out_hidden_size=HIDDEN_SIZE,
+                           window_size=56, fullatt_block_indexes=[1], tokens_per_second=2),
+        image_token_id=VL_IMAGE_TOKEN, video_token_id=VL_VIDEO_TOKEN, vision_start_token_id=VL_VISION_START,
+        tie_word_embeddings=tied)
+    return _save_random_vl(Qwen2_5_VLForConditionalGeneration, config, path, seed)
+
+
+def make_tiny_qwen3_vl(path, seed: int = 0, tied: bool = False) -> Path:
+    """A Qwen3VLForConditionalGeneration: decoder as :func:`make_tiny_qwen2_5_vl` with q/k RMSNorm and interleaved
+    M-RoPE; vision tower 2 blocks of hidden 32, 16-pixel patches, a 4x4 learned position table, deepstack
+    features after block 0 (added after decoder layer 0)."""
+    from transformers import Qwen3VLConfig, Qwen3VLForConditionalGeneration
+
+    config = Qwen3VLConfig(
+        text_config={**VL_TEXT, "head_dim": 16, "rope_parameters": {
+            "rope_type": "default", "rope_theta": 5000.0, "mrope_section": [2, 3, 3], "mrope_interleaved": True}},
+        vision_config=dict(depth=2, hidden_size=32, intermediate_size=48, num_heads=2, out_hidden_size=HIDDEN_SIZE,
+                           patch_size=16, deepstack_visual_indexes=[0], num_position_embeddings=16),
+        image_token_id=VL_IMAGE_TOKEN, video_token_id=VL_VIDEO_TOKEN, vision_start_token_id=VL_VISION_START,
+        tie_word_embeddings=tied)
+    return _save_random_vl(Qwen3VLForConditionalGeneration, config, path, seed)
+
+
+def _save_random_vl(model_class, config, path, seed: int) -> Path:
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    torch.manual_seed(seed)
+    model = model_class(config).to(torch.float32)
+    _randomize(model, seed)
+    model.save_pretrained(path)
+    return path
+
+
 if __name__ == "__main__":  # python tests/helpers/hf_fixtures.py OUT_DIR: writes both tiny models
     import sys
 

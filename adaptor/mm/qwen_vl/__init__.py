@@ -27,4 +27,11 @@ Data side:
 - :mod:`.chat_format`: Qwen's chat format as text pieces in or out of the loss.
 - :mod:`.samples`: one record to token ids, loss, positions and patches.
 - :mod:`.dataset`: the training dataset, its micro-batch collate and its loader.
+
+The whole model in pretrain_mm.py:
+
+- :mod:`.model_json`: model.json of ``qwen2_5vl`` / ``qwen3vl`` (MindSpeed-MM's keys, ``init_from_hf_path``).
+- :mod:`.model`: :class:`~.model.QwenVLModel`, tower and decoder for Megatron's loop (TP, PP, freezing).
+- :mod:`.checkpoint`: the whole model's tensors from a Hugging Face directory per TP/PP rank, and back.
+- :mod:`.steps`: the batch's TP broadcast, the forward step, initial weights, the dataset call.
 """

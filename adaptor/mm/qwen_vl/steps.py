@@ -1,0 +1,93 @@
+"""pretrain_mm.py's steps for Qwen2.5-VL and Qwen3-VL (model.json ``model_id: qwen2_5vl`` / ``qwen3vl``).
+
+A micro-batch from the data pipeline holds ``tokens``, ``labels`` [b, s] (int64), ``loss_mask`` [b, s]
+(float32), ``position_ids`` [3, b, s] (int64, the 3-D rotary positions, so every pipeline stage has them),
+``pixel_values`` [patches, C*T*P*P] (float32, the micro-batch's images in order) and ``image_grid_thw``
+[images, 3] (int64). TP rank 0 reads it; :func:`broadcast_batch` sends it over the TP group, sizes first,
+since the number of patches changes from one micro-batch to the next (and may be zero).
+"""
+from __future__ import annotations
+
+from functools import partial
+
+import torch
+
+TEXT_INT_KEYS = ("tokens", "labels", "position_ids")
+
+
+def broadcast_batch(batch: dict | None) -> dict:
+    """``batch`` (TP rank 0; None elsewhere) on every rank of the TP group.
+
+    megatron's ``broadcast_data`` reads a tensor's shape up to its first zero, so the image tensors, which
+    are empty in a micro-batch without images, go separately: their sizes, then (if any) their values.
+    """
+    from megatron.core import mpu, tensor_parallel
+
+    out = {**tensor_parallel.broadcast_data(list(TEXT_INT_KEYS), batch, torch.int64),
+           **tensor_parallel.broadcast_data(["loss_mask"], batch, torch.float32)}
+    device = out["tokens"].device
+    group = mpu.get_tensor_model_parallel_group()
+    source = torch.distributed.get_process_group_ranks(group)[0]
+    first = batch is not None
+    sizes = [*batch["pixel_values"].shape, batch["image_grid_thw"].shape[0]] if first else [0, 0, 0]
+    sizes = torch.tensor(sizes, dtype=torch.int64, device=device)
+    torch.distributed.broadcast(sizes, source, group=group)
+    patches, width, images = sizes.tolist()
+    if first:
+        pixels = batch["pixel_values"].to(device, torch.float32).contiguous()
+        grid = batch["image_grid_thw"].to(device, torch.int64).contiguous()
+    else:
+        pixels = torch.empty(patches, width, dtype=torch.float32, device=device)
+        grid = torch.empty(images, 3, dtype=torch.int64, device=device)
+    if images:
+        torch.distributed.broadcast(pixels, source, group=group)
+        torch.distributed.broadcast(grid, source, group=group)
+    return {**out, "pixel_values": pixels, "image_grid_thw": grid}
+
+
+def get_batch(data_iterator) -> dict:
+    from megatron.core import mpu
+
+    return broadcast_batch(next(data_iterator) if mpu.get_tensor_model_parallel_rank() == 0 else None)
+
+
+def forward_step(data_iterator, model):
+    from megatron.training import get_timers
+
+    from adaptor.lm_loss import masked_lm_loss
+
+    timers = get_timers()
+    timers("batch-generator", log_level=2).start()
+    batch = get_batch(data_iterator)
+    timers("batch-generator").stop()
+    output = model(batch["tokens"], batch["position_ids"], batch["pixel_values"], batch["image_grid_thw"],
+                   labels=batch["labels"], loss_mask=batch["loss_mask"])
+    return output, partial(masked_lm_loss, batch["loss_mask"])
+
+
+def train_dataset(args, data_cfg, model_cfg, num_samples):
+    """The micro-batch iterator of a ``huggingface`` data.json (Megatron iterates it as given)."""
+    from adaptor.mm.qwen_vl.dataset import build_train_iterator
+
+    return build_train_iterator(args, data_cfg, model_cfg, num_samples)
+
+
+def load_initial_weights(model, model_cfg, args) -> None:
+    """model.json's ``init_from_hf_path``: this rank's tensors of that directory, split for the run's TP/PP."""
+    from megatron.core import mpu
+
+    from adaptor.convert import ConversionError, HfCheckpoint, Layout
+    from adaptor.errors import fail
+    from adaptor.log import notice
+    from adaptor.mm.qwen_vl.checkpoint import load_hf_into
+
+    path = model_cfg.init_from_hf_path
+    if path is None:
+        return
+    try:
+        count = load_hf_into(model, HfCheckpoint(path), Layout(tp=args.tensor_model_parallel_size,
+                                                               pp=args.pipeline_model_parallel_size),
+                             mpu.get_tensor_model_parallel_rank(), mpu.get_pipeline_model_parallel_rank())
+    except (ConversionError, ValueError, KeyError, OSError) as exc:
+        fail(f"{model_cfg.file}: init_from_hf_path {path}: {exc}")
+    notice(f"Qwen-VL model: {count} tensors on rank 0 loaded from {path}")
