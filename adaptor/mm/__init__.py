@@ -1,6 +1,7 @@
 """Vision-language pretraining pieces for pretrain_mm.py (MindSpeed-MM's model.json / data.json manner).
 
-- :mod:`adaptor.mm.config`: read and check model.json and data.json (errors name the JSON path).
+- :mod:`adaptor.mm.schema`: the key-by-key checker (errors name the JSON path) and the model.json record.
+- :mod:`adaptor.mm.config`: read and check model.json and data.json; dispatch on model.json's ``model_id``.
 - :mod:`adaptor.mm.model`: megatron-core's ``LLaVAModel`` (CLIP/SigLIP ``CLIPViTModel``,
   ``MultimodalProjector``, ``GPTModel``) built from them and Megatron's arguments.
 - :mod:`adaptor.mm.data`: JSONL image-caption/conversation records, images decoded with Pillow.

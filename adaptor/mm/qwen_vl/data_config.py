@@ -23,7 +23,7 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass
 
-from adaptor.mm.config import Key, MMConfigError, check_section, read_json, resolve
+from adaptor.mm.schema import Key, MMConfigError, check_section, read_json, resolve
 
 # Templates: the chat format, and the family whose processor and positions it implies without model.json.
 TEMPLATES = {"qwen2vl": "qwen2_5_vl", "qwen2_vl": "qwen2_5_vl", "qwen3_vl_nothink": "qwen3_vl"}

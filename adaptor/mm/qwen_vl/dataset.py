@@ -23,7 +23,7 @@ import math
 
 import torch
 
-from adaptor.mm.config import MMConfigError
+from adaptor.mm.schema import MMConfigError
 from adaptor.mm.data import MMDataError
 from adaptor.mm.qwen_vl.data_config import QwenVLDataConfig, load_qwen_vl_data_config
 from adaptor.mm.qwen_vl.records import read_vl_records

@@ -21,7 +21,7 @@ import json
 import math
 from pathlib import Path
 
-from adaptor.mm.config import Key, MMConfigError, MMModelConfig, check_section, resolve
+from adaptor.mm.schema import Key, MMConfigError, MMModelConfig, check_section, resolve
 
 FAMILY = {"qwen2_5vl": "qwen2_5_vl", "qwen3vl": "qwen3_vl", "qwen3_vl": "qwen3_vl"}
 VISION_IDS = {"qwen2_5_vl": ("qwen2vit",), "qwen3_vl": ("qwen3vit",)}

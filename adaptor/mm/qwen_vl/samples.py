@@ -22,7 +22,7 @@ from pathlib import Path
 
 import torch
 
-from adaptor.mm.config import MMConfigError
+from adaptor.mm.schema import MMConfigError
 from adaptor.mm.data import MMDataError
 from adaptor.mm.qwen_vl.chat_format import IMAGE_PAD, render
 from adaptor.mm.qwen_vl.image_processor import image_settings, preprocess
