@@ -43,11 +43,11 @@ def assert_close(got, expected):
     assert got.shape == expected.shape and diff <= bound, (tuple(got.shape), tuple(expected.shape), diff, bound)
 
 
-def make_adapter(path, separate_a: bool = False, seed: int = 0):
+def make_adapter(path, separate_a: bool = False, seed: int = 0, layers: int = LAYERS):
     """A PEFT adapter dir; q/k/v and gate/up share one lora_A (unless `separate_a`), B non-zero."""
     g = torch.Generator().manual_seed(seed)
     tensors = {}
-    for layer in range(LAYERS):
+    for layer in range(layers):
         shared = {}
         for module, (out, inp) in SHAPES.items():
             hf = f"model.layers.{layer}.{module}.weight"
@@ -133,6 +133,41 @@ def test_export_after_import_is_the_adapter_at_tp2_pp2(tmp_path):
     assert (config["r"], config["lora_alpha"], config["base_model_name_or_path"]) == (R, 16, "/models/base")
     loaded = LoraConfig.from_pretrained(str(out))
     assert (loaded.r, loaded.lora_alpha, loaded.task_type, loaded.bias) == (R, 16, "CAUSAL_LM", "none")
+
+
+def test_virtual_pipeline_chunks_import_and_export_the_adapter(tmp_path):
+    """PP2 x VPP2, 4 layers, TP2: each model chunk takes its adapter as the online import gives it (the chunk as a
+    pipeline rank of the flat layout, Layout.stage numbering); rank files holding "model0"/"model1" as Megatron
+    saves chunks export the adapter bit for bit; chunk 1 of pipeline rank 0 holds HF layer 2's adapter."""
+    from adaptor.convert.lora import peft_adapter_from_rank_files
+    from adaptor.convert.torch_legacy import rank_dir_name
+
+    config = dict(CONFIG, num_hidden_layers=4)
+    _, peft = make_adapter(tmp_path / "a", layers=4)
+    layout, adapter = Layout(tp=2, pp=2, vpp=2), PeftAdapter(tmp_path / "a")
+    flat = layout.flat()
+    mapping = lora_mapping(model_mapping("qwen3", config), LINEARS)
+    iteration = tmp_path / "ckpt" / "iter_0000001"
+    for tp_rank in range(2):
+        for pp_rank in range(2):
+            chunks = {}
+            for vp in range(2):
+                stage = layout.stage(pp_rank, vp)
+                names = {mapping.local_name(p, flat) for p in mapping.params(512) if mapping.stage_of(p, flat) == [stage]}
+                chunks[f"model{vp}"] = dict(peft_rank_tensors(adapter, "qwen3", config, flat, tp_rank, stage, 0,
+                                                              SETTINGS, names))
+            folder = iteration / rank_dir_name(tp_rank, pp_rank, 0, 2, 1)
+            folder.mkdir(parents=True)
+            torch.save(chunks, folder / "model_optim_rng.pt")
+            if (tp_rank, pp_rank) == (0, 0):
+                a = chunks["model1"]["decoder.layers.0.self_attention.linear_qkv.lora_A.weight"]
+                assert torch.equal(a, peft["base_model.model.model.layers.2.self_attn.q_proj.lora_A.weight"])
+    out = tmp_path / "out"
+    names = peft_adapter_from_rank_files(iteration, out, "qwen3", config, layout, SETTINGS)
+    assert sorted(names) == sorted(peft)
+    exported = PeftAdapter(out)
+    for name, tensor in peft.items():
+        assert torch.equal(exported.get(name), tensor), name
 
 
 def test_merging_each_rank_equals_merging_whole():
