@@ -2,7 +2,7 @@
 # Train a Qwen2.5-VL (window-attention vision tower, merger, M-RoPE decoder) with Megatron's own loop
 # through pretrain_mm.py, from MindSpeed-MM's model.json and data.json, on NPU, GPU or CPU.
 #
-#   bash examples/qwen25vl/pretrain.sh        # tiny random model on the sample conversations, CPU (~1 min)
+#   bash examples/qwen25vl/pretrain.sh        # tiny random model on the sample conversations, CPU (~20 s)
 #   NPROC=2 TP=2 bash examples/qwen25vl/pretrain.sh      # or PP=2, or FSDP2=1
 #   MM_MODEL=my/model.json MM_DATA=my/data.json TOKENIZER_MODEL=/models/Qwen2.5-VL-3B-Instruct NPROC=8 \
 #       SEQ_LEN=2048 MBS=1 GBS=64 TRAIN_ITERS=5000 LR=1e-5 PRECISION=bf16 bash examples/qwen25vl/pretrain.sh
@@ -16,7 +16,7 @@
 #   TOKENIZER_MODEL [the data's tokenizer: examples/qwen25vl/data/tokenizer]
 #   NPROC processes per node [1]  NNODES [1]  NODE_RANK [0]  MASTER_ADDR [127.0.0.1]  MASTER_PORT [29500]
 #   TP [1]  PP [1]  SEQ_LEN language-model positions, image tokens included [128]
-#   MBS [4]  GBS [8]  TRAIN_ITERS [60]  LR [2e-3]  MIN_LR [LR/10]  WARMUP [TRAIN_ITERS/10]
+#   MBS [4]  GBS [8]  TRAIN_ITERS [30]  LR [4e-3]  MIN_LR [LR/10]  WARMUP [TRAIN_ITERS/10]
 #   PRECISION bf16|fp16|fp32 [fp32]   SAVE  LOAD  SAVE_INTERVAL  LOG_INTERVAL [10]
 #   SKIP_BAD=1 count and skip bad records (--mm-skip-bad-records)
 #   FSDP2=1 shard the vision blocks and decoder layers over the data-parallel ranks (--use-torch-fsdp2)
@@ -43,7 +43,7 @@ fi
 
 NPROC="${NPROC:-1}"; TP="${TP:-1}"; PP="${PP:-1}"
 SEQ_LEN="${SEQ_LEN:-128}"; MBS="${MBS:-4}"; GBS="${GBS:-8}"
-TRAIN_ITERS="${TRAIN_ITERS:-60}"; LR="${LR:-2e-3}"
+TRAIN_ITERS="${TRAIN_ITERS:-30}"; LR="${LR:-4e-3}"
 PRECISION="${PRECISION:-fp32}"
 launch_defaults
 
