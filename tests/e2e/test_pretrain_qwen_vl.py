@@ -91,7 +91,7 @@ def single_process(start):
     return curve, perturbed.curve()
 
 
-def test_example_trains(tmp_path):
+def test_example_trains():
     """The example as a user runs it (its ranks started from the session's zygote when runs start warm)."""
     env = warm_torchrun_env(dict(os.environ, ADAPTOR_BACKEND="cpu", OMP_NUM_THREADS="1", LOG_INTERVAL="1",
                                  MASTER_PORT=str(free_port()),
