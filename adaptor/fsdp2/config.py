@@ -4,7 +4,7 @@ The keys are MindSpeed-MM's (see README "FSDP2"); a key we do not know, a value 
 type and a pattern that cannot be read are each one :class:`Fsdp2ConfigError` naming the key.
 Without a file (or for a key the file leaves out) the defaults are:
 
-* ``sub_modules_to_wrap``: every transformer layer (and MTP layer); with untied embeddings also
+* ``sub_modules_to_wrap``: every transformer layer (and MTP layer, and vision block); with untied embeddings also
   the embedding and the output layer. With tied embeddings those two stay in the root unit,
   which shards them too and keeps the shared weight gathered for both of its uses;
 * ``reshard_after_forward``: true, or false with Megatron's ``--torch-fsdp2-no-reshard-after-forward``;
@@ -30,8 +30,9 @@ KEYS = PATTERN_KEYS + ("reshard_after_forward", "param_dtype", "reduce_dtype", "
                        "num_to_forward_prefetch")
 
 # Every transformer layer, wherever the model keeps it (a GPTModel's ``decoder.layers.3``, a
-# LLaVAModel's ``language_model.decoder.layers.3`` and ``vision_model.decoder.layers.0``).
-DEFAULT_WRAP = ("*decoder.layers.{*}", "*mtp.layers.{*}")
+# LLaVAModel's ``language_model.decoder.layers.3`` and ``vision_model.decoder.layers.0``, a
+# QwenVLModel's vision blocks ``vision_model.layers.0``).
+DEFAULT_WRAP = ("*decoder.layers.{*}", "*mtp.layers.{*}", "*vision_model.layers.{*}")
 DEFAULT_WRAP_UNTIED = ("*embedding", "*output_layer")
 
 

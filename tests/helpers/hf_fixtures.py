@@ -270,10 +270,13 @@ VL_TEXT = dict(hidden_size=HIDDEN_SIZE, intermediate_size=96, num_hidden_layers=
                bos_token_id=0, eos_token_id=1)
 
 
-def make_tiny_qwen2_5_vl(path, seed: int = 0, tied: bool = True, vocab_size: int = 160) -> Path:
+def make_tiny_qwen2_5_vl(path, seed: int = 0, tied: bool = True, vocab_size: int = 160,
+                         vision_token_ids: tuple[int, int, int] = (VL_IMAGE_TOKEN, VL_VIDEO_TOKEN, VL_VISION_START)
+                         ) -> Path:
     """A Qwen2_5_VLForConditionalGeneration: decoder hidden 64, 4 heads / 2 groups, 2 layers, M-RoPE sections
     [2, 3, 3] (head_dim 16), q/k/v bias; vision tower 2 blocks of hidden 32 (one windowed, 56-pixel windows,
-    one full), 14-pixel patches merged 2x2."""
+    one full), 14-pixel patches merged 2x2. ``vision_token_ids``: the image, video and vision-start ids (a
+    real tokenizer's, for training on its data)."""
     from transformers import Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration
 
     config = Qwen2_5_VLConfig(
@@ -281,8 +284,8 @@ def make_tiny_qwen2_5_vl(path, seed: int = 0, tied: bool = True, vocab_size: int
             "rope_type": "default", "rope_theta": 10000.0, "mrope_section": [2, 3, 3]}},
         vision_config=dict(depth=2, hidden_size=32, intermediate_size=48, num_heads=2, out_hidden_size=HIDDEN_SIZE,
                            window_size=56, fullatt_block_indexes=[1], tokens_per_second=2),
-        image_token_id=VL_IMAGE_TOKEN, video_token_id=VL_VIDEO_TOKEN, vision_start_token_id=VL_VISION_START,
-        tie_word_embeddings=tied)
+        image_token_id=vision_token_ids[0], video_token_id=vision_token_ids[1],
+        vision_start_token_id=vision_token_ids[2], tie_word_embeddings=tied)
     return _save_random_vl(Qwen2_5_VLForConditionalGeneration, config, path, seed)
 
 

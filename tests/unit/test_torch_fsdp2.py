@@ -125,13 +125,15 @@ def test_defaults_follow_the_command_line():
     assert (str(config.param_dtype), str(config.reduce_dtype)) == ("torch.bfloat16", "torch.float32")
     assert config.reshard_after_forward is False and config.offload_to_cpu is False
     tied = config.wrap_patterns(tied_embeddings=True)[0]
-    assert [p.text for p in tied] == ["*decoder.layers.{*}", "*mtp.layers.{*}"]
+    assert [p.text for p in tied] == ["*decoder.layers.{*}", "*mtp.layers.{*}", "*vision_model.layers.{*}"]
     untied = [p.text for p in config.wrap_patterns(tied_embeddings=False)[0]]
-    assert untied == ["*decoder.layers.{*}", "*mtp.layers.{*}", "*embedding", "*output_layer"]
-    # Every transformer layer wherever the model keeps it, none of their children.
+    assert untied == ["*decoder.layers.{*}", "*mtp.layers.{*}", "*vision_model.layers.{*}", "*embedding",
+                      "*output_layer"]
+    # Every transformer layer wherever the model keeps it (a Qwen-VL tower's blocks too), none of their children.
     names = ["decoder.layers.3", "language_model.decoder.layers.0", "vision_model.decoder.layers.1",
-             "decoder.layers.3.mlp", "decoder.final_layernorm"]
-    assert [n for n in names if any(p.matches(n) for p in tied)] == names[:3]
+             "vision_model.layers.0", "decoder.layers.3.mlp", "vision_model.layers.0.mlp", "vision_model.merger",
+             "decoder.final_layernorm"]
+    assert [n for n in names if any(p.matches(n) for p in tied)] == names[:4]
 
 
 @pytest.mark.parametrize("pattern, matches, misses", [

@@ -1,0 +1,65 @@
+#!/usr/bin/env bash
+# Train a Qwen2.5-VL (window-attention vision tower, merger, M-RoPE decoder) with Megatron's own loop
+# through pretrain_mm.py, from MindSpeed-MM's model.json and data.json, on NPU, GPU or CPU.
+#
+#   bash examples/qwen25vl/pretrain.sh        # tiny random model on the sample conversations, CPU (~20 s)
+#   NPROC=2 TP=2 bash examples/qwen25vl/pretrain.sh      # or PP=2, or FSDP2=1
+#   MM_MODEL=my/model.json MM_DATA=my/data.json TOKENIZER_MODEL=/models/Qwen2.5-VL-3B-Instruct NPROC=8 \
+#       SEQ_LEN=2048 MBS=1 GBS=64 TRAIN_ITERS=5000 LR=1e-5 PRECISION=bf16 bash examples/qwen25vl/pretrain.sh
+#
+# The default model.json describes a tiny random Qwen2.5-VL by its shape keys; a real one names its
+# Hugging Face directory in init_from_hf_path (docs/multimodal.md). Without MM_DATA the sample
+# conversations are drawn into examples/qwen25vl/data by tools/make_sample_vl_data.py on the first run.
+#
+# Environment overrides (defaults in brackets):
+#   MM_MODEL model.json [examples/qwen25vl/model.json]   MM_DATA data.json [examples/qwen25vl/data.json]
+#   TOKENIZER_MODEL [the data's tokenizer: examples/qwen25vl/data/tokenizer]
+#   NPROC processes per node [1]  NNODES [1]  NODE_RANK [0]  MASTER_ADDR [127.0.0.1]  MASTER_PORT [29500]
+#   TP [1]  PP [1]  SEQ_LEN language-model positions, image tokens included [128]
+#   MBS [4]  GBS [8]  TRAIN_ITERS [30]  LR [4e-3]  MIN_LR [LR/10]  WARMUP [TRAIN_ITERS/10]
+#   PRECISION bf16|fp16|fp32 [fp32]   SAVE  LOAD  SAVE_INTERVAL  LOG_INTERVAL [10]
+#   SKIP_BAD=1 count and skip bad records (--mm-skip-bad-records)
+#   FSDP2=1 shard the vision blocks and decoder layers over the data-parallel ranks (--use-torch-fsdp2)
+#     instead of DDP + the distributed optimizer; FSDP2_CONFIG a YAML plan (--fsdp2-config-path)
+#   ADAPTOR_BACKEND npu|cuda|cpu to override detection.
+# Anything after the script's name is passed to pretrain_mm.py verbatim and wins.
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
+SCRIPT=examples/qwen25vl/pretrain.sh
+# shellcheck source=../common.sh
+. "$ROOT/examples/common.sh"
+PYTHON="${PYTHON:-python}"
+MM_MODEL="${MM_MODEL:-$ROOT/examples/qwen25vl/model.json}"
+SAMPLE="$ROOT/examples/qwen25vl/data"
+if [ -z "${MM_DATA:-}" ]; then
+  MM_DATA="$ROOT/examples/qwen25vl/data.json"
+  if [ ! -f "$SAMPLE/train.json" ] || [ ! -f "$SAMPLE/tokenizer/tokenizer.json" ]; then
+    "$PYTHON" "$ROOT/tools/make_sample_vl_data.py" --output-dir "$SAMPLE"
+  fi
+  TOKENIZER_MODEL="${TOKENIZER_MODEL:-$SAMPLE/tokenizer}"
+fi
+[ -n "${TOKENIZER_MODEL:-}" ] || die "give TOKENIZER_MODEL (the tokenizer of MM_DATA's model_name_or_path)"
+
+NPROC="${NPROC:-1}"; TP="${TP:-1}"; PP="${PP:-1}"
+SEQ_LEN="${SEQ_LEN:-128}"; MBS="${MBS:-4}"; GBS="${GBS:-8}"
+TRAIN_ITERS="${TRAIN_ITERS:-30}"; LR="${LR:-4e-3}"
+PRECISION="${PRECISION:-fp32}"
+launch_defaults
+
+ARGS=(
+  --mm-model "$MM_MODEL" --mm-data "$MM_DATA"
+  --tokenizer-type HuggingFaceTokenizer --tokenizer-model "$TOKENIZER_MODEL"
+  --seq-length "$SEQ_LEN" --tensor-model-parallel-size "$TP" --pipeline-model-parallel-size "$PP"
+  --micro-batch-size "$MBS" --global-batch-size "$GBS" --train-iters "$TRAIN_ITERS"
+  --lr "$LR" --min-lr "$MIN_LR" --lr-decay-style cosine --lr-warmup-iters "$WARMUP"
+  --weight-decay 0.01 --adam-beta1 0.9 --adam-beta2 0.95 --clip-grad 1.0
+  --seed 1234 --log-interval "${LOG_INTERVAL:-10}" --eval-interval 1000000 --eval-iters 0
+  --log-throughput
+)
+precision_args ARGS
+sharding_args ARGS
+checkpoint_args ARGS
+[ "${SKIP_BAD:-0}" = 1 ] && ARGS+=(--mm-skip-bad-records)
+
+launch "$ROOT/pretrain_mm.py" "${ARGS[@]}" "$@"

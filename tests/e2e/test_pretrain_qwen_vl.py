@@ -1,0 +1,131 @@
+"""pretrain_mm.py on Qwen2.5-VL end to end: the example trains, and TP=2, PP=2 and FSDP2 reproduce its curve.
+
+* ``bash examples/qwen25vl/pretrain.sh`` with no arguments (a tiny random Qwen2.5-VL described by
+  model.json's shape keys, the sample conversations drawn on its first run, 30 iterations) starts at
+  the loss of a uniform guess over the 1440-token vocabulary, ln 1440 = 7.27, and ends (mean of the
+  last 5) more than 3.5 nats lower (measured 7.23 to 2.75).
+* TP=2, PP=2 and FSDP2 over two data-parallel ranks reproduce the single-process curve over
+  ITERS iterations. Every run starts from one tiny random Hugging Face Qwen2.5-VL directory
+  (model.json's ``init_from_hf_path``), each rank reading its own slices, so the layouts share their
+  first weights without a checkpoint of ours. The tolerance is tests/e2e/test_pretrain_mm.py's rtol
+  2e-5: the runs add the same numbers in a different order (TP-split matmuls of the tower, merger and
+  decoder, all-reduced; the pipeline's stages exchange activations exactly; FSDP2 reduce-scatters the
+  gradients of the two ranks' micro-batches), which agrees to fp32 rounding (measured: all three equal
+  the reference in the 7 digits Megatron logs). A single-process run at a 10% higher learning rate
+  differs by about 6e-3 and must fail it; it runs beside the reference, on the core that one leaves idle.
+* FSDP2's default plan makes each vision block and each decoder layer a unit (the run prints its plan).
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from helpers.megatron_runs import (
+    ROOT, UNCOMPILED, free_port, launch, losses_of, side_by_side, tail, worst_relative_gap,
+)
+from helpers.paths import TESTS
+from helpers.prefetch import prefetched
+from helpers.processes import warm_torchrun_env
+
+EXAMPLE = ROOT / "examples" / "qwen25vl"
+ITERS = 5
+RTOL = 2e-5
+LR = 2e-3
+# The sample tokenizer's <|image_pad|>, <|video_pad|>, <|vision_start|> (tools/make_sample_vl_data.py).
+VISION_TOKEN_IDS = (1438, 1439, 1436)
+VOCAB = 1440
+
+MAKE_START = """
+import sys
+from helpers.hf_fixtures import make_tiny_qwen2_5_vl
+sys.path.insert(0, {tools!r})
+import make_sample_vl_data
+make_tiny_qwen2_5_vl({hf!r}, seed=3, vocab_size={vocab}, vision_token_ids={ids!r})
+make_sample_vl_data.main(["--output-dir", {data!r}, "--count", "32"])
+"""
+
+
+@prefetched
+def start(tmp_path_factory):
+    """model.json naming a tiny random Hugging Face Qwen2.5-VL (transformers, in a child process: this one's
+    torch state is the tests'), data.json over freshly drawn sample conversations, and the training flags."""
+    root = tmp_path_factory.mktemp("qwen_vl")
+    code = MAKE_START.format(tools=str(ROOT / "tools"), hf=str(root / "hf"), vocab=VOCAB, ids=VISION_TOKEN_IDS,
+                             data=str(root / "data"))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(TESTS), str(ROOT)]), OMP_NUM_THREADS="1")
+    made = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    assert made.returncode == 0, tail(made.stdout + made.stderr)
+    model = {"model_id": "qwen2_5vl", "init_from_hf_path": "hf",
+             "image_encoder": {"vision_encoder": {"model_id": "qwen2vit"},
+                               "vision_projector": {"model_id": "lnmlp"}},
+             "text_decoder": {"model_id": "qwen2_5_lm"}}
+    (root / "model.json").write_text(json.dumps(model))
+    shutil.copy(EXAMPLE / "data.json", root / "data.json")
+    return ["--mm-model", str(root / "model.json"), "--mm-data", str(root / "data.json"),
+            "--tokenizer-type", "HuggingFaceTokenizer", "--tokenizer-model", str(root / "data" / "tokenizer"),
+            "--seq-length", "128", "--micro-batch-size", "2", "--global-batch-size", "4",
+            "--train-iters", str(ITERS), "--lr", str(LR), "--min-lr", str(LR / 10), "--lr-decay-style", "cosine",
+            "--clip-grad", "1.0", "--seed", "1234", "--log-interval", "1", "--eval-iters", "0",
+            "--eval-interval", "100000", *UNCOMPILED]
+
+
+def train(args, nproc=1, extra=()):
+    run = launch("pretrain_mm.py", [*args, *extra], nproc)
+    assert run.returncode == 0, tail(run.output)
+    assert sorted(run.losses) == list(range(1, ITERS + 1)), tail(run.output)
+    return run
+
+
+@prefetched
+def single_process(start):
+    """The reference curve and, beside it, the same run at a 10% higher learning rate."""
+    reference, perturbed = side_by_side(lambda: train(start), lambda: train(start, extra=["--lr", str(LR * 1.1)]))
+    curve = reference.curve()
+    assert all(math.isfinite(x) for x in curve) and curve[-1] < curve[0], curve
+    return curve, perturbed.curve()
+
+
+def test_example_trains():
+    """The example as a user runs it (its ranks started from the session's zygote when runs start warm)."""
+    env = warm_torchrun_env(dict(os.environ, ADAPTOR_BACKEND="cpu", OMP_NUM_THREADS="1", LOG_INTERVAL="1",
+                                 MASTER_PORT=str(free_port()),
+                                 PATH=os.path.dirname(sys.executable) + os.pathsep + os.environ["PATH"]))
+    proc = subprocess.run(["bash", "examples/qwen25vl/pretrain.sh"], cwd=ROOT, env=env, capture_output=True,
+                          text=True, timeout=600)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, tail(out)
+    logged = losses_of(out)
+    assert sorted(logged) == list(range(1, 31)), tail(out)
+    losses = [logged[i] for i in sorted(logged)]
+    assert all(math.isfinite(x) for x in losses), losses
+    assert abs(losses[0] - math.log(VOCAB)) < 0.3, losses
+    assert sum(losses[-5:]) / 5 < losses[0] - 3.5, losses
+
+
+LAYOUTS = {
+    "tp2": ["--tensor-model-parallel-size", "2"],
+    "pp2": ["--pipeline-model-parallel-size", "2"],
+    "fsdp2_dp2": ["--use-torch-fsdp2"],
+}
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_layout_reproduces_single_process_curve(layout, start, single_process):
+    run = train(start, nproc=2, extra=LAYOUTS[layout])
+    reference, _ = single_process
+    assert worst_relative_gap(run.curve(), reference) <= RTOL, (run.curve(), reference)
+    if layout == "fsdp2_dp2":
+        units = ("units [language_model.decoder.layers.0, language_model.decoder.layers.1, vision_model.layers.0, "
+                 "vision_model.layers.1] + root")
+        assert units in run.output, tail(run.output)
+
+
+def test_tolerance_detects_a_wrong_run(single_process):
+    reference, perturbed = single_process
+    assert worst_relative_gap(perturbed, reference) > RTOL * 10, (perturbed, reference)
