@@ -139,6 +139,8 @@ class OnlineConversion(Feature):
 
     def enabled(self, ctx) -> bool:
         flags = ctx.flags
+        if getattr(flags, "mm_model", None):  # pretrain_mm.py's models: patches/multimodal/qwen_vl_hf_save.py
+            return False
         return super().enabled(ctx) and bool(getattr(flags, "hf_load_dir", None) or getattr(flags, "hf_save_dir", None)
                                              or getattr(flags, "hf_save_lora", None))
 

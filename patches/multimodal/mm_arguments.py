@@ -17,6 +17,7 @@ import os
 
 from adaptor.features import ArgumentError, Feature
 from adaptor.mm.config import image_seq_len
+from patches.multimodal.qwen_vl_hf_save import OWNER, check_hf_flags, train_then_save
 
 # Flag spelled differently from its dest.
 _FLAG_OF = {"add_bias_linear": "--disable-bias-linear", "layernorm_epsilon": "--norm-epsilon"}
@@ -192,6 +193,10 @@ class MultimodalArguments(Feature):
     def enabled(self, ctx) -> bool:
         return super().enabled(ctx) and bool(getattr(ctx.flags, "mm_model", None))
 
+    def register_patches(self, pm, ctx) -> None:
+        if getattr(ctx.flags, "hf_save_dir", None):
+            pm.register_wrapper("megatron.training.training.train", train_then_save, OWNER)
+
     def set_defaults(self, args, ctx) -> None:
         from adaptor.errors import fail
         from adaptor.mm.config import MMConfigError, cached_model_config
@@ -225,7 +230,4 @@ class MultimodalArguments(Feature):
         if args.tokenizer_type == "NullTokenizer":
             raise ArgumentError("pretrain_mm.py tokenizes captions: --tokenizer-type NullTokenizer cannot; use "
                                 "HuggingFaceTokenizer with --tokenizer-model")
-        if getattr(args, "hf_load_dir", None) or getattr(args, "hf_save_dir", None):
-            raise ArgumentError("pretrain_mm.py: --hf-load-dir/--hf-save-dir load a GPT model; give the text "
-                                "decoder's checkpoint as model.json's text_decoder.ckpt_path (llava) or the "
-                                "whole model's directory as init_from_hf_path (qwen2_5vl, qwen3vl)")
+        check_hf_flags(args, model_cfg)
