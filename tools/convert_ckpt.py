@@ -18,7 +18,9 @@ Qwen2.5-VL / Qwen3-VL (``--model-type-hf qwen2_5_vl|qwen3_vl --mm-model model.js
 legacy torch rank files at the target TP x PP (a release that ``pretrain_mm.py --mm-model model.json
 --load DIR`` loads strictly); mg -> hf reads such rank files (or a pretrain_mm.py --ckpt-format torch
 checkpoint) and writes the directory under init_from_hf_path's tensor names, as tools/qwen_vl_to_hf.py.
-model.json gives the architecture; its model_id must be the checkpoint's.
+model.json gives the architecture; its model_id must be the checkpoint's. The vocabulary is not padded
+(pretrain_mm.py takes config.json's vocab_size as the padded size): --make-vocab-size-divisible-by
+does not apply.
 """
 from __future__ import annotations
 
@@ -71,7 +73,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     if vl and args.save_format == "safetensors":
         parser.error("--model-type-hf {}: --save-format torch only (pretrain_mm.py's rank files)"
                      .format(args.model_type_hf))
-    if vl and (args.target_expert_parallel_size != 1 or args.num_layers_per_virtual_pipeline_stage):
+    if vl and (args.target_expert_parallel_size != 1 or args.num_layers_per_virtual_pipeline_stage
+               or args.target_expert_tensor_parallel_size not in (None, args.target_tensor_parallel_size)):
         parser.error(f"--model-type-hf {args.model_type_hf}: tensor and pipeline parallel sizes only")
     args.save_format = args.save_format or ("torch" if vl else "safetensors")
     if (args.load_model_type, args.save_model_type) not in (("hf", "mg"), ("mg", "hf")):
@@ -132,8 +135,7 @@ def convert_vision_language(args) -> Path:
                               f"--model-type-hf {args.model_type_hf}")
     if args.load_model_type == "hf":
         layout = Layout(args.target_tensor_parallel_size, args.target_pipeline_parallel_size)
-        return write_vl_megatron_release(args.load_dir, args.save_dir, model_cfg, layout,
-                                         make_vocab_size_divisible_by=args.make_vocab_size_divisible_by)
+        return write_vl_megatron_release(args.load_dir, args.save_dir, model_cfg, layout)
     try:
         return write_vl_hf_dir(args.save_dir, iteration_dir_of(args.load_dir), model_cfg)
     except (ValueError, KeyError, OSError) as exc:

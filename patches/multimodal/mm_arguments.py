@@ -17,7 +17,6 @@ import os
 
 from adaptor.features import ArgumentError, Feature
 from adaptor.mm.config import image_seq_len
-from patches.multimodal.qwen_vl_hf_save import OWNER, check_hf_flags, train_then_save
 
 # Flag spelled differently from its dest.
 _FLAG_OF = {"add_bias_linear": "--disable-bias-linear", "layernorm_epsilon": "--norm-epsilon"}
@@ -193,10 +192,6 @@ class MultimodalArguments(Feature):
     def enabled(self, ctx) -> bool:
         return super().enabled(ctx) and bool(getattr(ctx.flags, "mm_model", None))
 
-    def register_patches(self, pm, ctx) -> None:
-        if getattr(ctx.flags, "hf_save_dir", None):
-            pm.register_wrapper("megatron.training.training.train", train_then_save, OWNER)
-
     def set_defaults(self, args, ctx) -> None:
         from adaptor.errors import fail
         from adaptor.mm.config import MMConfigError, cached_model_config
@@ -230,4 +225,3 @@ class MultimodalArguments(Feature):
         if args.tokenizer_type == "NullTokenizer":
             raise ArgumentError("pretrain_mm.py tokenizes captions: --tokenizer-type NullTokenizer cannot; use "
                                 "HuggingFaceTokenizer with --tokenizer-model")
-        check_hf_flags(args, model_cfg)

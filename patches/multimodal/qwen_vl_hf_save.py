@@ -4,12 +4,16 @@ Wraps ``megatron.training.training.train`` as ``--hf-save-dir`` does for GPT mod
 (patches/hf/online_conversion.py): after the last iteration every rank hands its state over and rank 0
 writes ``Qwen2_5_VLForConditionalGeneration`` / ``Qwen3VLForConditionalGeneration`` tensors
 (:func:`adaptor.mm.qwen_vl.hf_export.save_vl_hf_dir`), all or nothing.
+
+Enabled for ``--mm-model`` runs that name ``--hf-load-dir`` or ``--hf-save-dir`` (the GPT feature steps
+aside for them); ``--hf-load-dir`` is refused in one line: model.json's ``init_from_hf_path`` gives the
+initial weights and describes the model, and a second directory could disagree with it.
 """
 from __future__ import annotations
 
 from pathlib import Path
 
-from adaptor.features import ArgumentError
+from adaptor.features import ArgumentError, Feature
 
 OWNER = __name__
 
@@ -51,3 +55,21 @@ def check_hf_flags(args, model_cfg) -> None:
         raise ArgumentError(f"--hf-save-dir {save} exists and is not an empty directory")
     if not final.absolute().parent.is_dir():
         raise ArgumentError(f"--hf-save-dir {save}: parent directory does not exist")
+
+
+class QwenVlHfSave(Feature):
+    name = "qwen_vl_hf_save"
+
+    def enabled(self, ctx) -> bool:
+        flags = ctx.flags
+        return super().enabled(ctx) and bool(getattr(flags, "mm_model", None)) and bool(
+            getattr(flags, "hf_load_dir", None) or getattr(flags, "hf_save_dir", None))
+
+    def register_patches(self, pm, ctx) -> None:
+        if getattr(ctx.flags, "hf_save_dir", None):
+            pm.register_wrapper("megatron.training.training.train", train_then_save, OWNER)
+
+    def validate(self, args, ctx) -> None:
+        from adaptor.mm.config import cached_model_config
+
+        check_hf_flags(args, cached_model_config(args.mm_model))

@@ -96,8 +96,8 @@ def build(model_json_file: str):
     cfg = load_model_config(model_json_file)
     text = text_config(cfg)
     model = QwenVLModel(vision_settings(cfg), text, decoder_transformer_config(text, use_cpu_initialization=True),
-                        image_token_id=cfg.hf_config["image_token_id"], vocab_size=256)
-    return cfg, model.eval()  # 256 rows: 160 padded as pretrain_mm.py pads (128 x TP1)
+                        image_token_id=cfg.hf_config["image_token_id"], vocab_size=160)
+    return cfg, model.eval()  # model.json's vocab_size: config.json's 160 rows
 
 
 @pytest.mark.parametrize("family", ["qwen2_5_vl", "qwen3_vl"])
@@ -108,12 +108,12 @@ def test_offline_both_ways_and_strict_load(dirs, family):
     code, printed, err = tool("convert_ckpt.py", "--load-model-type", "hf", "--save-model-type", "mg",
                               "--model-type-hf", family, "--mm-model", spec, "--load-dir", hf_dir,
                               "--save-dir", out / "mg", "--target-tensor-parallel-size", 2,
-                              "--target-pipeline-parallel-size", 2, "--make-vocab-size-divisible-by", 8)
+                              "--target-pipeline-parallel-size", 2)
     assert code == 0, err
     assert sorted(p.name for p in (out / "mg" / "release").iterdir()) == [
         "mp_rank_00_000", "mp_rank_00_001", "mp_rank_01_000", "mp_rank_01_001"]
     first = torch.load(out / "mg/release/mp_rank_01_000/model_optim_rng.pt", weights_only=True)["model"]
-    assert first["language_model.embedding.word_embeddings.weight"].shape[0] == 80  # 160 rows padded to 16: 80 a rank
+    assert first["language_model.embedding.word_embeddings.weight"].shape[0] == 80  # 160 rows unpadded, as pretrain_mm.py
     assert not any(n.startswith("vision_model.") for n in torch.load(
         out / "mg/release/mp_rank_00_001/model_optim_rng.pt", weights_only=True)["model"])
     code, _, err = tool("convert_ckpt.py", "--load-model-type", "mg", "--save-model-type", "hf", "--model-type-hf",

@@ -84,14 +84,13 @@ def _rank_specs(hf, layout: Layout, tp_rank: int, pp_rank: int, padded: int, tie
     return tensors, extra
 
 
-def write_vl_megatron_release(load_dir, save_dir, model_cfg, layout: Layout, *,
-                              make_vocab_size_divisible_by: int = 128) -> Path:
+def write_vl_megatron_release(load_dir, save_dir, model_cfg, layout: Layout) -> Path:
     """Write ``save_dir/release/mp_rank_TT[_PPP]/model_optim_rng.pt`` (and the tracker) from the Hugging Face
     directory ``load_dir``, at ``layout`` (TP x PP), for ``pretrain_mm.py --mm-model model.json --load``.
-    The vocabulary is padded as that run pads it (``--make-vocab-size-divisible-by`` times TP)."""
+    The embedding keeps config.json's vocabulary unpadded, as pretrain_mm.py sizes it (model.json's
+    ``vocab_size`` is the padded vocabulary there)."""
     from adaptor.convert.hf_directory import HfCheckpoint
     from adaptor.convert.torch_legacy import CHECKPOINT_FILE, TRACKER_FILE, rank_dir_name, write_model_file
-    from adaptor.convert.layout import padded_vocab_size
     from adaptor.mm.qwen_vl.text_config import vl_text_config
     from adaptor.mm.qwen_vl.text_weights import text_mapping
 
@@ -108,7 +107,10 @@ def write_vl_megatron_release(load_dir, save_dir, model_cfg, layout: Layout, *,
         vision_weights.vision_prefix(hf.names())
     except ValueError as exc:
         raise ConversionError(f"{load_dir}: {exc}") from None
-    padded = padded_vocab_size(vl_text_config(config).vocab_size, layout.tp, make_vocab_size_divisible_by)
+    padded = vl_text_config(config).vocab_size
+    if padded % layout.tp:
+        raise ConversionError(f"{load_dir}: vocab_size {padded} does not split over --target-tensor-parallel-size "
+                              f"{layout.tp}")
     with staged_directory(save_dir, error=ConversionError) as temp:
         release = temp / "release"
         for tp_rank, pp_rank, _ in layout.rank_keys():
