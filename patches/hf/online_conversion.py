@@ -15,11 +15,12 @@ Upstream functions wrapped:
   is at least the HF ``vocab_size`` (Qwen3: 151936 rows, tokenizer 151669), so the embedding loads
   whole; a tokenizer larger than the checkpoint's vocabulary is an error.
 * Defaults: such a run that ``--save``s without ``--ckpt-format`` saves ``safetensors``.
-* Not enabled for ``--mm-model`` runs: patches/multimodal/qwen_vl_hf_save.py owns these flags there and
-  reuses :func:`adaptor.convert.online.save_hf_dir` with the Qwen-VL writer.
 * ``megatron.training.arguments.validate_args``: the flags
   :func:`adaptor.convert.megatron_args_from_hf_config` derives from the HF config must match the
   command line; the first difference is one line naming the flag.
+
+Not enabled for ``--mm-model`` runs: patches/multimodal/qwen_vl_hf_save.py owns these flags there and
+reuses :func:`adaptor.convert.online.save_hf_dir` with the Qwen-VL writer.
 """
 from __future__ import annotations
 
