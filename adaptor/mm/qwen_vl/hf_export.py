@@ -22,6 +22,7 @@ from adaptor.convert.hf_writer import HF_SIDE_FILES
 from adaptor.convert.layout import Layout
 from adaptor.mm.qwen_vl import checkpoint
 from adaptor.mm.qwen_vl import weights as vision_weights
+from adaptor.mm.qwen_vl.settings import VisionSettings
 
 # What AutoProcessor reads besides the tokenizer: kept so that the written directory loads whole.
 PROCESSOR_FILES = ("preprocessor_config.json", "video_preprocessor_config.json", "processor_config.json",
@@ -44,7 +45,8 @@ def check_checkpoint_model(names, model_cfg) -> None:
     if f"{checkpoint.TEXT}embedding.word_embeddings.weight" not in names:
         raise ConversionError(f"the checkpoint holds no {model_cfg.model_id} model (no "
                               f"{checkpoint.TEXT}embedding.word_embeddings.weight; another model_id's checkpoint?)")
-    settings = checkpoint._vision_settings(model_cfg.hf_config)
+    hf_config = model_cfg.hf_config
+    settings = VisionSettings.from_hf(hf_config["model_type"], hf_config["vision_config"])
     wanted = {checkpoint.VISION + rule.ours for rule in vision_weights.rules(settings)}
     have = {n for n in names if n.startswith(checkpoint.VISION) and not n.endswith("_extra_state")}
     if wanted != have:
