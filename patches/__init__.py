@@ -57,6 +57,7 @@ def all_features():
     from patches.models.layernorm_1p import Layernorm1p
     from patches.models.mla import MlaWithoutTransformerEngine
     from patches.multimodal.mm_arguments import MultimodalArguments
+    from patches.multimodal.qwen_vl_hf_save import QwenVlHfSave
     from patches.multimodal.vision_tower_norms import VisionTowerNorms
     from patches.optimizers.muon import MuonOptimizer
     from patches.preflight.checkpoint_inputs import CheckpointInputs
@@ -144,6 +145,7 @@ def all_features():
         Lora(),
         # pretrain_mm.py.
         MultimodalArguments(),
+        QwenVlHfSave(),
         VisionTowerNorms(),
         TorchFsdp2(),
         ShardedCheckpoint(),

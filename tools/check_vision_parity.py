@@ -1,12 +1,19 @@
-"""Compare megatron-core's CLIP/SigLIP vision tower, loaded from a Hugging Face directory, with transformers'.
+"""Compare our vision tower, loaded from a Hugging Face directory, with transformers' (CLIP, SigLIP, Qwen-VL).
 
     python tools/check_vision_parity.py --hf-dir /models/clip-vit-large-patch14-336 --tp 2
     python tools/check_vision_parity.py --hf-dir tiny_siglip
+    python tools/check_vision_parity.py --hf-dir /models/Qwen2.5-VL-7B-Instruct --tp 2
 
 One fixed random image batch, fp32: transformers' ``last_hidden_state`` (``CLIPVisionModel`` /
 ``SiglipVisionModel``, eager) here, and megatron-core's ``CLIPViTModel`` built as pretrain_mm.py does
 (:func:`adaptor.mm.model.build_vision_tower`) at ``--tp``, loaded by :mod:`adaptor.mm.weights`, under
 torchrun (``ADAPTOR_BACKEND``, default cpu/gloo).
+
+A Qwen2.5-VL / Qwen3-VL directory (``model_type`` qwen2_5_vl / qwen3_vl) compares our tower
+(:mod:`adaptor.mm.qwen_vl.vision`) with transformers' visual module on two generated images of different
+sizes, merged tokens and deepstack outputs (tools/vl_vision_parity.py). Called in a process whose
+model-parallel groups are already set up at ``--tp`` (as tests do), ours runs in that process; otherwise
+under torchrun as above.
 
 Prints the max abs difference and exits 1 past ``--tolerance``; bad input is one line
 ``check_vision_parity.py: error: ...`` and exit 2.
@@ -93,6 +100,8 @@ def main(argv=None) -> int:
     from adaptor.convert.clip_vision import vision_mapping
 
     config = json.loads((hf_dir / "config.json").read_text())
+    if config.get("model_type") in ("qwen2_5_vl", "qwen3_vl"):
+        return qwen_vl_main(opts, config)
     try:
         HfCheckpoint(str(hf_dir)).names()
         vision = vision_encoder_keys(str(hf_dir.resolve()), config)
@@ -120,11 +129,56 @@ def main(argv=None) -> int:
     return 0 if diff <= opts.tolerance else 1
 
 
-def run_megatron(spec: dict, nproc: int, timeout: int) -> None:
+def in_process_at(tp: int) -> bool:
+    """Whether this process already has Megatron's model-parallel groups at tensor-parallel size ``tp``."""
+    import torch
+    from megatron.core import parallel_state
+
+    return (torch.distributed.is_initialized() and parallel_state.model_parallel_is_initialized()
+            and parallel_state.get_tensor_model_parallel_world_size() == tp)
+
+
+def qwen_vl_main(opts, config: dict) -> int:
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    import vl_vision_parity as vl
+
+    from adaptor.convert import ConversionError
+
+    hf_dir = str(Path(opts.hf_dir).resolve())
+    try:
+        vl.check_directory(hf_dir, config, opts.tp)
+        pixels, grid = vl.images(config, opts.seed)
+    except (ConversionError, ValueError, KeyError) as exc:
+        error(f"--hf-dir {opts.hf_dir}: {exc}")
+    if in_process_at(opts.tp):
+        from megatron.core import parallel_state
+
+        ours = vl.our_outputs(hf_dir, opts.tp, parallel_state.get_tensor_model_parallel_rank(), pixels, grid)
+    else:
+        import torch
+
+        with tempfile.TemporaryDirectory(prefix="vision_parity_") as work:
+            spec = vl.save_spec(work, hf_dir, opts.tp, pixels, grid)
+            run_megatron(spec, opts.tp, opts.timeout, hf_dir)
+            ours = torch.load(spec["output"])
+    try:
+        diff, scale = vl.compare(ours, vl.hf_outputs(hf_dir, pixels, grid))
+    except ValueError as exc:
+        error(str(exc))
+    verdict = "ok" if diff <= opts.tolerance else "FAILED"
+    sizes = ", ".join(f"{int(h) * int(config['vision_config']['patch_size'])}x"
+                      f"{int(w) * int(config['vision_config']['patch_size'])}" for _, h, w in grid.tolist())
+    print(f"{PROG}: {config['model_type']} {opts.hf_dir} tp={opts.tp}: max abs difference {diff:.3e} over "
+          f"{len(ours)} output(s) (max |output| {scale:.3e}, tolerance {opts.tolerance:g}, images {sizes}): "
+          f"{verdict}", flush=True)
+    return 0 if diff <= opts.tolerance else 1
+
+
+def run_megatron(spec: dict, nproc: int, timeout: int, hf_dir: str | None = None) -> None:
     from adaptor.env import torchrun_command
 
     cmd = [*torchrun_command(), f"--nproc_per_node={nproc}",
-           f"--master_port={free_port()}", str(Path(__file__).resolve()), "--hf-dir", spec["vision"]["ckpt_path"],
+           f"--master_port={free_port()}", str(Path(__file__).resolve()), "--hf-dir", hf_dir or spec["vision"]["ckpt_path"],
            "--worker", spec["spec_file"]]
     env = dict(os.environ, PYTHONUNBUFFERED="1", ADAPTOR_QUIET="1")
     env.setdefault("ADAPTOR_BACKEND", "cpu")
@@ -167,6 +221,8 @@ def worker(spec_file: str) -> int:
     tp = spec["tp"]
     parallel_state.initialize_model_parallel(tensor_model_parallel_size=tp)
     model_parallel_cuda_manual_seed(1234)
+    if spec.get("family") == "qwen_vl":
+        return qwen_vl_worker(spec)
     vision = spec["vision"]
     base = TransformerConfig(
         num_layers=1, hidden_size=vision["hidden_size"], num_attention_heads=vision["num_attention_heads"],
@@ -185,6 +241,24 @@ def worker(spec_file: str) -> int:
         output = model(torch.load(spec["images"]).to(device))
     if torch.distributed.get_rank() == 0:
         torch.save(output.float().cpu(), spec["output"])
+    torch.distributed.barrier()
+    torch.distributed.destroy_process_group()
+    return 0
+
+
+def qwen_vl_worker(spec: dict) -> int:
+    """This rank's Qwen-VL tower on the saved images (CPU: the towers' attention runs there as in tests)."""
+    import torch
+    from megatron.core import parallel_state
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    import vl_vision_parity as vl
+
+    inputs = torch.load(spec["inputs"])
+    ours = vl.our_outputs(spec["hf_dir"], spec["tp"], parallel_state.get_tensor_model_parallel_rank(),
+                          inputs["pixels"], inputs["grid"])
+    if torch.distributed.get_rank() == 0:
+        torch.save(ours, spec["output"])
     torch.distributed.barrier()
     torch.distributed.destroy_process_group()
     return 0

@@ -13,6 +13,14 @@ safetensors format (one file of whole tensors, no pickle; any TP/PP/EP layout lo
 format (torch files with ``weights_only=True``: a file that names anything else is refused).
 Tensors stream one at a time; --save-dir is written beside itself under a temporary name and
 renamed at the end.
+
+Qwen2.5-VL / Qwen3-VL (``--model-type-hf qwen2_5_vl|qwen3_vl --mm-model model.json``): hf -> mg writes
+legacy torch rank files at the target TP x PP (a release that ``pretrain_mm.py --mm-model model.json
+--load DIR`` loads strictly); mg -> hf reads such rank files (or a pretrain_mm.py --ckpt-format torch
+checkpoint) and writes the directory under init_from_hf_path's tensor names, as tools/qwen_vl_to_hf.py.
+model.json gives the architecture; its model_id must be the checkpoint's. The vocabulary is not padded
+(pretrain_mm.py takes config.json's vocab_size as the padded size): --make-vocab-size-divisible-by
+does not apply.
 """
 from __future__ import annotations
 
@@ -28,6 +36,7 @@ if __name__ == "__main__":  # quiet import summary for the tool only; importing 
 logging.getLogger("torch.utils.cpp_extension").setLevel(logging.ERROR)
 
 PROG = "convert_ckpt.py"
+VL_MODEL_TYPES = ("qwen2_5_vl", "qwen3_vl")  # whole vision-language models: --mm-model model.json
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -36,7 +45,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--save-model-type", choices=["hf", "mg"], required=True)
     parser.add_argument("--load-dir", required=True)
     parser.add_argument("--save-dir", required=True)
-    parser.add_argument("--model-type-hf", choices=["qwen3", "deepseek3", "llama2", "qwen2", "qwen3-moe", "mixtral"],
+    parser.add_argument("--model-type-hf", choices=["qwen3", "deepseek3", "llama2", "qwen2", "qwen3-moe", "mixtral",
+                                                        *VL_MODEL_TYPES],
                         help="architecture (required for hf -> mg; mg -> hf reads it from the checkpoint)")
     parser.add_argument("--target-tensor-parallel-size", type=int, default=1)
     parser.add_argument("--target-pipeline-parallel-size", type=int, default=1)
@@ -49,12 +59,24 @@ def parse_args(argv=None) -> argparse.Namespace:
                              "loads at any layout as it is)")
     parser.add_argument("--make-vocab-size-divisible-by", type=int, default=128,
                         help="as pretrain_gpt.py's flag: the vocabulary is padded to a multiple of this times TP")
-    parser.add_argument("--save-format", choices=["safetensors", "torch"], default="safetensors",
+    parser.add_argument("--mm-model", default=None, metavar="JSON",
+                        help="qwen2_5_vl / qwen3_vl: the pretrain_mm.py run's model.json (the architecture)")
+    parser.add_argument("--save-format", choices=["safetensors", "torch"], default=None,
                         help="hf -> mg: safetensors (default; no pickle, loads at any parallel layout) or torch "
                              "(Megatron's legacy mp_rank_* files, loaded at the target layout)")
     parser.add_argument("--hf-config-dir", help="mg -> hf: directory with config.json when the checkpoint has none")
     parser.add_argument("--max-shard-size", default="5GB", help="mg -> hf: largest safetensors shard, e.g. 2GB, 500MB")
     args = parser.parse_args(argv)
+    vl = args.model_type_hf in VL_MODEL_TYPES
+    if vl != (args.mm_model is not None):
+        parser.error("--mm-model model.json goes with --model-type-hf qwen2_5_vl or qwen3_vl, and they with it")
+    if vl and args.save_format == "safetensors":
+        parser.error("--model-type-hf {}: --save-format torch only (pretrain_mm.py's rank files)"
+                     .format(args.model_type_hf))
+    if vl and (args.target_expert_parallel_size != 1 or args.num_layers_per_virtual_pipeline_stage
+               or args.target_expert_tensor_parallel_size not in (None, args.target_tensor_parallel_size)):
+        parser.error(f"--model-type-hf {args.model_type_hf}: tensor and pipeline parallel sizes only")
+    args.save_format = args.save_format or ("torch" if vl else "safetensors")
     if (args.load_model_type, args.save_model_type) not in (("hf", "mg"), ("mg", "hf")):
         parser.error("convert hf -> mg or mg -> hf")
     if args.load_model_type == "hf" and args.model_type_hf is None:
@@ -96,6 +118,44 @@ def virtual_stages(args) -> int:
     return per_rank // per_stage
 
 
+def convert_vision_language(args) -> Path:
+    """Qwen2.5-VL / Qwen3-VL either way (adaptor.mm.qwen_vl.hf_export); a model.json of another model_id,
+    or a checkpoint that is not model.json's model, is a ConversionError."""
+    from adaptor.convert import ConversionError, Layout
+    from adaptor.mm.config import MMConfigError, load_model_config
+    from adaptor.mm.qwen_vl.hf_export import write_vl_hf_dir, write_vl_megatron_release
+
+    try:
+        model_cfg = load_model_config(args.mm_model)
+    except MMConfigError as exc:
+        raise ConversionError(str(exc)) from None
+    family = None if model_cfg.hf_config is None else model_cfg.hf_config["model_type"]
+    if family != args.model_type_hf:
+        raise ConversionError(f"--mm-model {args.mm_model}: model_id {model_cfg.model_id} is not "
+                              f"--model-type-hf {args.model_type_hf}")
+    if args.load_model_type == "hf":
+        layout = Layout(args.target_tensor_parallel_size, args.target_pipeline_parallel_size)
+        return write_vl_megatron_release(args.load_dir, args.save_dir, model_cfg, layout)
+    try:
+        return write_vl_hf_dir(args.save_dir, iteration_dir_of(args.load_dir), model_cfg)
+    except (ValueError, KeyError, OSError) as exc:
+        raise ConversionError(f"--load-dir {args.load_dir}: {exc}") from None
+
+
+def iteration_dir_of(load_dir) -> Path:
+    """The iteration directory ``latest_checkpointed_iteration.txt`` of ``load_dir`` names."""
+    from adaptor.convert import ConversionError
+    from adaptor.convert.torch_legacy import TRACKER_FILE
+
+    tracker = Path(load_dir) / TRACKER_FILE
+    if not tracker.is_file():
+        raise ConversionError(f"{tracker}: missing (not a Megatron checkpoint directory)")
+    text = tracker.read_text().strip()
+    if text != "release" and not text.isdigit():
+        raise ConversionError(f"{tracker}: does not name an iteration ({text!r})")
+    return Path(load_dir) / ("release" if text == "release" else f"iter_{int(text):07d}")
+
+
 def main(argv=None) -> int:
     from adaptor.command_line.mindspeed_llm import rewrite_convert_argv
 
@@ -109,7 +169,9 @@ def main(argv=None) -> int:
     from adaptor.convert import ConversionError, Layout, convert_hf_to_megatron, convert_megatron_to_hf
 
     try:
-        if args.load_model_type == "hf":
+        if args.model_type_hf in VL_MODEL_TYPES:
+            out = convert_vision_language(args)
+        elif args.load_model_type == "hf":
             layout = Layout(args.target_tensor_parallel_size, args.target_pipeline_parallel_size,
                             args.target_expert_parallel_size, args.target_expert_tensor_parallel_size,
                             virtual_stages(args))

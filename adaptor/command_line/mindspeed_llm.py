@@ -133,7 +133,7 @@ KNOWN_SPECS = {
 # model types of --model-type-hf in MindSpeed-LLM that we convert (llama2: Llama 2 and 3.x; with --add-qkv-bias
 # MindSpeed-LLM converts Qwen2 / Qwen2.5 under the same name, which is our qwen2)
 MODEL_TYPES_HF = {"qwen3": "qwen3", "deepseek3": "deepseek3", "llama2": "llama2", "qwen2": "qwen2",
-                  "qwen3-moe": "qwen3-moe", "mixtral": "mixtral"}
+                  "qwen3-moe": "qwen3-moe", "mixtral": "mixtral", "qwen2_5_vl": "qwen2_5_vl", "qwen3_vl": "qwen3_vl"}
 
 # -- tools/convert_ckpt.py and tools/preprocess_data.py -------------------------------------------
 

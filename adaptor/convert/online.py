@@ -303,12 +303,14 @@ def hf_tokenizer_source(args) -> Path | None:
     return path if path.is_dir() or path.name == "tokenizer.json" and path.is_file() else None
 
 
-def save_hf_dir(model, args, iteration: int) -> None:
+def save_hf_dir(model, args, iteration: int, write=None) -> None:
     """Gather the model from all ranks and write ``--hf-save-dir`` (rank 0), all or nothing.
 
     The ranks (expert-data-parallel rank 0 of each model part) write their states into a hidden
     directory beside ``--hf-save-dir``, on a filesystem they share; a failure on any rank is one error
-    line, and the hidden directory is removed whatever happens.
+    line, and the hidden directory is removed whatever happens. ``write(rank_dir, final)``, when given,
+    makes the directory from the ranks' files instead of the text families' writer (models that are not
+    a GPTModel, such as the Qwen-VL ones).
     """
     import torch
     from megatron.core import mpu
@@ -338,7 +340,9 @@ def save_hf_dir(model, args, iteration: int) -> None:
     error = next((e for e in errors if e), None)
     if rank == 0:
         try:
-            if error is None:
+            if error is None and write is not None:
+                write(work, final)
+            elif error is None:
                 layout, hf_config = Layout.of(args).flat(), _hf_config(args)  # as write_rank_state wrote
                 if mode == "adapter":
                     peft_adapter_from_rank_files(work, final, args.model_type_hf, hf_config, layout, lora,

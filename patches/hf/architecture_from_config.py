@@ -42,6 +42,8 @@ def _value_of(argv: list[str], flag: str) -> str | None:
 def architecture_source(argv: list[str]) -> tuple[str, dict, str | None] | None:
     """(where, config.json, model type) of the Hugging Face description this command line starts from."""
     hf_dir, load = _value_of(argv, "--hf-load-dir"), _value_of(argv, "--load")
+    if _value_of(argv, "--mm-model"):
+        return None  # model.json describes a multimodal run's model (its --hf-load-dir is refused there)
     if hf_dir:
         path, where, model_type = Path(hf_dir) / "config.json", f"--hf-load-dir {hf_dir}", _value_of(argv, "--model-type-hf")
     elif load and (Path(load) / CONVERSION_RECORD).is_file():

@@ -18,6 +18,9 @@ Upstream functions wrapped:
 * ``megatron.training.arguments.validate_args``: the flags
   :func:`adaptor.convert.megatron_args_from_hf_config` derives from the HF config must match the
   command line; the first difference is one line naming the flag.
+
+Not enabled for ``--mm-model`` runs: patches/multimodal/qwen_vl_hf_save.py owns these flags there and
+reuses :func:`adaptor.convert.online.save_hf_dir` with the Qwen-VL writer.
 """
 from __future__ import annotations
 
@@ -139,6 +142,8 @@ class OnlineConversion(Feature):
 
     def enabled(self, ctx) -> bool:
         flags = ctx.flags
+        if getattr(flags, "mm_model", None):  # pretrain_mm.py's models: patches/multimodal/qwen_vl_hf_save.py
+            return False
         return super().enabled(ctx) and bool(getattr(flags, "hf_load_dir", None) or getattr(flags, "hf_save_dir", None)
                                              or getattr(flags, "hf_save_lora", None))
 

@@ -225,7 +225,3 @@ class MultimodalArguments(Feature):
         if args.tokenizer_type == "NullTokenizer":
             raise ArgumentError("pretrain_mm.py tokenizes captions: --tokenizer-type NullTokenizer cannot; use "
                                 "HuggingFaceTokenizer with --tokenizer-model")
-        if getattr(args, "hf_load_dir", None) or getattr(args, "hf_save_dir", None):
-            raise ArgumentError("pretrain_mm.py: --hf-load-dir/--hf-save-dir load a GPT model; give the text "
-                                "decoder's checkpoint as model.json's text_decoder.ckpt_path (llava) or the "
-                                "whole model's directory as init_from_hf_path (qwen2_5vl, qwen3vl)")
