@@ -23,8 +23,10 @@ import os
 import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
+import torch
 
 from helpers.megatron_runs import (
     ROOT, UNCOMPILED, free_port, launch, losses_of, side_by_side, tail, worst_relative_gap,
@@ -116,9 +118,13 @@ LAYOUTS = {
 
 
 @pytest.mark.parametrize("layout", LAYOUTS)
-def test_layout_reproduces_single_process_curve(layout, start, single_process):
-    run = train(start, nproc=2, extra=LAYOUTS[layout])
+def test_layout_reproduces_single_process_curve(layout, start, single_process, tmp_path):
+    # The PP2 run also writes its weights back as a Hugging Face directory (--hf-save-dir), gathered over stages.
+    saved = ["--hf-save-dir", str(tmp_path / "hf_out")] if layout == "pp2" else []
+    run = train(start, nproc=2, extra=LAYOUTS[layout] + saved)
     reference, _ = single_process
+    if saved:
+        check_saved_directory(tmp_path / "hf_out", Path(start[start.index("--mm-model") + 1]).parent / "hf")
     assert worst_relative_gap(run.curve(), reference) <= RTOL, (run.curve(), reference)
     if layout == "fsdp2_dp2":
         units = ("units [language_model.decoder.layers.0, language_model.decoder.layers.1, vision_model.layers.0, "
@@ -129,3 +135,24 @@ def test_layout_reproduces_single_process_curve(layout, start, single_process):
 def test_tolerance_detects_a_wrong_run(single_process):
     reference, perturbed = single_process
     assert worst_relative_gap(perturbed, reference) > RTOL * 10, (perturbed, reference)
+
+
+def check_saved_directory(out: Path, source: Path) -> None:
+    """The directory --hf-save-dir wrote: the source's tensor names and shapes, trained decoder weights (the
+    frozen-free run changes them), and transformers loads it as Qwen2_5_VLForConditionalGeneration."""
+    from safetensors.torch import load_file
+    from transformers import Qwen2_5_VLForConditionalGeneration
+
+    def tensors(folder):
+        out = {}
+        for file in sorted(folder.glob("*.safetensors")):
+            out.update(load_file(file))
+        return out
+
+    got, before = tensors(out), tensors(source)
+    assert sorted(got) == sorted(before)
+    assert all(got[n].shape == before[n].shape for n in got)
+    changed = [n for n in got if not torch.equal(got[n], before[n])]
+    assert any("layers.0" in n and "language_model" in n or n.startswith("model.layers.0") for n in changed), changed
+    model = Qwen2_5_VLForConditionalGeneration.from_pretrained(out)
+    assert model.config.vision_config.depth == json.loads((source / "config.json").read_text())["vision_config"]["depth"]
