@@ -59,7 +59,7 @@ def parity(hf_dir, *extra):
 # The one-process checks (no --tp/--pp/--ep) keep one core busy each: they start together, two at a
 # time, when the first of them is asked for, and each test waits for its own; the others run in their test.
 ONE_PROCESS = [("qwen3_tied", ("--tolerance", "0")), ("deepseek_v3", ()), ("qwen3_yarn_factor", ()), ("qwen3_linear", ()),
-               ("llama_untied", ()), ("qwen3_moe", ())]
+               ("llama_untied", ()), ("qwen3_moe", ()), ("mixtral", ())]
 # Qwen2 at one process with a PEFT adapter on all seven projections (peft's logits; the base weights are in them)
 QWEN2_LORA = "qwen2_tied+lora"
 
@@ -93,9 +93,10 @@ def one_process_parity(hf_dirs, tmp_path_factory):
     ("llama_untied", []),                             # Llama 3: rope_type llama3 (--use-rope-scaling)
     ("llama_untied", ["--tp", "2", "--pp", "2"]),
     ("qwen2_tied", ["--tp", "2", "--pp", "2"]),       # q/k/v bias split by query group, tied output copy
-    # Qwen3-MoE (norm_topk_prob false, a dense layer on the second stage) and Mixtral: TP2, PP2 and EP2 in one
-    # run each; Mixtral at TP1 with a LoRA adapter: tests/e2e/test_moe_families.py.
+    # Qwen3-MoE (norm_topk_prob false, a dense layer on the second stage) and Mixtral: one process, and TP2, PP2
+    # and EP2 in one run each; Mixtral with a LoRA adapter: tests/e2e/test_moe_families.py.
     ("qwen3_moe", []),
+    ("mixtral", []),
     ("qwen3_moe", ["--tp", "2", "--pp", "2", "--ep", "2"]),
     ("mixtral", ["--tp", "2", "--pp", "2", "--ep", "2"]),
     # interleaved schedule: two virtual stages of one layer per pipeline rank, the tied output copy in the last
