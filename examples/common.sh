@@ -72,6 +72,26 @@ checkpoint_args() {
   if [ -n "${LOAD:-}" ]; then out+=(--load "$LOAD"); fi
 }
 
+# mm_args ARRAY: fill the named array with pretrain_mm.py's flags from MM_MODEL, MM_DATA, TOKENIZER_MODEL,
+# the layout (TP, PP), the batch and schedule variables, PRECISION, FSDP2, checkpoints and SKIP_BAD.
+mm_args() {
+  local -n out="$1"
+  out=(
+    --mm-model "$MM_MODEL" --mm-data "$MM_DATA"
+    --tokenizer-type HuggingFaceTokenizer --tokenizer-model "$TOKENIZER_MODEL"
+    --seq-length "$SEQ_LEN" --tensor-model-parallel-size "$TP" --pipeline-model-parallel-size "${PP:-1}"
+    --micro-batch-size "$MBS" --global-batch-size "$GBS" --train-iters "$TRAIN_ITERS"
+    --lr "$LR" --min-lr "$MIN_LR" --lr-decay-style cosine --lr-warmup-iters "$WARMUP"
+    --weight-decay 0.01 --adam-beta1 0.9 --adam-beta2 0.95 --clip-grad 1.0
+    --seed 1234 --log-interval "${LOG_INTERVAL:-10}" --eval-interval 1000000 --eval-iters 0
+    --log-throughput
+  )
+  precision_args "$1"
+  sharding_args "$1"
+  checkpoint_args "$1"
+  if [ "${SKIP_BAD:-0}" = 1 ]; then out+=(--mm-skip-bad-records); fi
+}
+
 # distributed ENTRY ARGS...: torchrun ENTRY on this node with the layout variables. ADAPTOR_TORCHRUN,
 # split into words, replaces `torchrun` (a cluster's launcher wrapper, as for the tools).
 distributed() {

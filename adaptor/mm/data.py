@@ -195,45 +195,60 @@ def encode_turns(turns, tokenize, eod: int) -> tuple[list[int], list[int]]:
     return ids, loss
 
 
-class ImageTextDataset(torch.utils.data.Dataset):
-    """``num_samples`` samples drawn epoch by epoch from the records (a seeded new order each epoch
-    when shuffling), each ``{"images", "tokens", "labels", "loss_mask"}``."""
+class RecordSamples(torch.utils.data.Dataset):
+    """``num_samples`` samples drawn epoch by epoch from ``records`` (a seeded new order each epoch when
+    shuffling), each made by :meth:`make`; a record that fails is named, or under ``skip_bad`` replaced by
+    the next one (said once per record)."""
 
-    def __init__(self, records: list[Record], num_samples: int, text_len: int, tokenizer, data_cfg,
-                 seed: int, skip_bad: bool, data_path: str):
-        self.records, self.num_samples, self.text_len = records, num_samples, text_len
-        self.tokenizer, self.cfg, self.seed, self.skip_bad, self.data_path = tokenizer, data_cfg, seed, skip_bad, data_path
-        self.eod = tokenizer.eod
-        pad = getattr(tokenizer, "pad", None)
-        self.pad = pad if isinstance(pad, int) and pad >= 0 else self.eod
-        self._orders: dict[int, torch.Tensor] = {}
-        self._warned: set[int] = set()
+    def __init__(self, records: list, num_samples: int, shuffle: bool, seed: int, skip_bad: bool, source: str):
+        self.records, self.num_samples, self.source = records, num_samples, source
+        self.shuffle, self.seed, self.skip_bad = shuffle, seed, skip_bad
+        self._order: tuple[int, torch.Tensor] | None = None
+        self._warned: set = set()
 
     def __len__(self) -> int:
         return self.num_samples
 
+    def make(self, record) -> dict:
+        raise NotImplementedError
+
     def record_index(self, index: int) -> int:
         epoch, within = divmod(index, len(self.records))
-        if not self.cfg.shuffle:
+        if not self.shuffle:
             return within
-        if epoch not in self._orders:
+        if self._order is None or self._order[0] != epoch:
             generator = torch.Generator().manual_seed(self.seed * 1_000_003 + epoch)
-            self._orders = {epoch: torch.randperm(len(self.records), generator=generator)}
-        return int(self._orders[epoch][within])
+            self._order = (epoch, torch.randperm(len(self.records), generator=generator))
+        return int(self._order[1][within])
 
     def __getitem__(self, index: int) -> dict:
-        position = self.record_index(index)
+        first = self.record_index(index)
         for attempt in range(len(self.records)):
-            record = self.records[(position + attempt) % len(self.records)]
+            record = self.records[(first + attempt) % len(self.records)]
             try:
-                return self.sample(record)
+                return self.make(record)
             except MMDataError as exc:
                 if not self.skip_bad:
                     raise
-                if record.line not in self._warned:
-                    self._warned.add(record.line)
+                if id(record) not in self._warned:
+                    self._warned.add(id(record))
                     print(f"[pretrain_mm] skipping {exc} (--mm-skip-bad-records)", flush=True)
-        raise MMDataError(f"{self.data_path}: no record could be read")
+        raise MMDataError(f"{self.source}: no record could be made into a sample")
+
+
+class ImageTextDataset(RecordSamples):
+    """LLaVA samples, each ``{"images", "tokens", "labels", "loss_mask"}``."""
+
+    def __init__(self, records: list[Record], num_samples: int, text_len: int, tokenizer, data_cfg,
+                 seed: int, skip_bad: bool, data_path: str):
+        super().__init__(records, num_samples, data_cfg.shuffle, seed, skip_bad, data_path)
+        self.text_len, self.tokenizer, self.cfg, self.data_path = text_len, tokenizer, data_cfg, data_path
+        self.eod = tokenizer.eod
+        pad = getattr(tokenizer, "pad", None)
+        self.pad = pad if isinstance(pad, int) and pad >= 0 else self.eod
+
+    def make(self, record: Record) -> dict:
+        return self.sample(record)
 
     def sample(self, record: Record) -> dict:
         where = f"{self.data_path}:{record.line}"

@@ -47,19 +47,6 @@ TRAIN_ITERS="${TRAIN_ITERS:-30}"; LR="${LR:-4e-3}"
 PRECISION="${PRECISION:-fp32}"
 launch_defaults
 
-ARGS=(
-  --mm-model "$MM_MODEL" --mm-data "$MM_DATA"
-  --tokenizer-type HuggingFaceTokenizer --tokenizer-model "$TOKENIZER_MODEL"
-  --seq-length "$SEQ_LEN" --tensor-model-parallel-size "$TP" --pipeline-model-parallel-size "$PP"
-  --micro-batch-size "$MBS" --global-batch-size "$GBS" --train-iters "$TRAIN_ITERS"
-  --lr "$LR" --min-lr "$MIN_LR" --lr-decay-style cosine --lr-warmup-iters "$WARMUP"
-  --weight-decay 0.01 --adam-beta1 0.9 --adam-beta2 0.95 --clip-grad 1.0
-  --seed 1234 --log-interval "${LOG_INTERVAL:-10}" --eval-interval 1000000 --eval-iters 0
-  --log-throughput
-)
-precision_args ARGS
-sharding_args ARGS
-checkpoint_args ARGS
-[ "${SKIP_BAD:-0}" = 1 ] && ARGS+=(--mm-skip-bad-records)
+mm_args ARGS
 
 launch "$ROOT/pretrain_mm.py" "${ARGS[@]}" "$@"

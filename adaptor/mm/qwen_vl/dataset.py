@@ -24,7 +24,7 @@ import math
 import torch
 
 from adaptor.mm.schema import MMConfigError
-from adaptor.mm.data import MMDataError
+from adaptor.mm.data import RecordSamples
 from adaptor.mm.qwen_vl.data_config import QwenVLDataConfig, load_qwen_vl_data_config
 from adaptor.mm.qwen_vl.records import read_vl_records
 from adaptor.mm.qwen_vl.samples import SampleBuilder, load_tokenizer, processor_settings
@@ -44,43 +44,17 @@ def family_of(model_cfg, data_cfg: QwenVLDataConfig) -> str:
     return MODEL_FAMILIES[model_id]
 
 
-class QwenVLDataset(torch.utils.data.Dataset):
-    """``num_samples`` samples drawn epoch by epoch from the records (a seeded new order each epoch when
-    shuffling); a record that fails is named, or under ``skip_bad`` replaced by the next one."""
+class QwenVLDataset(RecordSamples):
+    """Qwen-VL samples of :class:`SampleBuilder`, drawn as :class:`~adaptor.mm.data.RecordSamples` draws."""
 
     def __init__(self, records, builder: SampleBuilder, num_samples: int, shuffle: bool, seed: int, skip_bad: bool,
                  source: str = "the dataset"):
-        self.records, self.builder, self.num_samples, self.source = records, builder, num_samples, source
+        super().__init__(records, num_samples, shuffle, seed, skip_bad, source)
+        self.builder = builder
         self.pad_id = builder.pad_id  # what collate pads tokens and labels with
-        self.shuffle, self.seed, self.skip_bad = shuffle, seed, skip_bad
-        self._order: tuple[int, torch.Tensor] | None = None
-        self._warned: set[str] = set()
 
-    def __len__(self) -> int:
-        return self.num_samples
-
-    def record_index(self, index: int) -> int:
-        epoch, within = divmod(index, len(self.records))
-        if not self.shuffle:
-            return within
-        if self._order is None or self._order[0] != epoch:
-            generator = torch.Generator().manual_seed(self.seed * 1_000_003 + epoch)
-            self._order = (epoch, torch.randperm(len(self.records), generator=generator))
-        return int(self._order[1][within])
-
-    def __getitem__(self, index: int) -> dict:
-        first = self.record_index(index)
-        for attempt in range(len(self.records)):
-            record = self.records[(first + attempt) % len(self.records)]
-            try:
-                return self.builder.build(record)
-            except MMDataError as exc:
-                if not self.skip_bad:
-                    raise
-                if record.where not in self._warned:
-                    self._warned.add(record.where)
-                    print(f"[pretrain_mm] skipping {exc} (--mm-skip-bad-records)", flush=True)
-        raise MMDataError(f"{self.source}: no record could be made into a sample")
+    def make(self, record) -> dict:
+        return self.builder.build(record)
 
 
 def build_train_dataset(args, data_cfg, model_cfg, num_samples: int) -> QwenVLDataset:

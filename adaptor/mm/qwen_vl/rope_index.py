@@ -105,6 +105,15 @@ def _no_items():
     return torch.zeros(0, 3, dtype=torch.long), torch.zeros(0)
 
 
+def _items_with_images(image_grid_thw, merge: int) -> dict:
+    """Each image an item of interval 1; no videos yet (the families place those differently)."""
+    items = {IMAGE: _no_items(), VIDEO: _no_items()}
+    if image_grid_thw is not None:
+        grid = _merged_grids(image_grid_thw, merge, "image")
+        items[IMAGE] = grid, torch.ones(len(grid), dtype=torch.long)
+    return items
+
+
 def qwen2_5_vl_rope_index(types: torch.Tensor, image_grid_thw=None, video_grid_thw=None, second_per_grid_ts=None,
                           attention_mask: torch.Tensor | None = None, *, spatial_merge_size: int = 2,
                           tokens_per_second: float = 2) -> tuple[torch.Tensor, torch.Tensor]:
@@ -113,10 +122,7 @@ def qwen2_5_vl_rope_index(types: torch.Tensor, image_grid_thw=None, video_grid_t
     A video's frames are ``tokens_per_second * second_per_grid_ts[v]`` positions apart on the temporal
     axis (``second_per_grid_ts`` of None: 1 s per grid).
     """
-    items = {IMAGE: _no_items(), VIDEO: _no_items()}
-    if image_grid_thw is not None:
-        grid = _merged_grids(image_grid_thw, spatial_merge_size, "image")
-        items[IMAGE] = grid, torch.ones(len(grid), dtype=torch.long)
+    items = _items_with_images(image_grid_thw, spatial_merge_size)
     if video_grid_thw is not None:
         grid = _merged_grids(video_grid_thw, spatial_merge_size, "video")
         seconds = torch.ones(len(grid)) if second_per_grid_ts is None else torch.as_tensor(second_per_grid_ts)
@@ -130,10 +136,7 @@ def qwen3_vl_rope_index(types: torch.Tensor, image_grid_thw=None, video_grid_thw
                         attention_mask: torch.Tensor | None = None, *, spatial_merge_size: int = 2
                         ) -> tuple[torch.Tensor, torch.Tensor]:
     """Qwen3-VL's (position_ids (3, B, S), deltas (B, 1)): each video frame is an item of one frame."""
-    items = {IMAGE: _no_items(), VIDEO: _no_items()}
-    if image_grid_thw is not None:
-        grid = _merged_grids(image_grid_thw, spatial_merge_size, "image")
-        items[IMAGE] = grid, torch.ones(len(grid), dtype=torch.long)
+    items = _items_with_images(image_grid_thw, spatial_merge_size)
     if video_grid_thw is not None:
         grid = _merged_grids(video_grid_thw, spatial_merge_size, "video")
         frames = grid.repeat_interleave(grid[:, 0], dim=0)
