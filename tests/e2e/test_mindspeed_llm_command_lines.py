@@ -1,8 +1,8 @@
 """MindSpeed-LLM's own pretrain scripts run through pretrain_gpt.py, and train what our flags train.
 
 The flag sets are those of MindSpeed-LLM's ``examples/mcore/qwen3/pretrain_qwen3_8b_4K_ptd.sh``,
-``examples/mcore/qwen3_moe/pretrain_qwen3_30b_a3b_4K_ptd.sh`` (from Hugging Face weights) and
-``examples/mcore/deepseek3/pretrain_deepseek3_671b_4k_ptd.sh`` as published, every flag kept, with
+``examples/mcore/qwen3_moe/pretrain_qwen3_30b_a3b_4K_ptd.sh``, ``examples/mcore/llama31/pretrain_llama31_8b_128k_ptd.sh``
+(both from Hugging Face weights) and ``examples/mcore/deepseek3/pretrain_deepseek3_671b_4k_ptd.sh`` as published, every flag kept, with
 only sizes scaled to two CPU cores (layers, hidden, heads, experts, vocabulary, sequence, batch,
 iterations, parallel sizes) and paths pointed at the embedded corpus and tokenizer. Each runs
 beside the same model written in Megatron's and our own flags; the loss curves must be equal to
