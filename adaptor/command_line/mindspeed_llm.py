@@ -90,6 +90,8 @@ NOT_APPLIED = {
     "--padded-base-length": (1, "pads MLA head dims for Ascend flash attention (same output)"),
     "--schedules-method": (1, "DualPipeV places layers for bidirectional pipelining (speed only); Megatron's "
                               "1F1B schedule runs"),
+    "--sparse-mode": (1, "picks the mask layout Ascend flash attention is given (compressed causal or band); "
+                         "attention here is causal, which that layout computes up to its window"),
     "--no-shared-storage": (0, "builds dataset caches on every node; Megatron builds them on rank 0, so give "
                                "--data-cache-path a shared directory on multi-node runs"),
     "--workers": (1, "preprocessing workers for raw --data-path files; run tools/preprocess_data.py instead"),

@@ -1,8 +1,8 @@
 """MindSpeed-LLM's own pretrain scripts run through pretrain_gpt.py, and train what our flags train.
 
 The flag sets are those of MindSpeed-LLM's ``examples/mcore/qwen3/pretrain_qwen3_8b_4K_ptd.sh``,
-``examples/mcore/qwen3_moe/pretrain_qwen3_30b_a3b_4K_ptd.sh`` (from Hugging Face weights) and
-``examples/mcore/deepseek3/pretrain_deepseek3_671b_4k_ptd.sh`` as published, every flag kept, with
+``examples/mcore/qwen3_moe/pretrain_qwen3_30b_a3b_4K_ptd.sh``, ``examples/mcore/llama31/pretrain_llama31_8b_128k_ptd.sh``
+(both from Hugging Face weights) and ``examples/mcore/deepseek3/pretrain_deepseek3_671b_4k_ptd.sh`` as published, every flag kept, with
 only sizes scaled to two CPU cores (layers, hidden, heads, experts, vocabulary, sequence, batch,
 iterations, parallel sizes) and paths pointed at the embedded corpus and tokenizer. Each runs
 beside the same model written in Megatron's and our own flags; the loss curves must be equal to
@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import pytest
 
-from helpers.hf_fixtures import make_tiny_qwen3, make_tiny_qwen3_moe
+from helpers.hf_fixtures import make_tiny_llama, make_tiny_qwen3, make_tiny_qwen3_moe
 from helpers.megatron_runs import (
     SAMPLE_CORPUS, SAMPLE_TOKENIZER, TINY_QWEN3, TwoAtATime, run_pretrain, side_by_side, tail,
 )
@@ -108,6 +108,66 @@ def test_qwen3_8b_script_trains_like_our_flags(tmp_path, corpus):
                  "--enable-hf2mg-convert --load", "distributed_backend=gloo (for --distributed-backend nccl"):
         assert said in theirs.output, said
     assert (tmp_path / "save" / "latest_checkpointed_iteration.txt").read_text().strip() == "4"
+
+
+def llama31_8b_script(hf_dir, data) -> list[str]:
+    """pretrain_llama31_8b_128k_ptd.sh: 32 layers / 4096 hidden / 32 heads / 8 groups / 128256 vocab -> the tiny
+    Llama (head dim 14, so --kv-channels); TP2 with sequence parallelism kept, as published."""
+    return ["--tensor-model-parallel-size", "2", "--pipeline-model-parallel-size", "1", "--use-mcore-models",
+            "--context-parallel-size", "1", "--context-parallel-algo", "megatron_cp_algo",
+            "--no-create-attention-mask-in-dataloader", "--no-shared-storage", "--sparse-mode", "4",
+            "--micro-batch-size", "1", "--global-batch-size", "8", "--sequence-parallel", "--use-flash-attn",
+            "--use-rotary-position-embeddings", "--use-fused-rmsnorm", "--use-fused-swiglu",
+            "--rope-scaling-type", "llama3", "--rope-scaling-factor", "8.0", "--low-freq-factor", "1.0",
+            "--high-freq-factor", "4.0", "--original-max-position-embeddings", "8192",
+            "--tokenizer-type", "PretrainedFromHF", "--tokenizer-name-or-path", TOKENIZER, "--num-layers", "4",
+            "--hidden-size", "64", "--ffn-hidden-size", "160", "--num-attention-heads", "8", "--kv-channels", "14",
+            "--group-query-attention", "--num-query-groups", "2", "--seq-length", "64",
+            "--max-position-embeddings", "64", "--make-vocab-size-divisible-by", "1", "--padded-vocab-size", "1536",
+            "--untie-embeddings-and-output-weights", "--disable-bias-linear", "--attention-dropout", "0.0",
+            "--init-method-std", "0.01", "--hidden-dropout", "0.0", "--position-embedding-type", "rope",
+            "--rotary-base", "10000", "--normalization", "RMSNorm", "--norm-epsilon", "1e-5", "--swiglu",
+            "--no-masked-softmax-fusion", "--attention-softmax-in-fp32", "--lr", "1.25e-6", "--train-iters", "2",
+            "--lr-decay-style", "cosine", "--min-lr", "1.25e-7", "--weight-decay", "1e-1",
+            "--lr-warmup-fraction", "0.01", "--clip-grad", "1.0", "--adam-beta1", "0.9", "--adam-beta2", "0.95",
+            "--initial-loss-scale", "4096", "--no-gradient-accumulation-fusion", "--no-load-optim",
+            "--no-load-rng", "--bf16", "--data-path", data, "--split", "100,0,0", "--log-interval", "1",
+            "--save-interval", "2000", "--eval-interval", "2000", "--eval-iters", "0",
+            "--distributed-backend", "nccl",
+            "--load", str(hf_dir), "--enable-hf2mg-convert", "--model-type-hf", "llama2"]
+
+
+def llama31_ours(hf_dir, data) -> list[str]:
+    """The same Llama 3.1 model and training in Megatron's flags."""
+    return ["--num-layers", "4", "--hidden-size", "64", "--ffn-hidden-size", "160", "--num-attention-heads", "8",
+            "--kv-channels", "14", "--group-query-attention", "--num-query-groups", "2",
+            "--normalization", "RMSNorm", "--norm-epsilon", "1e-5", "--swiglu", "--disable-bias-linear",
+            "--position-embedding-type", "rope", "--rotary-base", "10000", "--use-rope-scaling",
+            "--rope-scaling-factor", "8.0", "--untie-embeddings-and-output-weights", "--seq-length", "64",
+            "--max-position-embeddings", "64", "--attention-dropout", "0", "--hidden-dropout", "0",
+            "--init-method-std", "0.01", "--attention-softmax-in-fp32",
+            "--tokenizer-type", "HuggingFaceTokenizer", "--tokenizer-model", TOKENIZER, "--padded-vocab-size", "1536",
+            "--data-path", data, "--split", "100,0,0", "--hf-load-dir", str(hf_dir),
+            "--bf16", "--use-flash-attn", "--use-fused-rmsnorm", "--use-fused-swiglu",
+            "--tensor-model-parallel-size", "2", "--sequence-parallel",
+            "--micro-batch-size", "1", "--global-batch-size", "8", "--lr", "1.25e-6", "--min-lr", "1.25e-7",
+            "--lr-decay-style", "cosine", "--lr-warmup-fraction", "0.01", "--weight-decay", "0.1",
+            "--adam-beta2", "0.95", "--initial-loss-scale", "4096", "--train-iters", "2",
+            "--log-interval", "1", "--eval-iters", "0", "--eval-interval", "2000"]
+
+
+def test_llama31_8b_script_trains_like_our_flags(tmp_path, corpus):
+    # Two iterations suffice: the second loss is taken after one optimizer step, so equal pairs show the same
+    # model, data and update; more iterations would only repeat that at ~5 s each.
+    hf = make_tiny_llama(tmp_path / "hf", vocab_size=1536)  # the sample tokenizer's 1436 tokens fit
+    theirs, ours = side_by_side(lambda: run_pretrain(llama31_8b_script(hf, corpus), nproc=2),
+                                lambda: run_pretrain(llama31_ours(hf, corpus), nproc=2))
+    assert theirs.returncode == 0, tail(theirs.output)
+    assert ours.returncode == 0, tail(ours.output)
+    assert sorted(theirs.losses) == [1, 2], tail(theirs.output)
+    assert theirs.curve() == ours.curve(), (theirs.curve(), ours.curve())
+    assert "--rope-scaling-type llama3: --use-rope-scaling" in theirs.output
+    assert "--hf-load-dir" in theirs.output and "loaded" in theirs.output
 
 
 def qwen3_30b_a3b_script(hf_dir, data, save) -> list[str]:

@@ -107,7 +107,7 @@ LLAMA3_ROPE = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "hi
 
 
 def make_tiny_llama(path, tied: bool = False, shards: int = 1, seed: int = 0, rope_scaling: dict | None = None,
-                    family: str = "llama") -> Path:
+                    family: str = "llama", vocab_size: int = VOCAB_SIZE) -> Path:
     """A 4-layer LlamaForCausalLM (``family="qwen2"``: Qwen2ForCausalLM, q/k/v bias): GQA 8 heads / 2 groups,
     head_dim 14 (8 x 14 != 64), MLP 160, rope_theta 1e4; Llama with Llama 3's RoPE scaling (factor 8), under
     which two of the 7 frequencies fall in the scaled and the smoothed bands; ``rope_scaling`` replaces it."""
@@ -117,7 +117,7 @@ def make_tiny_llama(path, tied: bool = False, shards: int = 1, seed: int = 0, ro
     path.mkdir(parents=True, exist_ok=True)
     default = LLAMA3_ROPE if family == "llama" else {"rope_type": "default"}
     rope = {"rope_theta": 10000.0, **(default if rope_scaling is None else rope_scaling)}
-    shape = dict(vocab_size=VOCAB_SIZE, hidden_size=HIDDEN_SIZE, intermediate_size=160, num_hidden_layers=4,
+    shape = dict(vocab_size=vocab_size, hidden_size=HIDDEN_SIZE, intermediate_size=160, num_hidden_layers=4,
                  num_attention_heads=8, num_key_value_heads=2, head_dim=14, max_position_embeddings=64,
                  rms_norm_eps=1e-5, rope_parameters=rope, tie_word_embeddings=tied, hidden_act="silu",
                  bos_token_id=0, eos_token_id=1)

@@ -121,3 +121,12 @@ def test_mindspeed_context_parallel_switches_become_megatrons():
     ):
         r = rewrite(*flags)
         assert len(r.refused) == 1 and words in r.refused[0], (flags, r.refused)
+
+
+def test_sparse_mode_is_dropped_with_its_value_and_noted():
+    """Llama 3.1's scripts pass --sparse-mode 4, which Megatron's parser does not know: it goes with its value."""
+    from adaptor.command_line.mindspeed_llm import rewrite_pretrain_argv
+
+    r = rewrite_pretrain_argv(["--sparse-mode", "4", "--seq-length", "64"])
+    assert r.refused == [] and r.argv == ["--seq-length", "64"], r
+    assert any(n.startswith("--sparse-mode is not applied") for n in r.notes), r.notes
