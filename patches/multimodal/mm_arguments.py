@@ -215,6 +215,7 @@ class MultimodalArguments(Feature):
 
     def set_defaults(self, args, ctx) -> None:
         from adaptor.errors import fail
+        from adaptor.log import notice_once
         from adaptor.mm.config import MMConfigError, cached_model_config
         from adaptor.mm.qwen_vl.data_config import cached_mm_data_config
 
@@ -226,6 +227,9 @@ class MultimodalArguments(Feature):
         try:
             model_cfg = cached_model_config(args.mm_model)
             apply_model_json(args, ctx.explicit, model_cfg)
+            if model_cfg.taken_from_hf:
+                notice_once(f"{model_cfg.file}: {', '.join(model_cfg.taken_from_hf)} = 999999 taken from "
+                            f"{model_cfg.init_from_hf_path}/config.json")
             data_cfg = None if generating else cached_mm_data_config(args.mm_data)
         except MMConfigError as exc:
             fail(str(exc))
