@@ -7,7 +7,7 @@
 * MindSpeed-MM's published Qwen3-VL model.json (examples/qwen3vl/model_8B.json: ``999999`` for the towers'
   and decoder's num_layers, hidden_size, num_attention_heads, the projector's num_layers and the decoder's
   max_position_embeddings), pointed at a tiny transformers Qwen3-VL directory, loads: the placeholders take
-  config.json's values and are listed, and the built model takes every tensor of that checkpoint, holding as many
+  config.json's values and are listed (the start prints them in one line), and the built model takes every tensor of that checkpoint, holding as many
   numbers as it. Without
   ``init_from_hf_path`` a placeholder is one line.
 """
@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 from argparse import Namespace
+from types import SimpleNamespace
 
 import pytest
 
@@ -123,7 +124,7 @@ def mindspeed_qwen3vl_json(folder, hf_dir) -> str:
     return str(file)
 
 
-def test_mindspeed_placeholders_take_config_json(tmp_path, model_parallel):
+def test_mindspeed_placeholders_take_config_json(tmp_path, model_parallel, capsys):
     from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
 
     from adaptor.convert import HfCheckpoint, Layout
@@ -155,6 +156,16 @@ def test_mindspeed_placeholders_take_config_json(tmp_path, model_parallel):
     assert loaded == len([n for n in model.state_dict() if not n.endswith("_extra_state")])
     # the fused q/k/v and gate/up hold the same numbers as the checkpoint's separate tensors
     assert sum(p.numel() for p in model.parameters()) == sum(checkpoint.get(n).numel() for n in checkpoint.names())
+
+    # the start prints the keys config.json filled, once
+    from patches.multimodal.mm_arguments import MultimodalArguments
+
+    args = Namespace(mm_model=str(cfg.file), mm_data=data_json(tmp_path), tensor_model_parallel_size=1)
+    MultimodalArguments().set_defaults(args, SimpleNamespace(explicit=set()))
+    printed = [line for line in capsys.readouterr().out.splitlines() if "999999" in line]
+    assert printed == [f"[megatron-adaptor] {cfg.file}: {', '.join(cfg.taken_from_hf)} = 999999 taken from "
+                       f"{hf_dir}/config.json"]
+    assert args.num_layers == 2 and args.hidden_size == 64 and args.max_position_embeddings == 4096
 
     file = mindspeed_qwen3vl_json(tmp_path, None)
     with pytest.raises(MMConfigError) as info:
