@@ -7,9 +7,9 @@
 * MindSpeed-MM's published Qwen3-VL model.json (examples/qwen3vl/model_8B.json: ``999999`` for the towers'
   and decoder's num_layers, hidden_size, num_attention_heads, the projector's num_layers and the decoder's
   max_position_embeddings), pointed at a tiny transformers Qwen3-VL directory, loads: the placeholders take
-  config.json's values and are listed (the start prints them in one line), and the built model takes every tensor of that checkpoint, holding as many
-  numbers as it. Without
-  ``init_from_hf_path`` a placeholder is one line.
+  config.json's values and are listed (the start prints them in one line), and the built model takes every
+  tensor of that checkpoint, holding as many numbers as it. Without ``init_from_hf_path`` a placeholder is
+  one line.
 """
 from __future__ import annotations
 
