@@ -149,8 +149,11 @@ def check_files(model_cfg, data_cfg) -> None:
         raise ArgumentError(f"{data_cfg.file}: a {kind} data.json feeds model_id {feeds}; {model_cfg.file} has "
                             f"model_id {model_cfg.model_id}")
     if qwen_model:  # init_from_hf_path was read with model.json
+        from adaptor.mm.qwen_vl.token_ids import check_data_tokenizer
+
         try:
             check_paths(data_cfg)
+            check_data_tokenizer(model_cfg, data_cfg)
         except MMConfigError as exc:
             raise ArgumentError(str(exc)) from None
         return
@@ -164,6 +167,24 @@ def check_files(model_cfg, data_cfg) -> None:
         path = getattr(model_cfg, section)["ckpt_path"]
         if path is not None and not os.path.isdir(path):
             raise ArgumentError(f"{model_cfg.where(section, 'ckpt_path')}: no such directory {path}")
+
+
+def check_tokenizer_model(args, model_cfg) -> None:
+    """``--tokenizer-model``, when it is a tokenizer.json directory, against a Qwen-VL model.json's ids."""
+    from tokenizers import Tokenizer
+
+    from adaptor.mm.config import MMConfigError
+    from adaptor.mm.qwen_vl.token_ids import check_tokenizer_matches_model
+    from adaptor.tokenizer_json import find_tokenizer_json
+
+    path = getattr(args, "tokenizer_model", None)
+    found = find_tokenizer_json(path) if path and os.path.isdir(path) else None
+    if model_cfg.model_id == "llava" or found is None:
+        return
+    try:
+        check_tokenizer_matches_model(model_cfg, Tokenizer.from_file(str(found)), f"--tokenizer-model {path}")
+    except MMConfigError as exc:
+        raise ArgumentError(str(exc)) from None
 
 
 def _generation_entry() -> str | None:
@@ -194,6 +215,7 @@ class MultimodalArguments(Feature):
 
     def set_defaults(self, args, ctx) -> None:
         from adaptor.errors import fail
+        from adaptor.log import notice_once
         from adaptor.mm.config import MMConfigError, cached_model_config
         from adaptor.mm.qwen_vl.data_config import cached_mm_data_config
 
@@ -205,6 +227,9 @@ class MultimodalArguments(Feature):
         try:
             model_cfg = cached_model_config(args.mm_model)
             apply_model_json(args, ctx.explicit, model_cfg)
+            if model_cfg.taken_from_hf:
+                notice_once(f"{model_cfg.file}: {', '.join(model_cfg.taken_from_hf)} = 999999 taken from "
+                            f"{model_cfg.init_from_hf_path}/config.json")
             data_cfg = None if generating else cached_mm_data_config(args.mm_data)
         except MMConfigError as exc:
             fail(str(exc))
@@ -221,6 +246,7 @@ class MultimodalArguments(Feature):
         else:
             data_cfg = cached_mm_data_config(args.mm_data)
             check_files(model_cfg, data_cfg)
+            check_tokenizer_model(args, model_cfg)
             check_layout(args, model_cfg, data_cfg)
         if args.tokenizer_type == "NullTokenizer":
             raise ArgumentError("pretrain_mm.py tokenizes captions: --tokenizer-type NullTokenizer cannot; use "

@@ -14,6 +14,11 @@ shape keys may be left out; each one given must agree with it. Without it, the s
 Keys whose value the architecture fixes (``normalization``, ``activation_func`` of the decoder, ...) are
 accepted only with that value, so a file written for another model fails in one line instead of
 training something else. Keys not built here are refused by the schema, naming their JSON path.
+
+MindSpeed-MM's published Qwen3-VL files write ``999999`` (:data:`FROM_HF`) for shape keys they leave to
+config.json (``num_layers``, ``hidden_size``, ``num_attention_heads``, ``max_position_embeddings``).
+With ``init_from_hf_path`` such a key is read as absent, so config.json's value is used, and its path is
+recorded in :attr:`MMModelConfig.taken_from_hf`; without it there is nothing to take the value from.
 """
 from __future__ import annotations
 
@@ -90,6 +95,8 @@ MODEL = {
     "text_encoder": Key(None), "video_encoder": Key(None),
 }
 
+FROM_HF = 999999  # "take this key from init_from_hf_path's config.json"
+
 PREFIX = {"vision": "image_encoder.vision_encoder", "projector": "image_encoder.vision_projector",
           "text": "text_decoder", "": ""}
 
@@ -134,6 +141,22 @@ def _mrope_from_rope_scaling(rope_scaling: dict | None, where) -> tuple | None:
                             f"({{\"type\": \"mrope\", \"mrope_section\": [...]}}), got {json.dumps(rope_scaling)}")
     section = rope_scaling.get("mrope_section")
     return None if section is None else tuple(section)
+
+
+def _drop_placeholders(cfg: dict, where, has_hf_dir: bool) -> tuple[str, ...]:
+    """Set every :data:`FROM_HF` value to None (config.json decides it); the JSON paths that held one."""
+    sections = {"": cfg, "vision": cfg["image_encoder"]["vision_encoder"],
+                "projector": cfg["image_encoder"]["vision_projector"], "text": cfg["text_decoder"]}
+    taken = []
+    for section, keys in sections.items():
+        for key, value in keys.items():
+            if value == FROM_HF and not isinstance(value, bool):
+                if not has_hf_dir:
+                    raise MMConfigError(f"{where(section, key)} is {FROM_HF}, which means \"take it from "
+                                        f"init_from_hf_path's config.json\", but no init_from_hf_path is given")
+                keys[key] = None
+                taken.append(f"{PREFIX[section]}.{key}" if PREFIX[section] else key)
+    return tuple(taken)
 
 
 def _config_from_keys(family: str, cfg: dict, where) -> dict:
@@ -241,6 +264,8 @@ def load_qwen_vl_model_config(raw: dict, file: Path, path: str) -> MMModelConfig
     cfg = check_section(raw, MODEL, "", path)
     where = _Where(path)
     family = FAMILY[cfg["model_id"]]
+    init_dir = resolve(file, cfg["init_from_hf_path"])
+    taken = _drop_placeholders(cfg, where, init_dir is not None)
     vision, projector, text = cfg["image_encoder"]["vision_encoder"], cfg["image_encoder"]["vision_projector"], \
         cfg["text_decoder"]
     for section, keys, ids in (("vision", vision, VISION_IDS[family]), ("text", text, TEXT_IDS[family])):
@@ -253,7 +278,6 @@ def load_qwen_vl_model_config(raw: dict, file: Path, path: str) -> MMModelConfig
             if keys[key] is not None and not _same(keys[key], want):
                 raise MMConfigError(f"{where(section, key)} is {json.dumps(keys[key])}; {cfg['model_id']} has "
                                     f"{json.dumps(want)} (not configurable)")
-    init_dir = resolve(file, cfg["init_from_hf_path"])
     if init_dir is not None:
         hf_config = _config_from_directory(family, init_dir, where)
         source = f"{init_dir}/config.json"
@@ -297,7 +321,8 @@ def load_qwen_vl_model_config(raw: dict, file: Path, path: str) -> MMModelConfig
     return MMModelConfig(
         file=path, vision={"model_id": vision["model_id"], "freeze": vision["freeze"], "ckpt_path": None},
         projector={"model_id": projector["model_id"], "freeze": projector["freeze"]}, text=decoder_args,
-        model_id=cfg["model_id"], hf_config=hf_config, init_from_hf_path=init_dir)
+        model_id=cfg["model_id"], hf_config=hf_config, init_from_hf_path=init_dir,
+        taken_from_hf=taken)
 
 
 def vision_settings(model_cfg: MMModelConfig):
