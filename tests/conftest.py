@@ -13,6 +13,7 @@ declared ``@prefetched`` (helpers/prefetch.py) start on a background thread once
 """
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -105,6 +106,17 @@ class HfModels:
         if name not in self.made:
             self.made[name] = HF_MODELS[name](self.root / name)
         return self.made[name]
+
+
+@pytest.fixture(autouse=True)
+def _adaptor_variables_unchanged():
+    """Every launch copies this process's environment: a test that leaves an ``ADAPTOR_*`` variable set (a
+    tool's main() run in-process sets ADAPTOR_QUIET, as its own process would) changes every later run's
+    output. Such a test fails here, at its own teardown, instead of the runs after it."""
+    before = {k: v for k, v in os.environ.items() if k.startswith("ADAPTOR_")}
+    yield
+    after = {k: v for k, v in os.environ.items() if k.startswith("ADAPTOR_")}
+    assert after == before, f"the test left ADAPTOR_* variables changed: {before} -> {after}"
 
 
 @pytest.fixture(scope="session")

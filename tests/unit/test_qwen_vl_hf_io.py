@@ -25,6 +25,7 @@ import contextlib
 import importlib.util
 import io
 import json
+import os
 import shutil
 from pathlib import Path
 
@@ -54,11 +55,15 @@ def tool(name: str, *argv) -> tuple[int, str, str]:
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     out, err = io.StringIO(), io.StringIO()
+    environ = dict(os.environ)  # a tool sets its process's variables (ADAPTOR_QUIET); this process is the tests'
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
         try:
             code = module.main([str(a) for a in argv])
         except SystemExit as exc:
             code = exc.code
+        finally:
+            os.environ.clear()
+            os.environ.update(environ)
     return code, out.getvalue(), err.getvalue()
 
 
