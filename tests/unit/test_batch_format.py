@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 
 from adaptor.batch_format import Boundaries, batch_format
+from helpers.prefetch import prefetched
 
 ROOT = Path(__file__).resolve().parents[2]
 ANY = object()
@@ -194,7 +195,7 @@ for te, data, flash, reset, inter in itertools.product((False, True), ("pretrain
 """
 
 
-@pytest.fixture(scope="module")
+@prefetched
 def get_batch_cases():
     environ = dict(os.environ, ADAPTOR_QUIET="1", ADAPTOR_BACKEND="cpu", PORT=str(29700 + os.getpid() % 200))
     proc = subprocess.run([sys.executable, "-W", "ignore", "-c", CHILD], cwd=ROOT, env=environ,

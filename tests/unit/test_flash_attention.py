@@ -26,6 +26,7 @@ import torch
 from helpers.npu_contract import standin_env
 from helpers.paths import ROOT
 from helpers.processes import run_child, tagged_json
+from helpers.prefetch import prefetched
 
 FP32_TOL = 1e-5
 BF16_TOL = 2e-2
@@ -240,7 +241,7 @@ def _child(npu: bool, saved: Path):
     return facts
 
 
-@pytest.fixture(scope="module")
+@prefetched
 def children(tmp_path_factory):
     """The CPU and the NPU-stand-in child, side by side."""
     tmp = tmp_path_factory.mktemp("flash_attention")

@@ -37,6 +37,7 @@ from patches.fusions.rope import RopeFusion
 from patches.fusions.swiglu import SwigluFusion
 from helpers.npu_contract import standin_env
 from helpers.processes import run_child, tagged_json
+from helpers.prefetch import prefetched
 
 TOL = {torch.float32: dict(rtol=1e-5, atol=1e-5), torch.bfloat16: dict(rtol=2e-2, atol=2e-2)}
 DTYPES = [torch.float32, torch.bfloat16]
@@ -306,7 +307,7 @@ print("FACTS" + json.dumps(facts))
 """
 
 
-@pytest.fixture(scope="module")
+@prefetched
 def npu_child():
     env = standin_env(ADAPTOR_QUIET="1")
     env.pop("ADAPTOR_BACKEND", None)

@@ -16,6 +16,7 @@ import pytest
 from helpers.megatron_runs import side_by_side
 from helpers.paths import SAMPLE_TOKENIZER
 from helpers.processes import child_env, run_child
+from helpers.prefetch import prefetched
 
 TOKENIZER_DIR = SAMPLE_TOKENIZER
 TEXTS = [
@@ -59,7 +60,7 @@ def build(mode: str, path, texts=TEXTS) -> dict:
     return json.loads(lines[-1][len("RESULT "):])
 
 
-@pytest.fixture(scope="module")
+@prefetched
 def bare_tokenizer_json(tmp_path_factory):
     """A bare tokenizer.json (no tokenizer_config.json)."""
     bare = tmp_path_factory.mktemp("only") / "tokenizer.json"
@@ -67,7 +68,7 @@ def bare_tokenizer_json(tmp_path_factory):
     return bare
 
 
-@pytest.fixture(scope="module")
+@prefetched
 def builds(bare_tokenizer_json):
     """Every build this file compares, two processes at a time."""
     jobs = {"ours": lambda: build("adaptor", TOKENIZER_DIR),

@@ -17,6 +17,7 @@ import pytest
 
 from helpers import processes
 from helpers.megatron_runs import side_by_side
+from helpers.prefetch import prefetched
 TARGET = "megatron.core.optimizer.clip_grads.clip_grad_by_total_norm_fp32"
 
 # Shared tail of both child scripts: collect facts, tear down, collect again.
@@ -91,7 +92,7 @@ def facts_of(proc: subprocess.CompletedProcess) -> dict:
     return json.loads(lines[0][len("FACTS "):])
 
 
-@pytest.fixture(scope="module")
+@prefetched
 def children():
     """Both import orders, each in a fresh interpreter, side by side."""
     orders = {"adaptor_first": ADAPTOR_FIRST, "megatron_first": MEGATRON_FIRST}

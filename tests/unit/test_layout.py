@@ -16,6 +16,7 @@ import pytest
 from adaptor import bootstrap
 from adaptor import env, layer_specs
 from helpers.megatron_runs import side_by_side
+from helpers.prefetch import prefetched
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -70,7 +71,7 @@ _CONVERSION_TOOL = ("import runpy, sys\n"
                     "except SystemExit as exit:\n    assert exit.code not in (0, None)\n")
 
 
-@pytest.fixture(scope="module")
+@prefetched
 def fresh_interpreters():
     """Each import order in a fresh interpreter (that is the point), two at a time."""
     jobs = {

@@ -13,6 +13,7 @@ import pytest
 
 from helpers.npu_contract import standin_env
 from helpers.processes import run_child, tagged_json
+from helpers.prefetch import prefetched
 
 CHILD = r"""
 import json, torch, torch_npu
@@ -104,7 +105,7 @@ print("FACTS" + json.dumps(facts))
 """
 
 
-@pytest.fixture(scope="module")
+@prefetched
 def facts():
     out = run_child(CHILD, env=standin_env(ADAPTOR_QUIET="1"), timeout=300)
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-4000:]

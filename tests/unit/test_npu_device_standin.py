@@ -13,6 +13,7 @@ import pytest
 
 from helpers.npu_contract import standin_env
 from helpers.processes import run_child
+from helpers.prefetch import prefetched
 
 CHILD = r"""
 import json, sys, torch
@@ -53,7 +54,7 @@ print("FACTS" + json.dumps(facts))
 """
 
 
-@pytest.fixture(scope="module")
+@prefetched
 def child():
     """One subprocess for all checks: importing megatron costs ~10 s here."""
     env = standin_env()
