@@ -145,8 +145,9 @@ def mindspeed_page() -> str:
         ("`--context-parallel-algo hybrid_cp_algo --ulysses-degree-in-cp K`",
          "`--cp-comm-type a2a+p2p --hierarchical-context-parallel-sizes K CP/K`"),
         ("`--cp-attention-mask-type causal`", "accepted (context parallelism runs causal attention); `general` refused"),
-        ("`--use-cp-send-recv-overlap`, `--megatron-cp-in-bnsd`",
-         "not applied, with one line: the ring always overlaps transfers, and works in [b, n, s, d] internally"),
+        ("`--use-cp-send-recv-overlap`, `--megatron-cp-in-bnsd`, `--use-fused-ring-attention-update`",
+         ("not applied, with one line: the ring always overlaps transfers, works in [b, n, s, d] internally, and "
+          "merges each block's attention with the same arithmetic unfused")),
         ("`--reset-position-ids` (without `--reset-attention-mask`)",
          "Megatron's meaning, and a printed line: add `--reset-attention-mask` for per-document attention"),
     ]

@@ -452,7 +452,10 @@ def _cp_algo(argv: list[str], notes: list[str]) -> list[str]:
         notes.append("--cp-attention-mask-type causal: the attention of every context-parallel algorithm here")
     for flag, why in (("--use-cp-send-recv-overlap", "the ring always overlaps each block's transfer with the "
                                                      "previous block's attention"),
-                      ("--megatron-cp-in-bnsd", "the ring works in [b, n, s, d] internally whatever the layout")):
+                      ("--megatron-cp-in-bnsd", "the ring works in [b, n, s, d] internally whatever the layout"),
+                      ("--use-fused-ring-attention-update", "Ascend's one-kernel merge of a ring block's attention "
+                                                            "into the running output; the ring merges it with the "
+                                                            "same arithmetic in separate operations (speed only)")):
         if _present(argv, flag):
             argv = _remove(argv, flag, 0)
             notes.append(f"{flag} is not applied: {why}")
@@ -497,7 +500,7 @@ def _reset_position_ids(argv: list[str], notes: list[str], mindspeed: bool) -> l
 COMPUTED = {"--first-k-dense-replace": 1, "--n-shared-experts": 1, "--seq-aux": 0, "--rope-scaling-type": 1,
             "--noop-layers": 1, "--enable-hf2mg-convert": 0, "--context-parallel-algo": 1, "--low-freq-factor": 1,
             "--ulysses-degree-in-cp": 1, "--cp-attention-mask-type": 1, "--use-cp-send-recv-overlap": 0,
-            "--megatron-cp-in-bnsd": 0,
+            "--megatron-cp-in-bnsd": 0, "--use-fused-ring-attention-update": 0,
             "--high-freq-factor": 1, "--original-max-position-embeddings": 1}
 
 
