@@ -108,6 +108,9 @@ NOT_APPLIED = {
     "--norm-topk-prob": (0, "Megatron already renormalises the top-k weights (softmax over the top-k, sigmoid "
                             "scores divided by their sum)"),
     "--tokenizer-not-use-fast": (0, "tokenizer.json is read by the tokenizers library, the fast tokenizer"),
+    "--use-ascend-mc2": (0, "Ascend's fused matmul-and-collective kernels for tensor-parallel layers (speed only)"),
+    "--padded-samples": (0, "fine-tuning samples past the last whole epoch already come from the start of the "
+                            "next epoch's order, each a real conversation"),
     # --profile-level/-with-cpu/-with-memory/-with-stack/-record-shapes/-save-path are honoured as they are
     # (patches.diagnostics.profiling); these two only shape torch_npu's output files.
     "--profile-export-type": (1, "torch_npu writes its text trace layout here (viewable in MindStudio Insight and "
