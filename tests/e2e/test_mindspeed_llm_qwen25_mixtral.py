@@ -44,13 +44,13 @@ def corpus(tmp_path_factory):
 
 def qwen25_05b_script(data, load, save) -> list[str]:
     """pretrain_qwen25_0point5_32k_ptd.sh: 24 layers / 896 hidden / 4864 FFN / 14 heads / 2 groups / 151936
-    vocab, seq 32768, GBS 32, CP 2 -> 2 / 64 / 128 / 4 / 2 / 1536, seq 64, GBS 4, CP 2."""
+    vocab, seq 32768, GBS 32, CP 2 -> 2 / 64 / 128 / 4 / 2 / 1536, seq 64, GBS 2, CP 2."""
     gpt = ["--use-mcore-models", "--use-cp-send-recv-overlap", "--use-fused-ring-attention-update",
            "--tensor-model-parallel-size", "1", "--pipeline-model-parallel-size", "1",
            "--context-parallel-size", "2", "--context-parallel-algo", "megatron_cp_algo", "--sequence-parallel",
            "--use-distributed-optimizer", "--tokenizer-type", "PretrainedFromHF",
            "--tokenizer-name-or-path", TOKENIZER, "--seq-length", "64", "--max-position-embeddings", "64",
-           "--micro-batch-size", "1", "--global-batch-size", "4", "--group-query-attention",
+           "--micro-batch-size", "1", "--global-batch-size", "2", "--group-query-attention",
            "--num-query-groups", "2", "--num-layers", "2", "--hidden-size", "64", "--ffn-hidden-size", "128",
            "--num-attention-heads", "4", "--rotary-base", "1000000", "--normalization", "RMSNorm",
            "--norm-epsilon", "1e-06", "--swiglu", "--add-qkv-bias", "--disable-bias-linear",
@@ -81,7 +81,7 @@ def qwen25_ours(data) -> list[str]:
             TOKENIZER, "--padded-vocab-size", "1536", "--data-path", data, "--split", "100,0,0",
             "--context-parallel-size", "2", "--cp-comm-type", "p2p", "--bf16", "--use-flash-attn",
             "--use-fused-rmsnorm", "--use-fused-swiglu", "--use-fused-rotary-pos-emb", "--use-distributed-optimizer",
-            "--overlap-grad-reduce", "--micro-batch-size", "1", "--global-batch-size", "4", "--lr", "1.25e-6",
+            "--overlap-grad-reduce", "--micro-batch-size", "1", "--global-batch-size", "2", "--lr", "1.25e-6",
             "--min-lr", "1.25e-7", "--lr-decay-style", "cosine", "--lr-warmup-fraction", "0.01",
             "--weight-decay", "0.1", "--adam-beta2", "0.95", "--initial-loss-scale", "4096", "--seed", "42",
             "--train-iters", str(ITERS), "--log-interval", "1", "--eval-iters", "0", "--eval-interval", "1000"]
@@ -89,9 +89,10 @@ def qwen25_ours(data) -> list[str]:
 
 def mixtral_8x7b_script(data, load, save) -> list[str]:
     """pretrain_mixtral_8x7b_ptd.sh: 32 layers / 4096 hidden / 14336 FFN / 32 heads / 8 groups / 32000 vocab,
-    8 experts top-2, seq 32768, GBS 32, TP 8 / CP 4 -> 2 / 64 / 128 / 4 / 2 / the sample tokenizer's, 4 experts
-    top-2, seq 64, GBS 4, TP 2 / CP 1 (vocabulary: the sample tokenizer's 1436); 2000 iterations with the learning rate decaying over 1280 -> 3 over 3 (after the same 2 warm-up iterations);
-    100 validation iterations -> 0, as the sample corpus gives the script's 0.008 % validation share no document."""
+    8 experts top-2, seq 32768, GBS 32, TP 8 / CP 4 -> 2 / 64 / 128 / 4 / 2 / the sample tokenizer's 1436,
+    4 experts top-2, seq 64, GBS 2, TP 2 / CP 1; 2000 iterations with the learning rate decaying over 1280
+    -> 3 over 3 (after the same 2 warm-up iterations); 100 validation iterations -> 0, as the sample corpus
+    gives the script's 0.008 % validation share no document."""
     moe = ["--num-experts", "4", "--expert-model-parallel-size", "1", "--moe-router-topk", "2",
            "--moe-router-load-balancing-type", "aux_loss", "--moe-aux-loss-coeff", "0.02",
            "--moe-permutation-async-comm", "--moe-token-dispatcher-type", "alltoall_seq", "--moe-grouped-gemm",
@@ -108,7 +109,7 @@ def mixtral_8x7b_script(data, load, save) -> list[str]:
            "--pipeline-model-parallel-size", "1", "--sequence-parallel", "--use-distributed-optimizer",
            "--context-parallel-size", "1", "--context-parallel-algo", "megatron_cp_algo",
            "--tokenizer-type", "PretrainedFromHF", "--tokenizer-name-or-path", TOKENIZER,
-           "--load", str(load), "--save", str(save), "--micro-batch-size", "1", "--global-batch-size", "4",
+           "--load", str(load), "--save", str(save), "--micro-batch-size", "1", "--global-batch-size", "2",
            "--lr", "1e-5", "--train-iters", str(ITERS), "--lr-decay-iters", "3", "--lr-decay-style", "cosine",
            "--min-lr", "1.0e-6", "--weight-decay", "0.1", "--lr-warmup-iters", "2", "--clip-grad", "1.0",
            "--bf16", "--no-load-optim", "--no-load-rng", "--no-shared-storage"]
@@ -127,10 +128,11 @@ def mixtral_ours(data) -> list[str]:
             "--num-experts", "4", "--moe-router-topk", "2", "--moe-router-load-balancing-type", "aux_loss",
             "--moe-aux-loss-coeff", "0.02", "--moe-token-dispatcher-type", "alltoall", "--moe-grouped-gemm",
             "--tokenizer-type", "HuggingFaceTokenizer", "--tokenizer-model", TOKENIZER,
-            "--make-vocab-size-divisible-by", "1", "--data-path", data, "--split", "99990,8,2", "--tensor-model-parallel-size", "2", "--sequence-parallel",
+            "--make-vocab-size-divisible-by", "1", "--data-path", data, "--split", "99990,8,2",
+            "--tensor-model-parallel-size", "2", "--sequence-parallel",
             "--bf16", "--use-flash-attn", "--use-fused-rmsnorm", "--use-fused-swiglu", "--use-fused-rotary-pos-emb",
             "--use-distributed-optimizer", "--overlap-grad-reduce", "--overlap-param-gather",
-            "--micro-batch-size", "1", "--global-batch-size", "4", "--lr", "1e-5", "--min-lr", "1e-6",
+            "--micro-batch-size", "1", "--global-batch-size", "2", "--lr", "1e-5", "--min-lr", "1e-6",
             "--lr-decay-style", "cosine", "--lr-decay-iters", "3", "--lr-warmup-iters", "2", "--weight-decay", "0.1",
             "--train-iters", str(ITERS), "--log-interval", "1", "--eval-iters", "0", "--eval-interval", "5001"]
 
@@ -230,11 +232,19 @@ def qwen25_lora_ours(data, load) -> list[str]:
             "--log-interval", "1", "--eval-iters", "0", "--eval-interval", "2000"]
 
 
-def test_qwen25_3b_lora_tune_script_trains_like_our_flags(tmp_path, instructions):
+@prefetched
+def lora_runs(tmp_path_factory, instructions):
+    """The tune script and our LoRA flags, side by side; the script saves its adapters under ``save``."""
+    tmp = tmp_path_factory.mktemp("tune")
     theirs, ours = side_by_side(
-        lambda: run_pretrain(qwen25_3b_lora_script(instructions, tmp_path / "none", tmp_path / "save"),
+        lambda: run_pretrain(qwen25_3b_lora_script(instructions, tmp / "none", tmp / "save"),
                              script="posttrain_gpt.py"),
-        lambda: run_pretrain(qwen25_lora_ours(instructions, tmp_path / "none"), script="posttrain_gpt.py"))
+        lambda: run_pretrain(qwen25_lora_ours(instructions, tmp / "none"), script="posttrain_gpt.py"))
+    return theirs, ours, tmp / "save"
+
+
+def test_qwen25_3b_lora_tune_script_trains_like_our_flags(lora_runs):
+    theirs, ours, save = lora_runs
     assert_trained_alike(theirs, ours)
     grad_norms = [GRAD_NORM.findall(run.output) for run in (theirs, ours)]
     assert len(grad_norms[0]) == ITERS and grad_norms[0] == grad_norms[1], grad_norms
@@ -243,4 +253,4 @@ def test_qwen25_3b_lora_tune_script_trains_like_our_flags(tmp_path, instructions
     for said in ("--use-ascend-mc2 is not applied here", "--padded-samples is not applied here",
                  "--tokenizer-not-use-fast is not applied here", "--lora-fusion: a speed hint"):
         assert said in theirs.output, said
-    assert (tmp_path / "save" / "latest_checkpointed_iteration.txt").read_text().strip() == str(ITERS)
+    assert (save / "latest_checkpointed_iteration.txt").read_text().strip() == str(ITERS)
