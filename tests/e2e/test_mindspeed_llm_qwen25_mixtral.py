@@ -11,7 +11,9 @@ sample tokenizer (``PretrainedFromHF``) like the others, since the data are toke
 
 Each pretrain script runs beside the same model in Megatron's and our own flags, from the same seed (the
 scripts' ``--load`` names a converted checkpoint; here it names an empty directory, so both runs initialise
-alike); the loss curves must be equal to the last printed digit. The tune script, on the sample instruction
+alike); the loss curves must be equal to the last printed digit. Megatron's torch.compile'd fusions run
+eagerly in both (``TORCHDYNAMO_DISABLE=1``, the flags untouched): compiling them costs each rank seconds per
+run, and the compiled path of the same fusion flags trains in tests/e2e/test_mindspeed_llm_command_lines.py. The tune script, on the sample instruction
 set preprocessed in Qwen2.5's template by tools/preprocess_data.py, trains beside our own LoRA flags from the
 same seeded base: equal loss and gradient-norm curves and the same adapters (at the script's learning rate,
 7.75e-7, three steps move no printed loss digit, so the gradient norms are what shows the adapters trained:
@@ -28,6 +30,7 @@ from helpers.processes import run_tool
 
 TOKENIZER = str(SAMPLE_TOKENIZER)
 ITERS = 3
+EAGER = {"TORCHDYNAMO_DISABLE": "1"}
 GRAD_NORM = re.compile(r"iteration\s+\d+/\s*\d+ .*?grad norm: ([0-9.Ee+-]+)")
 
 
@@ -142,10 +145,10 @@ def pretrain_runs(tmp_path_factory, corpus):
     """Both scripts and their twins, two at a time: {"qwen25": (theirs, ours), "mixtral": (theirs, ours)}."""
     tmp = tmp_path_factory.mktemp("pretrain")
     runs = side_by_side(
-        lambda: run_pretrain(qwen25_05b_script(corpus, tmp / "none", tmp / "qwen25_save"), nproc=2),
-        lambda: run_pretrain(qwen25_ours(corpus), nproc=2),
-        lambda: run_pretrain(mixtral_8x7b_script(corpus, tmp / "none", tmp / "mixtral_save"), nproc=2),
-        lambda: run_pretrain(mixtral_ours(corpus), nproc=2))
+        lambda: run_pretrain(qwen25_05b_script(corpus, tmp / "none", tmp / "qwen25_save"), nproc=2, env=EAGER),
+        lambda: run_pretrain(qwen25_ours(corpus), nproc=2, env=EAGER),
+        lambda: run_pretrain(mixtral_8x7b_script(corpus, tmp / "none", tmp / "mixtral_save"), nproc=2, env=EAGER),
+        lambda: run_pretrain(mixtral_ours(corpus), nproc=2, env=EAGER))
     return {"qwen25": tuple(runs[:2]), "mixtral": tuple(runs[2:])}
 
 
@@ -238,8 +241,8 @@ def lora_runs(tmp_path_factory, instructions):
     tmp = tmp_path_factory.mktemp("tune")
     theirs, ours = side_by_side(
         lambda: run_pretrain(qwen25_3b_lora_script(instructions, tmp / "none", tmp / "save"),
-                             script="posttrain_gpt.py"),
-        lambda: run_pretrain(qwen25_lora_ours(instructions, tmp / "none"), script="posttrain_gpt.py"))
+                             script="posttrain_gpt.py", env=EAGER),
+        lambda: run_pretrain(qwen25_lora_ours(instructions, tmp / "none"), script="posttrain_gpt.py", env=EAGER))
     return theirs, ours, tmp / "save"
 
 
