@@ -13,11 +13,13 @@ Each pretrain script runs beside the same model in Megatron's and our own flags,
 scripts' ``--load`` names a converted checkpoint; here it names an empty directory, so both runs initialise
 alike); the loss curves must be equal to the last printed digit. Megatron's torch.compile'd fusions run
 eagerly in both (``TORCHDYNAMO_DISABLE=1``, the flags untouched): compiling them costs each rank seconds per
-run, and the compiled path of the same fusion flags trains in tests/e2e/test_mindspeed_llm_command_lines.py. The tune script, on the sample instruction
-set preprocessed in Qwen2.5's template by tools/preprocess_data.py, trains beside our own LoRA flags from the
-same seeded base: equal loss and gradient-norm curves and the same adapters (at the script's learning rate,
-7.75e-7, three steps move no printed loss digit, so the gradient norms are what shows the adapters trained:
-with B zero at the start, only B has gradients, and a full fine-tuning run's norm differs).
+run, and the compiled path of the same fusion flags trains in tests/e2e/test_mindspeed_llm_command_lines.py.
+
+The tune script, on the sample instruction set preprocessed in Qwen2.5's template by tools/preprocess_data.py,
+trains beside our own LoRA flags from the same seeded base: equal loss and gradient-norm curves and the same
+adapters. At the script's learning rate, 7.75e-7, three steps barely move the loss, so the gradient norms are
+what shows the same adapters trained: with B zero at the start only B has gradients (0.16 here, where full
+fine-tuning of the same model has 2.5).
 """
 from __future__ import annotations
 
