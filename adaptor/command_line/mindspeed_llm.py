@@ -108,6 +108,9 @@ NOT_APPLIED = {
     "--norm-topk-prob": (0, "Megatron already renormalises the top-k weights (softmax over the top-k, sigmoid "
                             "scores divided by their sum)"),
     "--tokenizer-not-use-fast": (0, "tokenizer.json is read by the tokenizers library, the fast tokenizer"),
+    "--use-ascend-mc2": (0, "Ascend's fused matmul-and-collective kernels for tensor-parallel layers (speed only)"),
+    "--padded-samples": (0, "fine-tuning samples past the last whole epoch already come from the start of the "
+                            "next epoch's order, each a real conversation"),
     # --profile-level/-with-cpu/-with-memory/-with-stack/-record-shapes/-save-path are honoured as they are
     # (patches.diagnostics.profiling); these two only shape torch_npu's output files.
     "--profile-export-type": (1, "torch_npu writes its text trace layout here (viewable in MindStudio Insight and "
@@ -452,7 +455,10 @@ def _cp_algo(argv: list[str], notes: list[str]) -> list[str]:
         notes.append("--cp-attention-mask-type causal: the attention of every context-parallel algorithm here")
     for flag, why in (("--use-cp-send-recv-overlap", "the ring always overlaps each block's transfer with the "
                                                      "previous block's attention"),
-                      ("--megatron-cp-in-bnsd", "the ring works in [b, n, s, d] internally whatever the layout")):
+                      ("--megatron-cp-in-bnsd", "the ring works in [b, n, s, d] internally whatever the layout"),
+                      ("--use-fused-ring-attention-update", "Ascend's one-kernel merge of a ring block's attention "
+                                                            "into the running output; the ring merges it with the "
+                                                            "same arithmetic in separate operations (speed only)")):
         if _present(argv, flag):
             argv = _remove(argv, flag, 0)
             notes.append(f"{flag} is not applied: {why}")
@@ -497,7 +503,7 @@ def _reset_position_ids(argv: list[str], notes: list[str], mindspeed: bool) -> l
 COMPUTED = {"--first-k-dense-replace": 1, "--n-shared-experts": 1, "--seq-aux": 0, "--rope-scaling-type": 1,
             "--noop-layers": 1, "--enable-hf2mg-convert": 0, "--context-parallel-algo": 1, "--low-freq-factor": 1,
             "--ulysses-degree-in-cp": 1, "--cp-attention-mask-type": 1, "--use-cp-send-recv-overlap": 0,
-            "--megatron-cp-in-bnsd": 0,
+            "--megatron-cp-in-bnsd": 0, "--use-fused-ring-attention-update": 0,
             "--high-freq-factor": 1, "--original-max-position-embeddings": 1}
 
 

@@ -10,7 +10,8 @@ the last printed digit: the same model, data and order of operations give the sa
 
 Also here: ``python pretrain_gpt.py`` without torchrun is one torchrun process, and MindSpeed-LLM flags
 that have no equivalent are refused in one line. MindSpeed-LLM's conversion and instruction-data
-scripts: tests/unit/test_mindspeed_llm_command_lines.py.
+scripts: tests/unit/test_mindspeed_llm_command_lines.py; its Qwen2.5 and Mixtral pretrain scripts and Qwen2.5
+LoRA tune script: tests/e2e/test_mindspeed_llm_qwen25_mixtral.py.
 """
 from __future__ import annotations
 

@@ -1,7 +1,8 @@
 """MindSpeed-LLM's own checkpoint-conversion and data scripts, in this process or failing fast.
 
 ``ckpt_convert_qwen3_hf2mcore.sh`` / ``_mcore2hf.sh``'s flags go through tools/convert_ckpt.py and
-back bit-exact; ``data_convert_qwen3_instruction.sh``'s flags build a fine-tuning dataset with
+back bit-exact, and so do ``examples/mcore/mixtral/ckpt_convert_mixtral_hf2mcore.sh``'s (Qwen2.5's:
+tests/unit/test_convert_llama_qwen2.py); ``data_convert_qwen3_instruction.sh``'s flags build a fine-tuning dataset with
 tools/preprocess_data.py (details: tests/e2e/test_instruction_data.py). MindSpeed-LLM's pretrain
 scripts against our own flags, in training runs: tests/e2e/test_mindspeed_llm_command_lines.py.
 """
@@ -9,7 +10,7 @@ from __future__ import annotations
 
 import json
 
-from helpers.hf_fixtures import make_tiny_qwen3, make_tiny_qwen3_moe
+from helpers.hf_fixtures import make_tiny_mixtral, make_tiny_qwen3, make_tiny_qwen3_moe
 from helpers.megatron_runs import SAMPLE_TOKENIZER
 from helpers.paths import EXAMPLES
 from helpers.processes import import_tool, run_tool
@@ -65,6 +66,31 @@ def test_mindspeed_llm_conversion_scripts(tmp_path, capsys):
     assert capsys.readouterr().err.strip().splitlines()[-1].startswith(
         "convert_ckpt.py: error: --model-type-hf chatglm3: Hugging Face conversion supports deepseek3, ")
     assert not (tmp_path / "other").exists()
+
+
+def test_mindspeed_llm_mixtral_conversion_script(tmp_path, capsys):
+    """ckpt_convert_mixtral_hf2mcore.sh's flags (TP 8 -> 2; its tokenizer.model -> the directory's config.json,
+    as a tokenizer file the converter does not read) through tools/convert_ckpt.py, and back bit-exact."""
+    convert_ckpt = import_tool("convert_ckpt")
+    from safetensors.torch import load_file
+
+    hf = make_tiny_mixtral(tmp_path / "hf")
+    to_mg = ["--model-type", "GPT", "--moe-grouped-gemm", "--load-model-type", "hf", "--save-model-type", "mg",
+             "--params-dtype", "bf16", "--target-tensor-parallel-size", "2", "--target-pipeline-parallel-size", "1",
+             "--target-expert-parallel-size", "1", "--load-dir", str(hf), "--save-dir", str(tmp_path / "mg"),
+             "--tokenizer-model", str(hf / "config.json"), "--use-mcore-models", "--model-type-hf", "mixtral"]
+    assert convert_ckpt.main(to_mg) == 0, capsys.readouterr().err
+    assert "--moe-grouped-gemm is not applied by the converter" in capsys.readouterr().err
+    to_hf = ["--use-mcore-models", "--model-type", "GPT", "--model-type-hf", "mixtral", "--load-model-type", "mg",
+             "--save-model-type", "hf", "--target-tensor-parallel-size", "1", "--target-pipeline-parallel-size", "1",
+             "--load-dir", str(tmp_path / "mg"), "--save-dir", str(tmp_path / "back")]
+    assert convert_ckpt.main(to_hf) == 0, capsys.readouterr().err
+    original, back = {}, {}
+    for directory, tensors in ((hf, original), (tmp_path / "back", back)):
+        for shard in directory.glob("*.safetensors"):
+            tensors.update(load_file(str(shard)))
+    assert sorted(back) == sorted(original) and any(".experts." in k for k in original)
+    assert all(torch_equal(back[k], original[k]) for k in original)
 
 
 def torch_equal(a, b) -> bool:

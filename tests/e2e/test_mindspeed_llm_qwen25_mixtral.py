@@ -1,0 +1,261 @@
+"""MindSpeed-LLM's Qwen2.5 and Mixtral scripts run through pretrain_gpt.py / posttrain_gpt.py as published.
+
+The flag sets are those of MindSpeed-LLM's ``examples/mcore/qwen25/pretrain_qwen25_0point5_32k_ptd.sh``
+(context parallel 2, q/k/v bias, tied embeddings), ``examples/mcore/mixtral/pretrain_mixtral_8x7b_ptd.sh``
+(8 experts top-2 on every layer, TP with sequence parallelism) and
+``examples/mcore/qwen25/tune_qwen25_3b_4k_lora_ptd.sh`` (LoRA on instruction data), every flag kept, with only
+sizes scaled to two CPU cores (layers, hidden, heads, experts, vocabulary, sequence, batch, iterations,
+parallel sizes) and paths pointed at the embedded corpus, instruction set and tokenizer. The Mixtral script
+names a Llama 2 sentencepiece ``tokenizer.model`` (``--tokenizer-type Llama2Tokenizer``); here it reads the
+sample tokenizer (``PretrainedFromHF``) like the others, since the data are tokenized by it.
+
+Each pretrain script runs beside the same model in Megatron's and our own flags, from the same seed (the
+scripts' ``--load`` names a converted checkpoint; here it names an empty directory, so both runs initialise
+alike); the loss curves must be equal to the last printed digit. Megatron's torch.compile'd fusions run
+eagerly in both (``TORCHDYNAMO_DISABLE=1``, the flags untouched): compiling them costs each rank seconds per
+run, and the compiled path of the same fusion flags trains in tests/e2e/test_mindspeed_llm_command_lines.py.
+
+The tune script, on the sample instruction set preprocessed in Qwen2.5's template by tools/preprocess_data.py,
+trains beside our own LoRA flags from the same seeded base: equal loss and gradient-norm curves and the same
+adapters. At the script's learning rate, 7.75e-7, three steps barely move the loss, so the gradient norms are
+what shows the same adapters trained: with B zero at the start only B has gradients (0.16 here, where full
+fine-tuning of the same model has 2.5).
+"""
+from __future__ import annotations
+
+import re
+
+from helpers.megatron_runs import SAMPLE_CORPUS, SAMPLE_TOKENIZER, run_pretrain, side_by_side, tail
+from helpers.paths import EXAMPLES
+from helpers.prefetch import prefetched
+from helpers.processes import run_tool
+
+TOKENIZER = str(SAMPLE_TOKENIZER)
+ITERS = 3
+EAGER = {"TORCHDYNAMO_DISABLE": "1"}
+GRAD_NORM = re.compile(r"iteration\s+\d+/\s*\d+ .*?grad norm: ([0-9.Ee+-]+)")
+
+
+@prefetched
+def corpus(tmp_path_factory):
+    out = tmp_path_factory.mktemp("corpus")
+    proc = run_tool("preprocess_data.py", "--input", SAMPLE_CORPUS, "--output-prefix", out / "corpus",
+                    "--tokenizer-type", "PretrainedFromHF", "--tokenizer-name-or-path", TOKENIZER,
+                    "--handler-name", "GeneralPretrainHandler", "--append-eod", "--workers", "1",
+                    "--log-interval", "1000", timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return str(out / "corpus_text_document")
+
+
+def qwen25_05b_script(data, load, save) -> list[str]:
+    """pretrain_qwen25_0point5_32k_ptd.sh: 24 layers / 896 hidden / 4864 FFN / 14 heads / 2 groups / 151936
+    vocab, seq 32768, GBS 32, CP 2 -> 2 / 64 / 128 / 4 / 2 / 1536, seq 64, GBS 2, CP 2."""
+    gpt = ["--use-mcore-models", "--use-cp-send-recv-overlap", "--use-fused-ring-attention-update",
+           "--tensor-model-parallel-size", "1", "--pipeline-model-parallel-size", "1",
+           "--context-parallel-size", "2", "--context-parallel-algo", "megatron_cp_algo", "--sequence-parallel",
+           "--use-distributed-optimizer", "--tokenizer-type", "PretrainedFromHF",
+           "--tokenizer-name-or-path", TOKENIZER, "--seq-length", "64", "--max-position-embeddings", "64",
+           "--micro-batch-size", "1", "--global-batch-size", "2", "--group-query-attention",
+           "--num-query-groups", "2", "--num-layers", "2", "--hidden-size", "64", "--ffn-hidden-size", "128",
+           "--num-attention-heads", "4", "--rotary-base", "1000000", "--normalization", "RMSNorm",
+           "--norm-epsilon", "1e-06", "--swiglu", "--add-qkv-bias", "--disable-bias-linear",
+           "--attention-dropout", "0.0", "--hidden-dropout", "0.0", "--make-vocab-size-divisible-by", "1",
+           "--padded-vocab-size", "1536", "--lr", "1.25e-6", "--train-iters", str(ITERS),
+           "--lr-decay-style", "cosine", "--lr-warmup-fraction", "0.01", "--init-method-std", "0.01",
+           "--position-embedding-type", "rope", "--use-fused-rmsnorm", "--use-fused-rotary-pos-emb",
+           "--use-rotary-position-embeddings", "--use-fused-swiglu", "--overlap-grad-reduce", "--use-flash-attn",
+           "--no-masked-softmax-fusion", "--attention-softmax-in-fp32", "--min-lr", "1.25e-7",
+           "--weight-decay", "1e-1", "--clip-grad", "1.0", "--adam-beta1", "0.9", "--adam-beta2", "0.95",
+           "--initial-loss-scale", "4096", "--no-gradient-accumulation-fusion", "--no-load-optim",
+           "--no-load-rng", "--seed", "42", "--bf16"]
+    data_args = ["--data-path", data, "--split", "100,0,0"]
+    output = ["--log-interval", "1", "--save-interval", "1000", "--eval-interval", "1000", "--eval-iters", "0"]
+    return (gpt + data_args + output
+            + ["--distributed-backend", "nccl", "--log-throughput", "--load", str(load), "--save", str(save),
+               "--transformer-impl", "local"])
+
+
+def qwen25_ours(data) -> list[str]:
+    """The same Qwen2.5 model and training in Megatron's flags."""
+    return ["--num-layers", "2", "--hidden-size", "64", "--ffn-hidden-size", "128", "--num-attention-heads", "4",
+            "--group-query-attention", "--num-query-groups", "2", "--add-qkv-bias", "--disable-bias-linear",
+            "--normalization", "RMSNorm", "--norm-epsilon", "1e-6", "--swiglu", "--position-embedding-type", "rope",
+            "--rotary-base", "1000000", "--seq-length", "64", "--max-position-embeddings", "64",
+            "--attention-dropout", "0", "--hidden-dropout", "0", "--init-method-std", "0.01",
+            "--attention-softmax-in-fp32", "--tokenizer-type", "HuggingFaceTokenizer", "--tokenizer-model",
+            TOKENIZER, "--padded-vocab-size", "1536", "--data-path", data, "--split", "100,0,0",
+            "--context-parallel-size", "2", "--cp-comm-type", "p2p", "--bf16", "--use-flash-attn",
+            "--use-fused-rmsnorm", "--use-fused-swiglu", "--use-fused-rotary-pos-emb", "--use-distributed-optimizer",
+            "--overlap-grad-reduce", "--micro-batch-size", "1", "--global-batch-size", "2", "--lr", "1.25e-6",
+            "--min-lr", "1.25e-7", "--lr-decay-style", "cosine", "--lr-warmup-fraction", "0.01",
+            "--weight-decay", "0.1", "--adam-beta2", "0.95", "--initial-loss-scale", "4096", "--seed", "42",
+            "--train-iters", str(ITERS), "--log-interval", "1", "--eval-iters", "0", "--eval-interval", "1000"]
+
+
+def mixtral_8x7b_script(data, load, save) -> list[str]:
+    """pretrain_mixtral_8x7b_ptd.sh: 32 layers / 4096 hidden / 14336 FFN / 32 heads / 8 groups / 32000 vocab,
+    8 experts top-2, seq 32768, GBS 32, TP 8 / CP 4 -> 2 / 64 / 128 / 4 / 2 / the sample tokenizer's 1436,
+    4 experts top-2, seq 64, GBS 2, TP 2 / CP 1; 2000 iterations with the learning rate decaying over 1280
+    -> 3 over 3 (after the same 2 warm-up iterations); 100 validation iterations -> 0, as the sample corpus
+    gives the script's 0.008 % validation share no document."""
+    moe = ["--num-experts", "4", "--expert-model-parallel-size", "1", "--moe-router-topk", "2",
+           "--moe-router-load-balancing-type", "aux_loss", "--moe-aux-loss-coeff", "0.02",
+           "--moe-permutation-async-comm", "--moe-token-dispatcher-type", "alltoall_seq", "--moe-grouped-gemm",
+           "--moe-layer-freq", "-1", "--first-k-dense-replace", "-1", "--use-cp-send-recv-overlap"]
+    gpt = ["--use-mcore-models", "--disable-bias-linear", "--seq-length", "64", "--max-position-embeddings", "64",
+           "--num-layers", "2", "--hidden-size", "64", "--ffn-hidden-size", "128", "--num-attention-heads", "4",
+           "--init-method-std", "0.01", "--attention-dropout", "0.0", "--hidden-dropout", "0.0",
+           "--normalization", "RMSNorm", "--position-embedding-type", "rope", "--swiglu",
+           "--untie-embeddings-and-output-weights", "--group-query-attention", "--num-query-groups", "2",
+           "--vocab-size", "1436", "--rotary-base", "1000000", "--no-masked-softmax-fusion",
+           "--use-fused-rotary-pos-emb", "--use-flash-attn", "--use-fused-swiglu", "--use-fused-rmsnorm",
+           "--no-check-for-nan-in-loss-and-grad", "--overlap-grad-reduce", "--overlap-param-gather",
+           "--make-vocab-size-divisible-by", "1", "--tensor-model-parallel-size", "2",
+           "--pipeline-model-parallel-size", "1", "--sequence-parallel", "--use-distributed-optimizer",
+           "--context-parallel-size", "1", "--context-parallel-algo", "megatron_cp_algo",
+           "--tokenizer-type", "PretrainedFromHF", "--tokenizer-name-or-path", TOKENIZER,
+           "--load", str(load), "--save", str(save), "--micro-batch-size", "1", "--global-batch-size", "2",
+           "--lr", "1e-5", "--train-iters", str(ITERS), "--lr-decay-iters", "3", "--lr-decay-style", "cosine",
+           "--min-lr", "1.0e-6", "--weight-decay", "0.1", "--lr-warmup-iters", "2", "--clip-grad", "1.0",
+           "--bf16", "--no-load-optim", "--no-load-rng", "--no-shared-storage"]
+    data_args = ["--data-path", data, "--split", "99990,8,2"]
+    output = ["--log-interval", "1", "--save-interval", "2000", "--eval-interval", "5001", "--eval-iters", "0"]
+    return moe + gpt + data_args + output + ["--distributed-backend", "nccl"]
+
+
+def mixtral_ours(data) -> list[str]:
+    """The same Mixtral model and training in Megatron's flags."""
+    return ["--num-layers", "2", "--hidden-size", "64", "--ffn-hidden-size", "128", "--num-attention-heads", "4",
+            "--group-query-attention", "--num-query-groups", "2", "--disable-bias-linear",
+            "--normalization", "RMSNorm", "--swiglu", "--position-embedding-type", "rope", "--rotary-base", "1000000",
+            "--untie-embeddings-and-output-weights", "--seq-length", "64", "--max-position-embeddings", "64",
+            "--attention-dropout", "0", "--hidden-dropout", "0", "--init-method-std", "0.01",
+            "--num-experts", "4", "--moe-router-topk", "2", "--moe-router-load-balancing-type", "aux_loss",
+            "--moe-aux-loss-coeff", "0.02", "--moe-token-dispatcher-type", "alltoall", "--moe-grouped-gemm",
+            "--tokenizer-type", "HuggingFaceTokenizer", "--tokenizer-model", TOKENIZER,
+            "--make-vocab-size-divisible-by", "1", "--data-path", data, "--split", "99990,8,2",
+            "--tensor-model-parallel-size", "2", "--sequence-parallel",
+            "--bf16", "--use-flash-attn", "--use-fused-rmsnorm", "--use-fused-swiglu", "--use-fused-rotary-pos-emb",
+            "--use-distributed-optimizer", "--overlap-grad-reduce", "--overlap-param-gather",
+            "--micro-batch-size", "1", "--global-batch-size", "2", "--lr", "1e-5", "--min-lr", "1e-6",
+            "--lr-decay-style", "cosine", "--lr-decay-iters", "3", "--lr-warmup-iters", "2", "--weight-decay", "0.1",
+            "--train-iters", str(ITERS), "--log-interval", "1", "--eval-iters", "0", "--eval-interval", "5001"]
+
+
+@prefetched
+def pretrain_runs(tmp_path_factory, corpus):
+    """Both scripts and their twins, two at a time: {"qwen25": (theirs, ours), "mixtral": (theirs, ours)}."""
+    tmp = tmp_path_factory.mktemp("pretrain")
+    runs = side_by_side(
+        lambda: run_pretrain(qwen25_05b_script(corpus, tmp / "none", tmp / "qwen25_save"), nproc=2, env=EAGER),
+        lambda: run_pretrain(qwen25_ours(corpus), nproc=2, env=EAGER),
+        lambda: run_pretrain(mixtral_8x7b_script(corpus, tmp / "none", tmp / "mixtral_save"), nproc=2, env=EAGER),
+        lambda: run_pretrain(mixtral_ours(corpus), nproc=2, env=EAGER))
+    return {"qwen25": tuple(runs[:2]), "mixtral": tuple(runs[2:])}
+
+
+def assert_trained_alike(theirs, ours) -> None:
+    assert theirs.returncode == 0, tail(theirs.output)
+    assert ours.returncode == 0, tail(ours.output)
+    assert sorted(theirs.losses) == list(range(1, ITERS + 1)), tail(theirs.output)
+    assert theirs.curve() == ours.curve(), (theirs.curve(), ours.curve())
+
+
+def test_qwen25_05b_script_trains_like_our_flags(pretrain_runs):
+    theirs, ours = pretrain_runs["qwen25"]
+    assert_trained_alike(theirs, ours)
+    for said in ("--context-parallel-algo megatron_cp_algo: --cp-comm-type p2p",
+                 "--use-cp-send-recv-overlap is not applied", "--use-fused-ring-attention-update is not applied"):
+        assert said in theirs.output, said
+
+
+def test_mixtral_8x7b_script_trains_like_our_flags(pretrain_runs):
+    theirs, ours = pretrain_runs["mixtral"]
+    assert_trained_alike(theirs, ours)
+    for said in ("--first-k-dense-replace -1: --moe-layer-freq [1,1]",
+                 "--moe-token-dispatcher-type alltoall_seq -> --moe-token-dispatcher-type alltoall"):
+        assert said in theirs.output, said
+
+
+@prefetched
+def instructions(tmp_path_factory):
+    """The sample instruction set in Qwen2.5's chat template, as MindSpeed-LLM's Alpaca-style data scripts build it."""
+    out = tmp_path_factory.mktemp("instructions") / "alpaca"
+    proc = run_tool("preprocess_data.py", "--input", EXAMPLES / "data" / "sample_instructions.jsonl",
+                    "--tokenizer-name-or-path", TOKENIZER, "--output-prefix", out,
+                    "--handler-name", "AlpacaStyleInstructionHandler", "--tokenizer-type", "PretrainedFromHF",
+                    "--workers", "4", "--log-interval", "1000", "--prompt-type", "qwen", timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return str(out)
+
+
+def qwen25_3b_lora_script(data, load, save) -> list[str]:
+    """tune_qwen25_3b_4k_lora_ptd.sh: 36 layers / 2048 hidden / 11008 FFN / 16 heads / 2 groups / 151936 vocab,
+    seq 4096, GBS 8 over 8 ranks -> 2 / 64 / 128 / 4 / 2 / 1536, seq 128 (the sample conversations run 30-110
+    tokens), GBS 2 on one."""
+    tune = ["--finetune", "--stage", "sft", "--is-instruction-dataset", "--tokenizer-not-use-fast",
+            "--prompt-type", "qwen", "--padded-samples", "--variable-seq-lengths", "--lora-r", "8",
+            "--lora-alpha", "16", "--lora-fusion", "--lora-target-modules", "linear_qkv", "linear_proj",
+            "linear_fc1", "linear_fc2"]
+    gpt = ["--use-mcore-models", "--tensor-model-parallel-size", "1", "--pipeline-model-parallel-size", "1",
+           "--num-layers", "2", "--hidden-size", "64", "--ffn-hidden-size", "128", "--num-attention-heads", "4",
+           "--group-query-attention", "--num-query-groups", "2", "--tokenizer-type", "PretrainedFromHF",
+           "--tokenizer-name-or-path", TOKENIZER, "--seq-length", "128", "--max-position-embeddings", "128",
+           "--micro-batch-size", "1", "--global-batch-size", "2", "--make-vocab-size-divisible-by", "1",
+           "--padded-vocab-size", "1536", "--rotary-base", "1000000", "--train-iters", str(ITERS),
+           "--lr", "7.75e-7", "--min-lr", "7.75e-8", "--weight-decay", "1e-1", "--lr-decay-style", "cosine",
+           "--lr-warmup-fraction", "0.01", "--clip-grad", "1.0", "--adam-beta1", "0.9", "--adam-beta2", "0.95",
+           "--add-qkv-bias", "--disable-bias-linear", "--attention-dropout", "0.0", "--init-method-std", "0.01",
+           "--hidden-dropout", "0.0", "--position-embedding-type", "rope", "--normalization", "RMSNorm",
+           "--norm-epsilon", "1e-06", "--swiglu", "--use-distributed-optimizer", "--use-flash-attn",
+           "--use-fused-rotary-pos-emb", "--use-rotary-position-embeddings", "--use-fused-swiglu",
+           "--use-fused-rmsnorm", "--use-ascend-mc2", "--overlap-grad-reduce", "--no-masked-softmax-fusion",
+           "--attention-softmax-in-fp32", "--initial-loss-scale", "4096", "--no-gradient-accumulation-fusion",
+           "--no-load-optim", "--no-load-rng", "--seed", "42", "--bf16"]
+    data_args = ["--data-path", data, "--split", "100,0,0"]
+    output = ["--log-interval", "1", "--save-interval", "2000", "--eval-interval", "2000", "--eval-iters", "0"]
+    return gpt + data_args + output + tune + ["--distributed-backend", "nccl", "--load", str(load), "--save", str(save)]
+
+
+def qwen25_lora_ours(data, load) -> list[str]:
+    """The same LoRA fine-tuning in Megatron's and our flags."""
+    return ["--num-layers", "2", "--hidden-size", "64", "--ffn-hidden-size", "128", "--num-attention-heads", "4",
+            "--group-query-attention", "--num-query-groups", "2", "--add-qkv-bias", "--disable-bias-linear",
+            "--normalization", "RMSNorm", "--norm-epsilon", "1e-6", "--swiglu", "--position-embedding-type", "rope",
+            "--rotary-base", "1000000", "--seq-length", "128", "--max-position-embeddings", "128",
+            "--attention-dropout", "0", "--hidden-dropout", "0", "--init-method-std", "0.01",
+            "--attention-softmax-in-fp32", "--tokenizer-type", "HuggingFaceTokenizer", "--tokenizer-model", TOKENIZER,
+            "--padded-vocab-size", "1536", "--data-path", data, "--split", "100,0,0",
+            "--is-instruction-dataset", "--prompt-type", "qwen", "--variable-seq-lengths",
+            "--lora-r", "8", "--lora-alpha", "16",
+            "--lora-target-modules", "linear_qkv", "linear_proj", "linear_fc1", "linear_fc2",
+            "--load", str(load), "--finetune", "--bf16", "--use-flash-attn", "--use-fused-rmsnorm",
+            "--use-fused-swiglu", "--use-fused-rotary-pos-emb", "--use-distributed-optimizer", "--overlap-grad-reduce",
+            "--micro-batch-size", "1", "--global-batch-size", "2", "--lr", "7.75e-7", "--min-lr", "7.75e-8",
+            "--lr-decay-style", "cosine", "--lr-warmup-fraction", "0.01", "--weight-decay", "0.1",
+            "--adam-beta2", "0.95", "--initial-loss-scale", "4096", "--seed", "42", "--train-iters", str(ITERS),
+            "--log-interval", "1", "--eval-iters", "0", "--eval-interval", "2000"]
+
+
+@prefetched
+def lora_runs(tmp_path_factory, instructions):
+    """The tune script and our LoRA flags, side by side; the script saves its adapters under ``save``."""
+    tmp = tmp_path_factory.mktemp("tune")
+    theirs, ours = side_by_side(
+        lambda: run_pretrain(qwen25_3b_lora_script(instructions, tmp / "none", tmp / "save"),
+                             script="posttrain_gpt.py", env=EAGER),
+        lambda: run_pretrain(qwen25_lora_ours(instructions, tmp / "none"), script="posttrain_gpt.py", env=EAGER))
+    return theirs, ours, tmp / "save"
+
+
+def test_qwen25_3b_lora_tune_script_trains_like_our_flags(lora_runs):
+    theirs, ours, save = lora_runs
+    assert_trained_alike(theirs, ours)
+    grad_norms = [GRAD_NORM.findall(run.output) for run in (theirs, ours)]
+    assert len(grad_norms[0]) == ITERS and grad_norms[0] == grad_norms[1], grad_norms
+    adapters = [line for line in theirs.output.splitlines() if line.startswith("> LoRA r=8 alpha=16")]
+    assert adapters and adapters[0] in ours.output and "8 adapted linears" in adapters[0], adapters
+    for said in ("--use-ascend-mc2 is not applied here", "--padded-samples is not applied here",
+                 "--tokenizer-not-use-fast is not applied here", "--lora-fusion: a speed hint"):
+        assert said in theirs.output, said
+    assert (save / "latest_checkpointed_iteration.txt").read_text().strip() == str(ITERS)
