@@ -52,8 +52,11 @@ def pytest_collection_finish(session):
 
 
 def pytest_terminal_summary(terminalreporter):
+    from helpers.prefetch import PREFETCH
     from helpers.warm_launcher import STATS
 
+    if PREFETCH.futures:
+        terminalreporter.write_line(PREFETCH.summary())
     if any(STATS.values()):
         terminalreporter.write_line("warm launcher: " + ", ".join(f"{v} {k}" for k, v in STATS.items()))
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import inspect
 import threading
+import time
 from concurrent.futures import Future
 
 import pytest
@@ -37,6 +38,8 @@ class _Prefetcher:
         self.tmp_path_factory = None
         self.stopping = threading.Event()
         self.thread: threading.Thread | None = None
+        # Seconds computing on the background thread / in tests, and tests' waits for the background thread.
+        self.seconds = {"background": 0.0, "in tests": 0.0, "waited for": 0.0}
 
     def value(self, key):
         """The fixture's value: computed by whoever asks first, waited for by everyone else."""
@@ -45,13 +48,20 @@ class _Prefetcher:
             owner = future is None
             if owner:
                 future = self.futures[key] = Future()
+        t0 = time.monotonic()
         if owner:
             function, parameters = self.functions[key]
             try:
                 future.set_result(function(**{name: self._argument(key[0], name) for name in parameters}))
             except BaseException as exc:  # noqa: BLE001  (pytest.skip/fail too: raised to each test that asks)
                 future.set_exception(exc)
-        return future.result()
+        try:
+            return future.result()
+        finally:
+            background = threading.current_thread() is self.thread
+            kind = ("background" if background else "in tests") if owner else (None if background else "waited for")
+            if kind:
+                self.seconds[kind] += time.monotonic() - t0
 
     def _argument(self, module, name):
         if name == "tmp_path_factory":
@@ -76,6 +86,12 @@ class _Prefetcher:
 
         self.thread = threading.Thread(target=work, name="prefetch", daemon=True)
         self.thread.start()
+
+    def summary(self) -> str:
+        """Where the prefetched fixtures' time went: a background thread that tests keep waiting for is the
+        bottleneck; one that rarely is has room for more."""
+        return (f"prefetched fixtures: {len(self.futures)} computed, "
+                + ", ".join(f"{v:.0f} s {k}" for k, v in self.seconds.items()))
 
     def stop(self, timeout: float = 600) -> None:
         """No new work; wait for the fixture being computed (its processes must not outlive the session)."""
