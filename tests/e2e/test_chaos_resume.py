@@ -2,8 +2,9 @@
 
 A short version of ``benchmarks/chaos_resume.py``: each layout (two processes, the tiny Qwen3 with
 dropout 0.1, 12 iterations, a checkpoint every 3) and each sharded format (``--ckpt-format
-safetensors``, and Megatron's default ``torch_dist``) is trained once without interruption and once
-through one kill at a moment of its own kind, drawn from a fixed seed; the resumed run's final
+safetensors``, and Megatron's default ``torch_dist``) is trained once without interruption (all of
+them ahead of the trials, as one prefetched fixture) and once through one kill at a moment of its
+own kind, drawn from a fixed seed; the resumed run's final
 checkpoint (weights, optimizer state incl. Adam's step, RNG states) and every checkpoint a kill left
 must equal the uninterrupted run's, and every printed loss must too. The moments and the checks are
 in tests/helpers/chaos_resume.py.
@@ -15,6 +16,7 @@ import random
 import pytest
 
 from helpers.chaos_resume import reference_run, run_trial
+from helpers.prefetch import prefetched
 
 # One kind of moment per layout and format, so that together they cover the interesting ones; a
 # torch_dist kill always follows a finished save, so the resume reads the format back.
@@ -30,9 +32,16 @@ CASES = {
 }
 
 
+@prefetched
+def references(tmp_path_factory):
+    """The uninterrupted runs, ahead of the trials (a failed one is raised to every case)."""
+    workdir = tmp_path_factory.mktemp("chaos-references")
+    return {case: reference_run(*case, workdir) for case in CASES}
+
+
 @pytest.mark.parametrize("layout, fmt", CASES, ids=[f"{layout}-{fmt}" for layout, fmt in CASES])
-def test_killed_and_resumed_run_is_bit_exact(layout, fmt, tmp_path):
-    ref = reference_run(layout, fmt, tmp_path)
+def test_killed_and_resumed_run_is_bit_exact(layout, fmt, references, tmp_path):
+    ref = references[layout, fmt]
     trial = run_trial(ref, tmp_path, random.Random(f"ci-{layout}" + ("" if fmt == "safetensors" else f"-{fmt}")),
                       kills=1, moments=[CASES[layout, fmt]])
     assert len(trial.kills) == 1 and trial.kills[0].landed, trial.kills
