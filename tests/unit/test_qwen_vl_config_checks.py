@@ -152,6 +152,10 @@ def test_mindspeed_placeholders_take_config_json(tmp_path, model_parallel, capsy
         "num_layers": 2, "hidden_size": 64, "num_attention_heads": 4,
         "max_position_embeddings": VL_TEXT["max_position_embeddings"]}
     assert (cfg.vision["freeze"], cfg.projector["freeze"], cfg.text["freeze"]) == (True, True, False)
+    # model_id "qwen3_vl" (that file's spelling) feeds the data pipeline Qwen3-VL's processor and positions
+    from adaptor.mm.qwen_vl.dataset import family_of
+
+    assert family_of(cfg, load_qwen_vl_data_config(data_json(tmp_path))) == "qwen3_vl"
 
     model_parallel_cuda_manual_seed(1)
     model = QwenVLModel(settings, text, decoder_transformer_config(text, use_cpu_initialization=True),
