@@ -7,9 +7,9 @@ Qwen2.5-VL curve, and the Qwen3-VL example's FSDP2 run reproduces its one-proces
   last 5) more than 3.5 nats lower (measured 7.23 to 2.75).
 * ``bash examples/qwen3vl/pretrain.sh`` with no arguments (a tiny random Qwen3-VL, FSDP2 over two
   data-parallel ranks, as MindSpeed-MM trains it; its model.json carries MindSpeed-MM's ``patch``
-  section) does the same (measured QWEN3_MEASURED), and its curve is the one of ``NPROC=1 FSDP2=0`` (one
-  process, no sharding) within QWEN3_RTOL. That one-process run goes beside the Qwen2.5-VL example's, on
-  the core it leaves idle.
+  section) does the same (measured 7.27 to 2.22), and its curve is the one of ``NPROC=1 FSDP2=0`` (one
+  process, no sharding) within RTOL over the 30 iterations (measured 4.2e-7). That one-process run goes
+  beside the Qwen2.5-VL example's, on the core it leaves idle.
 * TP=2, PP=2 and FSDP2 over two data-parallel ranks reproduce the single-process curve over
   ITERS iterations. Every run starts from one tiny random Hugging Face Qwen2.5-VL directory
   (model.json's ``init_from_hf_path``), each rank reading its own slices, so the layouts share their
@@ -48,7 +48,6 @@ LR = 2e-3
 # The sample tokenizer's <|image_pad|>, <|video_pad|>, <|vision_start|> (tools/make_sample_vl_data.py).
 VISION_TOKEN_IDS = (1438, 1439, 1436)
 VOCAB = 1440
-QWEN3_RTOL = 2e-5
 
 MAKE_START = """
 import sys
@@ -135,7 +134,7 @@ def test_qwen3_vl_example_trains_with_fsdp2_on_the_one_process_curve(one_process
     reference, _ = one_process_examples[1]
     print(f"Qwen3-VL example: {losses[0]:.4f} -> {sum(losses[-5:]) / 5:.4f} (mean of the last 5); worst relative "
           f"gap to one process {worst_relative_gap(losses, reference):.2e}")
-    assert worst_relative_gap(losses, reference) <= QWEN3_RTOL, (losses, reference)
+    assert worst_relative_gap(losses, reference) <= RTOL, (losses, reference)
     # untied: the embedding and the output layer are units of their own
     assert "units [language_model.embedding, language_model.decoder.layers.0, language_model.decoder.layers.1, " \
            "language_model.output_layer, vision_model.layers.0, vision_model.layers.1] + root" in out, tail(out)
