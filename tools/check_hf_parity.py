@@ -5,6 +5,7 @@
     python tools/check_hf_parity.py --hf-dir /models/Qwen3-0.6B --lora-dir my_adapter --tp 2
     python tools/check_hf_parity.py --hf-dir /models/Qwen3-0.6B --pp 2 --vpp 2
     python tools/check_hf_parity.py --hf-dir /models/Qwen2.5-VL-3B-Instruct --tp 2 --pp 2
+    python tools/check_hf_parity.py --hf-dir qwen2_5_vl_dir --also-hf-dir qwen3_vl_dir --pp 2
 
 One fixed random batch, fp32, twice: transformers (``AutoModelForCausalLM``, eager attention) here,
 and Megatron's GPTModel (``pretrain_gpt.model_provider``, flags from
@@ -13,8 +14,10 @@ and Megatron's GPTModel (``pretrain_gpt.model_provider``, flags from
 adds a PEFT adapter on both sides (``peft.PeftModel``, ``adaptor.convert.online.load_peft_adapter``).
 Qwen2.5-VL and Qwen3-VL directories run a batch with images (tools/vl_parity.py): transformers'
 ``AutoModelForImageTextToText`` against pretrain_mm.py's model of a model.json naming the directory.
+``--also-hf-dir`` checks further Qwen-VL directories in the same Megatron processes, one model after the
+other at the same layout: torchrun, megatron's imports and process groups are paid once.
 
-Prints the max abs logit difference and exits 1 past ``--tolerance``; bad input is one line
+Prints the max abs logit difference (a line per directory) and exits 1 past ``--tolerance``; bad input is one line
 ``check_hf_parity.py: error: ...`` and exit 2.
 """
 from __future__ import annotations
@@ -51,6 +54,8 @@ def parse_args(argv=None):
     parser.add_argument("--vpp", type=int, default=1,
                         help="virtual pipeline stages per pipeline rank (interleaved schedule; needs --pp 2 or more)")
     parser.add_argument("--ep", type=int, default=1, help="expert parallel size (expert tensor parallel 1 when > 1)")
+    parser.add_argument("--also-hf-dir", action="append", default=[], metavar="DIR",
+                        help="another Qwen-VL directory checked in the same processes (repeatable)")
     parser.add_argument("--lora-dir", default=None, help="a PEFT LoRA adapter directory to add on both sides")
     parser.add_argument("--tolerance", type=float, default=1e-4, help="bound on the max abs logit difference")
     parser.add_argument("--seq-len", type=int, default=32)
@@ -149,7 +154,7 @@ def run_megatron(spec: dict, nproc: int, timeout: int) -> str:
     from adaptor.env import torchrun_command
 
     cmd = [*torchrun_command(), f"--nproc_per_node={nproc}",
-           f"--master_port={free_port()}", str(Path(__file__).resolve()), "--hf-dir", spec["hf_dir"],
+           f"--master_port={free_port()}", str(Path(__file__).resolve()), "--hf-dir", spec["models"][0]["hf_dir"],
            "--worker", spec["spec_file"]]
     env = dict(os.environ, PYTHONUNBUFFERED="1", ADAPTOR_QUIET="1")
     env.setdefault("ADAPTOR_BACKEND", "cpu")
@@ -170,16 +175,8 @@ def main(argv=None) -> int:
     opts = parse_args(argv)
     if opts.worker:
         return worker(opts.worker)
-    hf_dir = Path(opts.hf_dir)
-    if not (hf_dir / "config.json").is_file():
-        error(f"--hf-dir {opts.hf_dir}: no config.json there")
     if opts.lora_dir is not None and not (Path(opts.lora_dir) / "adapter_config.json").is_file():
         error(f"--lora-dir {opts.lora_dir}: no adapter_config.json there (not a PEFT adapter directory)")
-    config = json.loads((hf_dir / "config.json").read_text())
-    model_type = opts.model_type or MODEL_TYPES.get(config.get("model_type"))
-    if model_type is None:
-        error(f"--hf-dir {opts.hf_dir}: model_type {config.get('model_type')!r} is not supported; "
-              f"pass --model-type {'|'.join(dict.fromkeys(MODEL_TYPES.values()))}")
     for name in ("tp", "pp", "ep", "vpp", "seq_len", "batch"):
         if getattr(opts, name) < 1:
             error(f"--{name.replace('_', '-')} must be at least 1")
@@ -188,9 +185,36 @@ def main(argv=None) -> int:
     os.environ.setdefault("ADAPTOR_QUIET", "1")
     import torch
 
+    work = tempfile.TemporaryDirectory(prefix="hf_parity_")
+    with work:
+        models = [prepare(opts, "--hf-dir", opts.hf_dir, Path(work.name))]
+        for i, extra in enumerate(opts.also_hf_dir, 1):
+            models.append(prepare(opts, "--also-hf-dir", extra, Path(work.name) / str(i)))
+        if opts.also_hf_dir and any(m["model_json"] is None for m in models):
+            error("--also-hf-dir checks Qwen-VL directories only (and --hf-dir must be one too)")
+        nproc = layout_world_size(opts.tp, opts.pp, opts.ep)
+        spec = {"models": models, "spec_file": str(Path(work.name) / "spec.json")}
+        Path(spec["spec_file"]).write_text(json.dumps(spec))
+        run_megatron(spec, nproc, opts.timeout)
+        worst = max(report(opts, model, torch.load(model["logits"]), nproc) for model in models)
+    return 0 if worst <= opts.tolerance else 1
+
+
+def prepare(opts, flag: str, directory: str, folder: Path) -> dict:
+    """One directory's part of the worker's spec (its flags, model.json, input batch saved under ``folder``)."""
+    import torch
+
     from adaptor.convert import ConversionError, HfCheckpoint, Layout, model_mapping
 
-    work = tempfile.TemporaryDirectory(prefix="hf_parity_")
+    hf_dir = Path(directory)
+    if not (hf_dir / "config.json").is_file():
+        error(f"{flag} {directory}: no config.json there")
+    config = json.loads((hf_dir / "config.json").read_text())
+    model_type = opts.model_type or MODEL_TYPES.get(config.get("model_type"))
+    if model_type is None:
+        error(f"{flag} {directory}: model_type {config.get('model_type')!r} is not supported; "
+              f"pass --model-type {'|'.join(dict.fromkeys(MODEL_TYPES.values()))}")
+    folder.mkdir(parents=True, exist_ok=True)
     try:
         HfCheckpoint(str(hf_dir)).names()
         etp = 1 if opts.ep > 1 else None
@@ -198,12 +222,12 @@ def main(argv=None) -> int:
         model_json = None
         if model_type in VL:
             if opts.lora_dir is not None or opts.vpp > 1 or opts.ep > 1:
-                error(f"--hf-dir {opts.hf_dir}: {model_type} runs without --lora-dir, --vpp and --ep")
+                error(f"{flag} {directory}: {model_type} runs without --lora-dir, --vpp and --ep")
             from adaptor.mm.qwen_vl.text_weights import text_mapping
             from vl_parity import decoder_flags, write_model_json
 
             text_mapping(config).check_layout(layout)
-            model_json = write_model_json(str(hf_dir), work.name)
+            model_json = write_model_json(str(hf_dir), str(folder))
             flags = megatron_flags(model_type, config, opts, decoder_flags(model_json))
         else:
             model_mapping(model_type, config).check_layout(layout)
@@ -218,7 +242,7 @@ def main(argv=None) -> int:
             message = message.replace(converter_flag, ours)
         message = message.replace(" virtual stages", " (--vpp)")
         lora = opts.lora_dir and opts.lora_dir in message
-        where = f"--lora-dir {opts.lora_dir}" if lora else f"--hf-dir {opts.hf_dir}"
+        where = f"--lora-dir {opts.lora_dir}" if lora else f"{flag} {directory}"
         error(f"{where}: {message}")
     vocab = vocab_size(config)
     generator = torch.Generator().manual_seed(opts.seed)
@@ -231,22 +255,27 @@ def main(argv=None) -> int:
             error(str(exc))
     else:
         inputs = torch.randint(0, vocab, (opts.batch, opts.seq_len), generator=generator)
-    nproc = layout_world_size(opts.tp, opts.pp, opts.ep)
-    with work:
-        spec = {"hf_dir": str(hf_dir.resolve()), "model_type": model_type, "flags": flags, "vocab": vocab,
-                "tokens": str(Path(work.name) / "tokens.pt"), "logits": str(Path(work.name) / "logits.pt"),
-                "spec_file": str(Path(work.name) / "spec.json"), "model_json": model_json,
-                "lora_dir": str(Path(opts.lora_dir).resolve()) if opts.lora_dir else None}
-        torch.save(inputs, spec["tokens"])
-        Path(spec["spec_file"]).write_text(json.dumps(spec))
-        run_megatron(spec, nproc, opts.timeout)
-        megatron = torch.load(spec["logits"])
-    if model_json is not None:
+    tokens = str(folder / "tokens.pt")
+    torch.save(inputs, tokens)
+    from adaptor.convert import padded_vocab_size
+
+    return {"hf_dir": str(hf_dir.resolve()), "given": directory, "model_type": model_type, "flags": flags,
+            "vocab": vocab, "padded_vocab": padded_vocab_size(vocab, opts.tp), "tokens": tokens,
+            "logits": str(folder / "logits.pt"), "model_json": model_json,
+            "lora_dir": str(Path(opts.lora_dir).resolve()) if opts.lora_dir else None}
+
+
+def report(opts, model: dict, megatron, nproc: int) -> float:
+    """Prints one directory's verdict line; returns its max abs logit difference."""
+    import torch
+
+    inputs = torch.load(model["tokens"])
+    if model["model_json"] is not None:
         from vl_parity import hf_logits as vl_hf_logits
 
-        base, adapted = vl_hf_logits(str(hf_dir), inputs), None
+        base, adapted = vl_hf_logits(model["hf_dir"], inputs), None
     else:
-        base, adapted = hf_logits(str(hf_dir), inputs, opts.lora_dir)
+        base, adapted = hf_logits(model["hf_dir"], inputs, opts.lora_dir)
     reference = base if adapted is None else adapted
     if megatron.shape != reference.shape:
         error(f"logits shapes differ: Megatron {tuple(megatron.shape)}, transformers {tuple(reference.shape)}")
@@ -256,28 +285,58 @@ def main(argv=None) -> int:
     if adapted is not None:
         layout += f" with LoRA {opts.lora_dir} (moves logits by up to {(adapted - base).abs().max().item():.3e})"
     verdict = "ok" if diff <= opts.tolerance else "FAILED"
-    print(f"{PROG}: {model_type} {opts.hf_dir} {layout}: max abs logit difference {diff:.3e} "
+    print(f"{PROG}: {model['model_type']} {model['given']} {layout}: max abs logit difference {diff:.3e} "
           f"(max |logit| {scale:.3e}, tolerance {opts.tolerance:g}, batch {opts.batch}x{opts.seq_len}): {verdict}",
           flush=True)
-    return 0 if diff <= opts.tolerance else 1
+    return diff
 
 
 # ----------------------------------------------------------------------------- torchrun worker
 def worker(spec_file: str) -> int:
     spec = json.loads(Path(spec_file).read_text())
-    sys.argv = [sys.argv[0]] + spec["flags"]
+    first = spec["models"][0]
+    sys.argv = [sys.argv[0]] + first["flags"]
     sys.path.insert(0, str(ROOT))
     from adaptor.bootstrap import setup
 
     setup()  # patches megatron for this backend, from these flags
 
     import torch
-    from megatron.core import mpu, tensor_parallel
-    from megatron.core.enums import ModelType
-    from megatron.core.pipeline_parallel import get_forward_backward_func
     from megatron.training import get_args
     from megatron.training.arguments import parse_and_validate_args
     from megatron.training.initialize import initialize_megatron
+
+    parse_and_validate_args(args_defaults={"tokenizer_type": "NullTokenizer"})
+    initialize_megatron()
+    for i, model in enumerate(spec["models"]):
+        # A further directory (the same layout, other model flags) gets its own arguments; the processes,
+        # their groups and the patches stay those of the first.
+        args = get_args() if i == 0 else model_args(model)
+        logits = model_logits(model, args)
+        if logits is not None:
+            torch.save(logits, model["logits"])
+    torch.distributed.barrier()
+    torch.distributed.destroy_process_group()
+    return 0
+
+
+def model_args(model: dict):
+    """Megatron's arguments for ``model``'s flags, parsed and validated as the first model's were."""
+    from megatron.training.arguments import parse_args, validate_args
+
+    sys.argv = [sys.argv[0]] + model["flags"]
+    args = parse_args()
+    validate_args(args, {"tokenizer_type": "NullTokenizer"})
+    args.padded_vocab_size = model["padded_vocab"]  # the first model's came with its tokenizer
+    return args
+
+
+def model_logits(spec: dict, args):
+    """``spec``'s logits on the last stage's first TP and DP rank (vocabulary padding stripped), else None."""
+    import torch
+    from megatron.core import mpu, tensor_parallel
+    from megatron.core.enums import ModelType
+    from megatron.core.pipeline_parallel import get_forward_backward_func
     from megatron.training.training import get_model
 
     from adaptor.convert import ConversionError
@@ -285,14 +344,12 @@ def worker(spec_file: str) -> int:
     from adaptor.convert.online import load_hf_weights
     from pretrain_gpt import model_provider
 
-    parse_and_validate_args(args_defaults={"tokenizer_type": "NullTokenizer"})
-    initialize_megatron()
-    args = get_args()
     vl = spec.get("model_json") is not None
     if vl:  # built and loaded (init_from_hf_path) as pretrain_mm.py does
         from vl_parity import model_provider_for
 
-        model = get_model(model_provider_for(spec["model_json"]), ModelType.encoder_or_decoder, wrap_with_ddp=False)
+        model = get_model(model_provider_for(spec["model_json"], args), ModelType.encoder_or_decoder,
+                          wrap_with_ddp=False)
     else:
         args.hf_load_dir, args.model_type_hf = spec["hf_dir"], spec["model_type"]
         model = get_model(model_provider, ModelType.encoder_or_decoder, wrap_with_ddp=False)
@@ -341,10 +398,8 @@ def worker(spec_file: str) -> int:
     if mpu.is_pipeline_last_stage():
         logits = tensor_parallel.gather_from_tensor_model_parallel_region(collected[0])
         if mpu.get_tensor_model_parallel_rank() == 0 and mpu.get_data_parallel_rank() == 0:
-            torch.save(logits[..., : spec["vocab"]].float().cpu(), spec["logits"])
-    torch.distributed.barrier()
-    torch.distributed.destroy_process_group()
-    return 0
+            return logits[..., : spec["vocab"]].float().cpu()
+    return None
 
 
 if __name__ == "__main__":

@@ -91,8 +91,9 @@ def hf_logits(hf_dir: str, batch: dict):
                      image_grid_thw=batch["image_grid_thw"], mm_token_type_ids=types).logits.float()
 
 
-def model_provider_for(model_json: str):
-    """A Megatron model provider building and loading the model of ``model_json`` (pretrain_mm.py's way)."""
+def model_provider_for(model_json: str, args=None):
+    """A Megatron model provider building and loading the model of ``model_json`` (pretrain_mm.py's way), from
+    ``args`` (default: Megatron's global arguments)."""
     from adaptor.mm.config import load_model_config
 
     model_cfg = load_model_config(model_json)
@@ -103,11 +104,12 @@ def model_provider_for(model_json: str):
 
         from adaptor.mm.builders import builder
 
-        args = get_args()
+        model_args = args or get_args()
         parts = builder(model_cfg)
-        model = parts.build_model(args, model_cfg, config or core_transformer_config_from_args(args), pre_process,
-                                  post_process, vp_stage, pg_collection)
-        parts.load_weights(model, model_cfg, args)
+        model = parts.build_model(model_args, model_cfg, core_transformer_config_from_args(model_args) if args else
+                                  config or core_transformer_config_from_args(model_args), pre_process, post_process,
+                                  vp_stage, pg_collection)
+        parts.load_weights(model, model_cfg, model_args)
         return model
 
     return provider

@@ -21,6 +21,7 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass
 
+from adaptor.mm.patch_section import read_patch_section
 from adaptor.mm.schema import (  # noqa: F401  (re-exported: the names callers import from here)
     Key, MMConfigError, MMModelConfig, check_section, read_json, resolve,
 )
@@ -89,6 +90,7 @@ MODEL = {
     "text_decoder": TEXT_DECODER,
     # Present in MindSpeed-MM's files; only null (absent) is supported here.
     "text_encoder": Key(None), "video_encoder": Key(None),
+    "patch": Key("object"),  # MindSpeed-MM's patch switches: adaptor.mm.patch_section
 }
 
 
@@ -101,7 +103,7 @@ def load_model_config(path) -> MMModelConfig:
     cfg = check_section(raw, MODEL, "", str(path))
     vision, projector, text = cfg["image_encoder"]["vision_encoder"], cfg["image_encoder"]["vision_projector"], \
         cfg["text_decoder"]
-    out = MMModelConfig(str(path), vision, projector, text)
+    out = MMModelConfig(str(path), vision, projector, text, patch_notices=read_patch_section(cfg["patch"], str(path)))
     siglip = vision["model_id"] == "siglip"
     if vision["activation_func"] is None:
         vision["activation_func"] = "gelu_tanh" if siglip else "quick_gelu"

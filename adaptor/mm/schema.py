@@ -116,6 +116,7 @@ class MMModelConfig:
     hf_config: dict | None = None  # the whole model as a Hugging Face config.json would describe it
     init_from_hf_path: str | None = None  # a Hugging Face directory whose weights start the run
     taken_from_hf: tuple = ()  # JSON paths whose placeholder value was replaced by config.json's
+    patch_notices: tuple = ()  # one line per ``patch`` switch that changes nothing here (adaptor.mm.patch_section)
 
     def where(self, section: str, key: str) -> str:
         prefix = {"vision": "image_encoder.vision_encoder", "projector": "image_encoder.vision_projector",

@@ -230,6 +230,8 @@ class MultimodalArguments(Feature):
             if model_cfg.taken_from_hf:
                 notice_once(f"{model_cfg.file}: {', '.join(model_cfg.taken_from_hf)} = 999999 taken from "
                             f"{model_cfg.init_from_hf_path}/config.json")
+            for line in model_cfg.patch_notices:
+                notice_once(line)
             data_cfg = None if generating else cached_mm_data_config(args.mm_data)
         except MMConfigError as exc:
             fail(str(exc))

@@ -1,12 +1,13 @@
 """Hugging Face checkpoints in Megatron: logits equal transformers', and online load/save in training.
 
 Tiny random Qwen3ForCausalLM (tied and untied), DeepseekV3ForCausalLM (MLA + MoE + MTP), LlamaForCausalLM,
-Qwen2ForCausalLM, Qwen3MoeForCausalLM, MixtralForCausalLM and Qwen2_5_VLForConditionalGeneration from
-tests/helpers/hf_fixtures.py, saved by transformers as the Hub publishes them:
+Qwen2ForCausalLM, Qwen3MoeForCausalLM, MixtralForCausalLM, Qwen2_5_VLForConditionalGeneration and
+Qwen3VLForConditionalGeneration from tests/helpers/hf_fixtures.py, saved by transformers as the Hub publishes them:
 
 * tools/check_hf_parity.py (torchrun, gloo) computes Megatron's logits at TP1/PP1, TP2/PP2,
   TP2/PP2/EP2 and PP2 with two virtual stages each, and compares them with transformers' (fp32, eager attention);
-  Qwen2.5-VL (pretrain_mm.py's model, images in the batch) at TP2 and at PP2;
+  Qwen2.5-VL and Qwen3-VL (pretrain_mm.py's model, images in the batch) at TP2 and at PP2, both models in one
+  launch of the tool per layout (--also-hf-dir: one torchrun, the second model built in the same processes);
 * pretrain_gpt.py --hf-load-dir trains from the HF weights (the same losses as a run that
   --load's the offline-converted checkpoint), and --hf-save-dir writes a directory that
   transformers loads and whose tensors are the Megatron weights at the end, and whose failure (on
@@ -64,6 +65,28 @@ ONE_PROCESS = [("qwen3_tied", ("--tolerance", "0")), ("deepseek_v3", ()), ("qwen
 QWEN2_LORA = "qwen2_tied+lora"
 
 
+# Qwen2.5-VL and Qwen3-VL at one layout: one launch of the tool checks both (--also-hf-dir).
+VL_FAMILIES = ("qwen2_5_vl", "qwen3_vl")
+
+
+@pytest.fixture(scope="module")
+def vl_parity(hf_dirs):
+    """layout -> (exit code, {family: its line}) of the tool run once over both Qwen-VL directories."""
+    runs = {}
+
+    def result(layout: tuple) -> tuple[int, dict]:
+        if layout not in runs:
+            proc = run_tool("check_hf_parity.py", "--hf-dir", hf_dirs[VL_FAMILIES[0]], "--also-hf-dir",
+                            hf_dirs[VL_FAMILIES[1]], *layout, cwd=ROOT, timeout=900, env=child_env())
+            lines = {family: line for line in proc.stdout.splitlines() for family in VL_FAMILIES
+                     if line.startswith(f"check_hf_parity.py: {family} ")}
+            assert sorted(lines) == sorted(VL_FAMILIES), tail(proc.stdout + proc.stderr)
+            runs[layout] = proc.returncode, lines
+        return runs[layout]
+
+    return result
+
+
 @pytest.fixture(scope="module")
 def one_process_parity(hf_dirs, tmp_path_factory):
     from helpers.hf_fixtures import make_peft_adapter
@@ -101,13 +124,22 @@ def one_process_parity(hf_dirs, tmp_path_factory):
     ("mixtral", ["--tp", "2", "--pp", "2", "--ep", "2"]),
     # interleaved schedule: two virtual stages of one layer per pipeline rank, the tied output copy in the last
     ("qwen3_tied", ["--pp", "2", "--vpp", "2"]),
-    # Qwen2.5-VL, two images of different sizes in a sample: the tower's heads split over TP, the tower on stage 0
+    # Qwen2.5-VL and Qwen3-VL (deepstack features added after decoder layer 0, q/k RMSNorm, interleaved M-RoPE,
+    # untied output), two images of different sizes in a sample: the tower's heads split over TP, the tower on
+    # stage 0; both families in one launch per layout
     ("qwen2_5_vl", ["--tp", "2"]),
+    ("qwen3_vl", ["--tp", "2"]),
     ("qwen2_5_vl", ["--pp", "2"]),
+    ("qwen3_vl", ["--pp", "2"]),
 ])
-def test_logits_match_transformers(hf_dirs, one_process_parity, name, layout):
+def test_logits_match_transformers(hf_dirs, one_process_parity, vl_parity, name, layout):
     started = one_process_parity.get((name, tuple(layout)))
-    code, diff, line = started.result() if started else parity(hf_dirs[name], *layout)
+    if name in VL_FAMILIES:
+        code, lines = vl_parity(tuple(layout))
+        line = lines[name]
+        diff = float(_DIFF.search(line).group(1))
+    else:
+        code, diff, line = started.result() if started else parity(hf_dirs[name], *layout)
     print(line)
     assert diff <= LOGIT_BOUND, line
     if "--tolerance" in layout and diff > 0:

@@ -10,6 +10,11 @@
   config.json's values and are listed (the start prints them in one line), and the built model takes every
   tensor of that checkpoint, holding as many numbers as it. Without ``init_from_hf_path`` a placeholder is
   one line.
+* That file's ``patch`` section (``clip_grad_async: true``, ``scale_grad: true``) loads: the start prints one
+  line for the speed switch clip_grad_async and none for scale_grad (adaptor.fsdp2's wrapper scales its
+  gradients when Megatron asks). Each switch MindSpeed-MM has that would change training here (an adaptive
+  clipping rule, FSDP1, weights from a .pt file or through Megatron-Bridge, layer-wise disaggregation) is one
+  line naming ``patch.<key>``; false switches nothing; a key MindSpeed-MM does not know is one line.
 """
 from __future__ import annotations
 
@@ -108,15 +113,15 @@ def test_vision_token_ids_and_vocabulary_agree_with_the_tokenizer(tokenizer_dir)
 
 
 def mindspeed_qwen3vl_json(folder, hf_dir) -> str:
-    """examples/qwen3vl/model_8B.json of MindSpeed-MM with its placeholders where they stand (its ``patch``
-    section, NPU runtime switches, left out: this schema refuses it)."""
+    """examples/qwen3vl/model_8B.json of MindSpeed-MM, its placeholders and its ``patch`` section as published."""
     doc = {"model_id": "qwen3_vl", "init_from_hf_path": str(hf_dir),
            "image_encoder": {
                "vision_encoder": {"model_id": "qwen3vit", "num_layers": FROM_HF, "hidden_size": FROM_HF,
                                   "num_attention_heads": FROM_HF, "freeze": True},
                "vision_projector": {"model_id": "lnmlp", "num_layers": FROM_HF, "freeze": True}},
            "text_decoder": {"model_id": "qwen3lm", "num_layers": FROM_HF, "hidden_size": FROM_HF,
-                            "num_attention_heads": FROM_HF, "max_position_embeddings": FROM_HF, "freeze": False}}
+                            "num_attention_heads": FROM_HF, "max_position_embeddings": FROM_HF, "freeze": False},
+           "patch": {"clip_grad_async": True, "scale_grad": True}}
     if hf_dir is None:
         del doc["init_from_hf_path"]
     file = folder / f"model_8B_{hf_dir is None}.json"
@@ -147,6 +152,10 @@ def test_mindspeed_placeholders_take_config_json(tmp_path, model_parallel, capsy
         "num_layers": 2, "hidden_size": 64, "num_attention_heads": 4,
         "max_position_embeddings": VL_TEXT["max_position_embeddings"]}
     assert (cfg.vision["freeze"], cfg.projector["freeze"], cfg.text["freeze"]) == (True, True, False)
+    # model_id "qwen3_vl" (that file's spelling) feeds the data pipeline Qwen3-VL's processor and positions
+    from adaptor.mm.qwen_vl.dataset import family_of
+
+    assert family_of(cfg, load_qwen_vl_data_config(data_json(tmp_path))) == "qwen3_vl"
 
     model_parallel_cuda_manual_seed(1)
     model = QwenVLModel(settings, text, decoder_transformer_config(text, use_cpu_initialization=True),
@@ -162,9 +171,14 @@ def test_mindspeed_placeholders_take_config_json(tmp_path, model_parallel, capsy
 
     args = Namespace(mm_model=str(cfg.file), mm_data=data_json(tmp_path), tensor_model_parallel_size=1)
     MultimodalArguments().set_defaults(args, SimpleNamespace(explicit=set()))
-    printed = [line for line in capsys.readouterr().out.splitlines() if "999999" in line]
+    out = capsys.readouterr().out.splitlines()
+    printed = [line for line in out if "999999" in line]
     assert printed == [f"[megatron-adaptor] {cfg.file}: {', '.join(cfg.taken_from_hf)} = 999999 taken from "
                        f"{hf_dir}/config.json"]
+    patch_lines = [line for line in out if ": patch." in line]
+    assert patch_lines == [f"[megatron-adaptor] {cfg.file}: patch.clip_grad_async: MindSpeed-MM keeps the gradient "
+                           f"norm and clipping factor on the device (a speed switch); Megatron's clipping here gives "
+                           f"the same gradients, with one host synchronisation per step"], out
     assert args.num_layers == 2 and args.hidden_size == 64 and args.max_position_embeddings == 4096
 
     file = mindspeed_qwen3vl_json(tmp_path, None)
@@ -173,3 +187,28 @@ def test_mindspeed_placeholders_take_config_json(tmp_path, model_parallel, capsy
     assert one_line(info) == (
         f"{file}: image_encoder.vision_encoder.num_layers is 999999, which means \"take it from "
         f"init_from_hf_path's config.json\", but no init_from_hf_path is given")
+
+
+@pytest.mark.parametrize("key,value,says", [
+    ("adaptive_clip_grad_norm", {"clip_grad_ema_decay": 0.99}, "the moving-average clipping threshold is not "
+                                                               "implemented; drop it and clip with --clip-grad"),
+    ("use_fsdp1", True, "FSDP1 is not provided; drop it and shard with --use-torch-fsdp2"),
+    ("get_dist_model_load_from_pt", True, "weights are not read from a .pt file at model build; drop it and start "
+                                          "from init_from_hf_path or --load"),
+    ("bridge_patch", True, "--load is not read as a Hugging Face directory; drop it and name the directory in "
+                           "init_from_hf_path"),
+    ("layerwise_disaggregated_training", True, "layer-wise disaggregated training is not provided; drop it"),
+    ("clip_grad_asinc", True, "unknown switch (MindSpeed-MM's: scale_grad, clip_grad_async, infer_fa, ae_float32, "
+                              "muon_optimizer, adaptive_clip_grad_norm, use_fsdp1, get_dist_model_load_from_pt, "
+                              "bridge_patch, layerwise_disaggregated_training)"),
+])
+def test_patch_switches_that_would_change_training_are_one_line(tokenizer_dir, key, value, says):
+    tok_dir, ids, size = tokenizer_dir
+    file = keys_model_json(tok_dir.parent, ids, size, patch={"scale_grad": True, key: value})
+    with pytest.raises(MMConfigError) as info:
+        load_model_config(file)
+    assert one_line(info) == f"{file}: patch.{key}: {says}"
+    if key != "clip_grad_asinc":  # false switches nothing, as in MindSpeed-MM
+        off = load_model_config(keys_model_json(tok_dir.parent, ids, size, patch={key: False, "infer_fa": True}))
+        assert off.patch_notices == (f"{off.file}: patch.infer_fa: an inference-time attention kernel; training "
+                                     f"runs the attention --attention-backend picks",)

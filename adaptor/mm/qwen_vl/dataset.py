@@ -26,11 +26,13 @@ import torch
 from adaptor.mm.schema import MMConfigError
 from adaptor.mm.data import RecordSamples
 from adaptor.mm.qwen_vl.data_config import QwenVLDataConfig, load_qwen_vl_data_config
+from adaptor.mm.qwen_vl.model_json import FAMILY
 from adaptor.mm.qwen_vl.records import read_vl_records
 from adaptor.mm.qwen_vl.samples import SampleBuilder, load_tokenizer, processor_settings
 
-# model.json's model_id -> the processor / rotary family.
-MODEL_FAMILIES = {"qwen2_5vl": "qwen2_5_vl", "qwen3vl": "qwen3_vl"}
+# model.json's model_id (MindSpeed-MM's files spell Qwen3-VL's both qwen3vl and qwen3_vl) -> the processor /
+# rotary family.
+MODEL_FAMILIES = FAMILY
 
 
 def family_of(model_cfg, data_cfg: QwenVLDataConfig) -> str:

@@ -19,6 +19,7 @@ MindSpeed-MM's published Qwen3-VL files write ``999999`` (:data:`FROM_HF`) for s
 config.json (``num_layers``, ``hidden_size``, ``num_attention_heads``, ``max_position_embeddings``).
 With ``init_from_hf_path`` such a key is read as absent, so config.json's value is used, and its path is
 recorded in :attr:`MMModelConfig.taken_from_hf`; without it there is nothing to take the value from.
+Their ``patch`` section (``clip_grad_async``, ``scale_grad``) is read by :mod:`adaptor.mm.patch_section`.
 """
 from __future__ import annotations
 
@@ -26,6 +27,7 @@ import json
 import math
 from pathlib import Path
 
+from adaptor.mm.patch_section import read_patch_section
 from adaptor.mm.schema import Key, MMConfigError, MMModelConfig, check_section, resolve
 
 FAMILY = {"qwen2_5vl": "qwen2_5_vl", "qwen3vl": "qwen3_vl", "qwen3_vl": "qwen3_vl"}
@@ -93,6 +95,7 @@ MODEL = {
     "image_encoder": {"vision_encoder": VISION_ENCODER, "vision_projector": VISION_PROJECTOR},
     "text_decoder": TEXT_DECODER,
     "text_encoder": Key(None), "video_encoder": Key(None),
+    "patch": Key("object"),  # MindSpeed-MM's patch switches: adaptor.mm.patch_section
 }
 
 FROM_HF = 999999  # "take this key from init_from_hf_path's config.json"
@@ -262,6 +265,7 @@ def load_qwen_vl_model_config(raw: dict, file: Path, path: str) -> MMModelConfig
     from adaptor.mm.qwen_vl.text_config import vl_text_config
 
     cfg = check_section(raw, MODEL, "", path)
+    patch_notices = read_patch_section(cfg["patch"], path)
     where = _Where(path)
     family = FAMILY[cfg["model_id"]]
     init_dir = resolve(file, cfg["init_from_hf_path"])
@@ -322,7 +326,7 @@ def load_qwen_vl_model_config(raw: dict, file: Path, path: str) -> MMModelConfig
         file=path, vision={"model_id": vision["model_id"], "freeze": vision["freeze"], "ckpt_path": None},
         projector={"model_id": projector["model_id"], "freeze": projector["freeze"]}, text=decoder_args,
         model_id=cfg["model_id"], hf_config=hf_config, init_from_hf_path=init_dir,
-        taken_from_hf=taken)
+        taken_from_hf=taken, patch_notices=patch_notices)
 
 
 def vision_settings(model_cfg: MMModelConfig):
