@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import os
 from typing import Callable, Iterator, Optional
 
 import torch
@@ -71,23 +72,41 @@ class FrozenReference:
         return module
 
 
+def is_hf_directory(path: str) -> bool:
+    return os.path.isfile(os.path.join(path, "config.json"))
+
+
 def checkpoint_loader(path: str, iteration: Optional[int] = None) -> Callable[[torch.nn.Module], None]:
-    """``load(module)``: Megatron's ``load_checkpoint`` of ``path`` (``iteration``, else its latest) into
-    ``module``, weights only; the run's arguments are restored afterwards, so nothing of the policy's own
-    loading (iteration, consumed samples) changes."""
+    """``load(module)`` for ``--ref-model path``: a Hugging Face directory (config.json and safetensors,
+    converted on the fly as ``--hf-load-dir`` is) or a Megatron checkpoint (``load_checkpoint``, weights
+    only, ``iteration`` or its latest). The run's arguments are restored afterwards, so nothing of the
+    policy's own loading (iteration, consumed samples) changes."""
 
     def load(module: torch.nn.Module) -> None:
         from megatron.training import get_args
-        from megatron.training.checkpointing import load_checkpoint
 
         args = get_args()
         saved = dict(vars(args))
-        args.load, args.finetune, args.no_load_optim, args.no_load_rng = path, True, True, True
-        args.ckpt_step = iteration
         try:
-            load_checkpoint([module], None, None, strict=True)
+            if is_hf_directory(path):
+                _load_hf(module, path, args)
+            else:
+                from megatron.training.checkpointing import load_checkpoint
+
+                args.load, args.finetune, args.no_load_optim, args.no_load_rng = path, True, True, True
+                args.ckpt_step = iteration
+                load_checkpoint([module], None, None, strict=True)
         finally:
             vars(args).clear()
             vars(args).update(saved)
 
     return load
+
+
+def _load_hf(module: torch.nn.Module, path: str, args) -> None:
+    from adaptor.convert.config_check import hf_model_type, read_hf_config
+    from adaptor.convert.online import load_hf_weights
+
+    args.model_type_hf = hf_model_type(read_hf_config(path, "--ref-model"), args.model_type_hf, "--ref-model")
+    args.hf_load_dir = path
+    load_hf_weights([module], args)

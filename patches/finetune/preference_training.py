@@ -6,7 +6,8 @@ Flags (MindSpeed-LLM's names and defaults): ``--is-pairwise-dataset`` (datasets 
 term on the chosen responses), ``--ref-model`` (the reference's checkpoint; default: the policy's
 starting weights) and ``--refer-model-iter`` (its iteration, honoured with ``--ref-model``).
 
-Nothing upstream is patched: ``posttrain_gpt.py`` holds the DPO forward step and dataset provider,
+Upstream change: ``megatron.training.training.training_log`` (wrapped, DPO runs only) prints the
+rewards below zero, which Megatron's log line leaves out, on a second line. ``posttrain_gpt.py`` holds the DPO forward step and dataset provider,
 :mod:`adaptor.preference` the losses, data, reference and metrics. This feature registers the flags
 and refuses, in one line, the runs DPO cannot do here: no pairwise data, no reference to compare with,
 pipeline or context parallelism (the reference runs beside the policy on each rank, whole sequences),
@@ -14,9 +15,40 @@ MTP layers.
 """
 from __future__ import annotations
 
+import os
+
+import sys
+
 from adaptor.features import ArgumentError, Feature
 
+OWNER = __name__
 LOSS_TYPES = ("sigmoid", "hinge", "ipo")
+TRAINING_LOG = "megatron.training.training.training_log"
+
+
+def _training_log(wrapped, instance, call_args, kwargs):
+    """Megatron's log line leaves out loss-dict values below zero; a DPO reward often is (a rejected
+    response's, once training pushes it down). Those are printed on a second line for the same
+    iteration. TensorBoard receives every value from Megatron itself."""
+    from megatron.training import get_args
+    from megatron.training.utils import print_rank_last
+
+    names = ("loss_dict", "total_loss_dict", "learning_rate", "iteration", "loss_scale", "report_memory_flag",
+             "skipped_iter")
+    given = dict(zip(names, call_args), **{k: v for k, v in kwargs.items() if k in names})
+    loss_dict, totals, iteration = given["loss_dict"], given["total_loss_dict"], given["iteration"]
+    averages = {}
+    if not given["skipped_iter"]:
+        advanced = totals.get("advanced iterations", 0) + 1
+        averages = {key: float(totals.get(key, 0) + value) / advanced for key, value in loss_dict.items()
+                    if key.startswith("rewards/")}
+    result = wrapped(*call_args, **kwargs)
+    printed = iteration % get_args().log_interval == 0 or kwargs.get("is_first_iteration", False)
+    negative = {k: v for k, v in averages.items() if v < 0}
+    if printed and negative:
+        line = "".join(f" {key}: {value:.6E} |" for key, value in negative.items())
+        print_rank_last(f" iteration {iteration:8d}/{get_args().train_iters:8d} | below zero, left off the line above |{line}")
+    return result
 
 
 class PreferenceTraining(Feature):
@@ -38,10 +70,15 @@ class PreferenceTraining(Feature):
                            help="add GAMMA times the chosen responses' per-token negative log-likelihood "
                                 "(an SFT term) to the DPO loss (default 0)")
         group.add_argument("--ref-model", default=None, metavar="DIR",
-                           help="the reference model's Megatron checkpoint (default: the policy as loaded, "
+                           help="the reference model: a Megatron checkpoint or a Hugging Face directory (default: the policy as loaded, "
                                 "before its first step; with LoRA, the model without its adapters)")
         group.add_argument("--refer-model-iter", type=int, default=1, metavar="N",
                            help="the --ref-model iteration to load (default: its latest)")
+
+    def register_patches(self, pm, ctx) -> None:
+        argv = ctx.argv if ctx.argv is not None else sys.argv[1:]
+        if "dpo" in argv or "--stage=dpo" in argv:
+            pm.register_wrapper(TRAINING_LOG, _training_log, OWNER)
 
     def validate(self, args, ctx) -> None:
         pairwise, dpo = args.is_pairwise_dataset, args.stage == "dpo"
@@ -68,7 +105,7 @@ class PreferenceTraining(Feature):
         if args.ref_model and lora:
             raise ArgumentError("--ref-model with LoRA: the reference is the base model without its adapters; "
                                 "drop --ref-model")
-        if args.ref_model:
+        if args.ref_model and not os.path.isfile(os.path.join(args.ref_model, "config.json")):
             from adaptor.preflight.checkpoint_dirs import check_load_dir
 
             check_load_dir(args.ref_model, "--ref-model", required="it holds the reference model")

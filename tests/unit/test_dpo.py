@@ -144,3 +144,50 @@ def test_the_tool_writes_pairs_that_the_dataset_reads_back(tmp_path, capsys):
     assert preprocess.main([*common, "--output-prefix", str(tmp_path / "bad")]) == 1
     err = capsys.readouterr().err.strip().splitlines()
     assert err[-1].startswith("preprocess_data.py: error:") and "chosen response is empty" in err[-1], err
+
+
+def _validate(tmp_path, **given):
+    """PreferenceTraining's checks on a DPO command line's arguments (``given`` overrides, all explicit)."""
+    import argparse
+
+    from adaptor.features import FeatureContext
+    from patches.finetune.preference_training import PreferenceTraining
+
+    prefix = tmp_path / "pairs"
+    for field in ("chosen_input_ids", "chosen_labels", "rejected_input_ids", "rejected_labels"):
+        for ext in (".bin", ".idx"):
+            (tmp_path / f"pairs_packed_{field}_document{ext}").write_bytes(b"")
+    args = dict(stage="dpo", is_pairwise_dataset=True, is_instruction_dataset=False, sft=False, mock_data=False,
+                load=None, ref_model=None, hf_load_dir=str(tmp_path), lora_r=None, refer_model_iter=1,
+                dpo_beta=0.1, dpo_label_smoothing=0.0, dpo_loss_type="sigmoid", pref_ftx=0.0,
+                pipeline_model_parallel_size=1, context_parallel_size=1, mtp_num_layers=None,
+                variable_seq_lengths_sft=False, data_path=[str(prefix)], train_data_path=None,
+                valid_data_path=None, test_data_path=None, data_args_path=None, per_split_data_args_path=None,
+                prompt_type=None)
+    args.update(given)
+    ns = argparse.Namespace(**args)
+    PreferenceTraining().validate(ns, FeatureContext(backend=None, flags=argparse.Namespace(), explicit=set(given)))
+    return ns
+
+
+@pytest.mark.parametrize("given,named", [
+    ({"hf_load_dir": None}, "has none: give --load"),
+    ({"is_pairwise_dataset": False}, "--stage dpo trains on preference pairs"),
+    ({"is_instruction_dataset": True}, "--stage dpo trains on preference pairs"),
+    ({"data_path": ["/nonexistent/corpus"]}, "not a pairwise dataset"),
+    ({"pipeline_model_parallel_size": 2}, "--pipeline-model-parallel-size 1"),
+    ({"refer_model_iter": 3}, "--refer-model-iter"),
+    ({"dpo_label_smoothing": 0.1, "dpo_loss_type": "ipo"}, "--dpo-label-smoothing applies"),
+])
+def test_dpo_refusals_are_one_sentence(tmp_path, given, named):
+    from adaptor.features import ArgumentError
+
+    with pytest.raises(ArgumentError, match=None) as caught:
+        _validate(tmp_path, **given)
+    message = str(caught.value)
+    assert named in message and "\n" not in message, message
+
+
+def test_a_complete_dpo_command_line_passes(tmp_path):
+    assert _validate(tmp_path).refer_model_iter is None  # MindSpeed-LLM's default: the latest iteration
+    assert _validate(tmp_path, hf_load_dir=None, lora_r=8).stage == "dpo"  # LoRA: the base is the reference
