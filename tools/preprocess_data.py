@@ -826,7 +826,6 @@ def run_instruction(args: argparse.Namespace, settings, files: list) -> None:
         start = time.perf_counter()
         nbytes, quoted = 0, 0
         next_log = args.log_interval or None
-        limit = DTYPE_LIMITS.get(dtype.name, 1 << 31)
         chunks = instruction_data.iter_record_chunks(files, args.batch_size)
         results = _results(chunks, workers, 2 * workers + 2, None,
                            work=encode_pairwise_chunk if pairwise else encode_instruction_chunk)
