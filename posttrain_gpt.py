@@ -4,17 +4,43 @@
         --stage sft --is-instruction-dataset --prompt-type qwen3 --finetune --load <base> \\
         [--lora-r 16 --lora-alpha 32 --lora-target-modules linear_qkv linear_proj linear_fc1 linear_fc2]
 
-The model provider, forward step and dataset provider are ``pretrain_gpt.py``'s: a fine-tuning run
-is a training run whose data are conversations (``--is-instruction-dataset``: datasets from
-``tools/preprocess_data.py --handler-name ...InstructionHandler``, the loss on assistant turns only;
-or Megatron's ``--sft`` JSONL conversations) and, with LoRA, whose trainable parameters are the
-adapters. ``--stage`` defaults to ``sft`` here; other MindSpeed-LLM stages are refused in one line.
+    torchrun --nproc_per_node N posttrain_gpt.py <Megatron-LM arguments> \\
+        --stage dpo --is-pairwise-dataset --prompt-type qwen3 --finetune --load <sft model> \\
+        [--dpo-loss-type sigmoid|hinge|ipo --dpo-beta 0.1 --dpo-label-smoothing 0 --pref-ftx 0 --ref-model DIR]
+
+``--stage sft`` (the default here) uses ``pretrain_gpt.py``'s model provider, forward step and dataset
+provider: a fine-tuning run is a training run whose data are conversations (``--is-instruction-dataset``:
+datasets from ``tools/preprocess_data.py --handler-name ...InstructionHandler``, the loss on assistant
+turns only; or Megatron's ``--sft`` JSONL conversations) and, with LoRA, whose trainable parameters are
+the adapters.
+
+``--stage dpo`` trains on preference pairs (``--is-pairwise-dataset``: ``...PairwiseHandler`` datasets)
+with this file's forward step: each micro-batch of b pairs is one forward pass over 2b rows (chosen
+rows, then rejected rows); a frozen reference (:mod:`adaptor.preference.reference`) gives the same rows'
+log-probabilities under ``no_grad``, and the loss is DPO's (:mod:`adaptor.preference.losses`). The
+rewards reach the log line and TensorBoard through Megatron's loss dict (:mod:`adaptor.preference.metrics`).
+Other MindSpeed-LLM stages are refused in one line.
 """
 import sys
 
 import adaptor  # noqa: F401  (first: patches megatron for this machine)
 
-from pretrain_gpt import main
+from functools import partial
+
+import torch
+
+from megatron.core import mpu
+from megatron.core.datasets.blended_megatron_dataset_builder import BlendedMegatronDatasetBuilder
+from megatron.training import get_args, get_timers, print_rank_0
+
+from adaptor.preference.losses import averages_logps, dpo_loss, sequence_logps
+from adaptor.preference.metrics import dpo_report
+from adaptor.preference.pairwise_dataset import KEYS, PairwiseDataset, rows_of_pairs
+from adaptor.preference.reference import FrozenReference, adapters_disabled, bare, checkpoint_loader
+from pretrain_gpt import broadcast_from_tp_rank_0, gpt_dataset_config, is_dataset_built_on_rank, main, model_provider
+
+PAIR_DTYPES = {"tokens": torch.int64, "labels": torch.int64, "loss_mask": torch.float32, "position_ids": torch.int64}
+_reference: FrozenReference | None = None
 
 
 def _default_stage(argv: list[str]) -> list[str]:
@@ -24,6 +50,88 @@ def _default_stage(argv: list[str]) -> list[str]:
     return [*argv, "--stage", "sft"]
 
 
+def get_pair_batch(data_iterator):
+    """(tokens, labels, loss_mask, position_ids), each [2b, s]: the b chosen rows, then the b rejected
+    rows. Read on TP rank 0 and broadcast over the TP group."""
+    args = get_args()
+    raw = next(data_iterator) if mpu.get_tensor_model_parallel_rank() == 0 else {}
+    shape = (args.micro_batch_size, 2, args.seq_length)
+    return tuple(rows_of_pairs(broadcast_from_tp_rank_0(raw.get(k), shape, PAIR_DTYPES[k])) for k in KEYS)
+
+
+def reference_token_losses(model, tokens, position_ids, labels):
+    """The reference's per-token negative log-probabilities [2b, s], without a graph."""
+    with torch.no_grad():
+        if getattr(get_args(), "lora_r", None):
+            with adapters_disabled(model):
+                return bare(model)(tokens, position_ids, None, labels=labels).float()
+        return _reference.get(model)(tokens, position_ids, None, labels=labels).float()
+
+
+def dpo_loss_func(loss_mask, reference_losses, output_tensor):
+    """The micro-batch's summed DPO loss, its number of pairs (Megatron divides by it) and the report."""
+    args = get_args()
+    pairs = loss_mask.shape[0] // 2
+    average = averages_logps(args.dpo_loss_type)
+    policy = sequence_logps(-output_tensor.float(), loss_mask, average)
+    reference = sequence_logps(-reference_losses, loss_mask, average)
+    losses, chosen, rejected = dpo_loss(policy[:pairs], policy[pairs:], reference[:pairs], reference[pairs:],
+                                        args.dpo_beta, args.dpo_loss_type, args.dpo_label_smoothing)
+    sft = None
+    total = losses
+    if args.pref_ftx:
+        sft = -sequence_logps(-output_tensor[:pairs].float(), loss_mask[:pairs], average=True)
+        total = losses + args.pref_ftx * sft
+    count = torch.tensor(pairs, dtype=torch.int, device=losses.device)
+    return total.sum(), count, dpo_report(losses, chosen, rejected, sft)
+
+
+def dpo_forward_step(data_iterator, model):
+    timers = get_timers()
+    timers("batch-generator", log_level=2).start()
+    tokens, labels, loss_mask, position_ids = get_pair_batch(data_iterator)
+    timers("batch-generator").stop()
+    reference = reference_token_losses(model, tokens, position_ids, labels)
+    output = model(tokens, position_ids, None, labels=labels)
+    return output, partial(dpo_loss_func, loss_mask, reference)
+
+
+def pairwise_datasets_provider(train_val_test_num_samples, vp_stage=None):
+    """Pairwise datasets (--is-pairwise-dataset) over --data-path blends."""
+    args = get_args()
+    print_rank_0("> building train, validation, and test datasets (PairwiseDataset) ...")
+    datasets = BlendedMegatronDatasetBuilder(
+        PairwiseDataset, train_val_test_num_samples, partial(is_dataset_built_on_rank, vp_stage=vp_stage),
+        gpt_dataset_config(args),
+    ).build()
+    return tuple(None if ds is not None and len(ds) == 0 and not owed else ds
+                 for ds, owed in zip(datasets, train_val_test_num_samples))
+
+
+pairwise_datasets_provider.is_distributed = True
+
+
+def build_reference(config):
+    """A model of the policy's layout, wrapped as Megatron wraps the policy for --fp16/--bf16."""
+    args = get_args()
+    module = model_provider(config=config)
+    if args.fp16 or args.bf16:
+        from megatron.core.transformer.module import Float16Module
+
+        module = Float16Module(config, module)
+    return module
+
+
+def choose_steps(args):
+    """DPO's forward step and dataset provider for ``--stage dpo``; None (pretrain_gpt.py's) otherwise."""
+    global _reference
+    if args.stage != "dpo":
+        return None
+    loader = checkpoint_loader(args.ref_model, args.refer_model_iter) if args.ref_model else None
+    _reference = FrozenReference(build_reference, loader)
+    return dpo_forward_step, pairwise_datasets_provider
+
+
 if __name__ == "__main__":
     sys.argv[1:] = _default_stage(sys.argv[1:])
-    main()
+    main(choose_steps)

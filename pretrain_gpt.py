@@ -231,13 +231,17 @@ def train_valid_test_datasets_provider(train_val_test_num_samples, vp_stage=None
 train_valid_test_datasets_provider.is_distributed = True
 
 
-def main():
+def main(choose_steps=None):
+    """Parse the arguments and train. ``choose_steps(args)`` may return another (forward step, dataset
+    provider) pair for this run (posttrain_gpt.py's DPO); None keeps this file's."""
     args = parse_and_validate_args(args_defaults={"tokenizer_type": "GPT2BPETokenizer"})
+    step, datasets = forward_step, train_valid_test_datasets_provider
+    if choose_steps is not None:
+        step, datasets = choose_steps(args) or (step, datasets)
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=".*ModelConfig.*model provider.*")
         cfg = pretrain_cfg_container_from_args(args)
-    pretrain(cfg, train_valid_test_datasets_provider, ModelType.encoder_or_decoder, forward_step,
-             model_provider=model_provider)
+    pretrain(cfg, datasets, ModelType.encoder_or_decoder, step, model_provider=model_provider)
 
 
 if __name__ == "__main__":

@@ -32,6 +32,7 @@ def all_features():
     from patches.diagnostics.tensorboard_memory import TensorboardMemory
     from patches.diagnostics.throughput import Throughput
     from patches.finetune.lora import Lora
+    from patches.finetune.preference_training import PreferenceTraining
     from patches.finetune.supervised_fine_tuning import SupervisedFineTuning
     from patches.fsdp2.sharded_checkpoint import ShardedCheckpoint
     from patches.fsdp2.torch_fsdp2 import TorchFsdp2
@@ -103,6 +104,7 @@ def all_features():
         TokenizerJsonSupport(),
         EmptyDatasetSplit(),
         SupervisedFineTuning(),
+        PreferenceTraining(),
         # Upstream fixes that hold on every backend.
         FirstIterationLog(),
         DisableJitFuser(),

@@ -16,7 +16,9 @@ AlpacaStyleInstructionHandler|SharegptStyleInstructionHandler --prompt-type qwen
 false] [--map-keys JSON] [--pack --seq-length N]`` renders records with the chat template
 (tools/chat_template.py), keeps the loss on assistant turns and writes
 ``{prefix}_packed_{input_ids,labels,attention_mask}_document.bin/.idx`` and
-``{prefix}_packed_meta.json`` (docs/data.md#instruction-datasets).
+``{prefix}_packed_meta.json`` (docs/data.md#instruction-datasets). The pairwise handlers
+(``AlpacaStylePairwiseHandler|SharegptStylePairwiseHandler``, tools/pairwise_data.py) write preference
+pairs for DPO: ``{prefix}_packed_{chosen,rejected}_{input_ids,labels}_document.bin/.idx``.
 """
 from __future__ import annotations
 
@@ -42,6 +44,7 @@ from text_readers import (  # noqa: E402
 )
 import chat_template  # noqa: E402
 import instruction_data  # noqa: E402
+import pairwise_data  # noqa: E402
 
 PROG = "preprocess_data.py"
 DTYPE_LIMITS = {"uint16": 1 << 16, "int32": 1 << 31}
@@ -106,7 +109,8 @@ def add_tool_args(parser: argparse.ArgumentParser, required: bool = True) -> arg
                        help="AlpacaStyleInstructionHandler (instruction/input/output, optional system and "
                             "history) or SharegptStyleInstructionHandler (conversations of from/value turns, or "
                             "OpenAI-style messages of role/content). Without it the tool writes pretraining text "
-                            "(MindSpeed-LLM's GeneralPretrainHandler)")
+                            "(MindSpeed-LLM's GeneralPretrainHandler). AlpacaStylePairwiseHandler / "
+                            "SharegptStylePairwiseHandler: preference pairs (chosen and rejected responses) for DPO")
     group.add_argument("--prompt-type", metavar="TYPE",
                        help="the chat format: qwen3, qwen (Qwen2.5's ChatML), chatml, deepseek3, llama3. The "
                             "tokenizer's own chat template renders conversations when it has one (it must write "
@@ -180,17 +184,25 @@ INSTRUCTION_FLAGS = {"--prompt-type": "prompt_type", "--enable-thinking": "enabl
                      "--seq-length": "seq_length"}
 
 
+ALL_HANDLERS = (*instruction_data.HANDLERS, *pairwise_data.HANDLERS)
+
+
+def handler_fields(handler: str) -> tuple:
+    """The datasets a handler writes (PREFIX_packed_{field}_document)."""
+    return pairwise_data.FIELDS if handler in pairwise_data.HANDLERS else instruction_data.FIELDS
+
+
 def instruction_settings(opts: argparse.Namespace):
     """The instruction flags, checked (no tokenizer needed); None for a pretraining run."""
     if opts.handler_name is None:
         given = [flag for flag, dest in INSTRUCTION_FLAGS.items() if getattr(opts, dest) not in (None, False)]
         if given:
             raise ToolError(f"{given[0]} applies to instruction datasets: add --handler-name "
-                            f"{' or '.join(instruction_data.HANDLERS)}")
+                            f"{' or '.join(ALL_HANDLERS)}")
         return None
-    if opts.handler_name not in instruction_data.HANDLERS:
+    if opts.handler_name not in ALL_HANDLERS:
         raise ToolError(f"--handler-name {opts.handler_name}: this tool builds "
-                        f"{', '.join(instruction_data.HANDLERS)} (and pretraining text without --handler-name)")
+                        f"{', '.join(ALL_HANDLERS)} (and pretraining text without --handler-name)")
     if opts.prompt_type is None:
         raise ToolError(f"--handler-name {opts.handler_name} needs --prompt-type "
                         f"({', '.join(chat_template.PROMPT_TYPES)})")
@@ -203,8 +215,15 @@ def instruction_settings(opts: argparse.Namespace):
         thinking = {"true": True, "false": False}.get(opts.enable_thinking.lower())
         if thinking is None:
             raise ToolError(f"--enable-thinking {opts.enable_thinking}: expected true or false")
-    keys = instruction_data.parse_map_keys(opts.map_keys, opts.handler_name)
+    pairwise = opts.handler_name in pairwise_data.HANDLERS
+    if pairwise:
+        keys = pairwise_data.parse_map_keys(opts.map_keys, opts.handler_name)
+    else:
+        keys = instruction_data.parse_map_keys(opts.map_keys, opts.handler_name)
     pack = bool(opts.pack or opts.neat_pack)
+    if pack and pairwise:
+        raise ToolError(f"{'--pack' if opts.pack else '--neat-pack'}: {opts.handler_name} writes one pair per "
+                        f"sample (DPO compares the two sides of each pair); drop it")
     if pack and opts.seq_length is None:
         raise ToolError(f"{'--pack' if opts.pack else '--neat-pack'} needs --seq-length N (the sample length "
                         f"conversations are packed into)")
@@ -250,7 +269,7 @@ def precheck(opts: argparse.Namespace) -> list:
     if instruction is None:
         outputs = [_output_prefix(opts.output_prefix, key) + ext for key in opts.json_keys for ext in (".bin", ".idx")]
     else:
-        outputs = [instruction_prefix(opts.output_prefix, field) + ext for field in instruction_data.FIELDS
+        outputs = [instruction_prefix(opts.output_prefix, field) + ext for field in handler_fields(opts.handler_name)
                    for ext in (".bin", ".idx")] + [instruction_meta_path(opts.output_prefix)]
     for out in outputs:
         if os.path.isdir(out):
@@ -673,6 +692,32 @@ def encode_instruction_chunk(chunk):
     return result
 
 
+def encode_pairwise_chunk(chunk):
+    """Records -> (prompt, chosen, rejected) -> each side's ids and labels, as lists of int64 arrays."""
+    records, nbytes = instruction_data.chunk_records(chunk)
+    result = {"records": 0, "bytes": nbytes, "bad": 0, "bad_lines": [], "error": None, "pairs": []}
+    problems = []
+    for index, (where, record) in enumerate(records):
+        try:
+            if isinstance(record, chat_template.RecordError):
+                raise record
+            prompt, chosen, rejected, tools = _Instruct.convert(record, _Instruct.keys)
+            sides = pairwise_data.encode_pair(_Instruct.renderer, prompt, chosen, rejected, tools)
+        except chat_template.RecordError as exc:
+            problems.append((index, f"{where}: {exc}"))
+            continue
+        if _Instruct.eod is not None:
+            sides = tuple(side + [_Instruct.eod] for side in sides)
+        result["pairs"].append(tuple(np.asarray(side, dtype=np.int64) for side in sides))
+    if problems and not _Instruct.skip_bad:
+        result["error"] = problems[0][1]
+        return result
+    result["bad"] = len(problems)
+    result["bad_lines"] = [message for _, message in problems[:MAX_REPORTED_BAD]]
+    result["records"] = len(result["pairs"])
+    return result
+
+
 def _tokenizers_library(tok, args):
     """The ``tokenizers.Tokenizer`` under Megatron's tokenizer, and the directory of its files."""
     library = getattr(tok, "_tokenizer", None)
@@ -713,15 +758,19 @@ def run_instruction(args: argparse.Namespace, settings, files: list) -> None:
             _say("--workers: instruction datasets are built in one process on this platform (no fork)")
             workers = 1
         os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    _Instruct.renderer, _Instruct.convert = renderer, instruction_data.CONVERTERS[settings.handler]
+    pairwise = settings.handler in pairwise_data.HANDLERS
+    converters = pairwise_data.CONVERTERS if pairwise else instruction_data.CONVERTERS
+    _Instruct.renderer, _Instruct.convert = renderer, converters[settings.handler]
     _Instruct.keys, _Instruct.skip_bad, _Instruct.eod = settings.keys, args.skip_bad_lines, eod
     prefix = args.output_prefix
-    prefixes = {field: instruction_prefix(prefix, field) for field in instruction_data.FIELDS}
+    prefixes = {field: instruction_prefix(prefix, field) for field in handler_fields(settings.handler)}
     for one in prefixes.values():
         for path in remove_stale_temps(one):
             _say(f"removed {path}, left by an interrupted run")
     seq_length = settings.seq_length
     layout = f"packed into samples of at most {seq_length} tokens" if settings.pack else "one conversation per sample"
+    if pairwise:
+        layout = "one chosen/rejected pair per sample"
     thinking = "not passed" if settings.enable_thinking is None else str(settings.enable_thinking).lower()
     _say(f"{len(files)} input file(s); {settings.handler}, --prompt-type {settings.kind.name}, chat template "
          f"{chat_template.describe(renderer)}, enable_thinking {thinking}, {layout}; tokenizer vocabulary "
@@ -748,19 +797,45 @@ def run_instruction(args: argparse.Namespace, settings, files: list) -> None:
         counts["tokens"] += int(ids.size)
         counts["loss_tokens"] += int(np.count_nonzero(labels != chat_template.IGNORE_INDEX))
 
+    def write_pairs(pairs: list) -> None:
+        """Pairs (chosen ids, chosen labels, rejected ids, rejected labels) into the four datasets, one document
+        each; a pair with a side longer than --seq-length is skipped whole."""
+        if seq_length is not None:
+            long = [p for p in pairs if max(len(p[0]), len(p[2])) > seq_length]
+            counts["too_long_skipped"] += len(long)
+            pairs = [p for p in pairs if max(len(p[0]), len(p[2])) <= seq_length]
+        if not pairs:
+            return
+        for k, field in enumerate(pairwise_data.FIELDS):
+            values = np.concatenate([p[k] for p in pairs])
+            if values.size and field.endswith("input_ids") and int(values.max()) >= limit:
+                raise ToolError(f"the tokenizer produced token id {int(values.max())}, which {dtype.name} cannot "
+                                f"hold; use --dtype int32")
+            kind = dtype if field.endswith("input_ids") else np.int32
+            writers[field].add_documents(values.astype(kind), [len(p[k]) for p in pairs])
+        counts["conversations"] += len(pairs)
+        counts["samples"] += len(pairs)
+        counts["tokens"] += sum(len(p[0]) + len(p[2]) for p in pairs)
+        counts["loss_tokens"] += sum(int(np.count_nonzero(p[k] != chat_template.IGNORE_INDEX))
+                                     for p in pairs for k in (1, 3))
+
+    limit = DTYPE_LIMITS.get(dtype.name, 1 << 31)
     try:
         for field, one in prefixes.items():
-            writers[field] = IndexedDatasetWriter(one, dtype if field == "input_ids" else np.int32)
+            writers[field] = IndexedDatasetWriter(one, dtype if field.endswith("input_ids") else np.int32)
         start = time.perf_counter()
         nbytes, quoted = 0, 0
         next_log = args.log_interval or None
-        limit = DTYPE_LIMITS.get(dtype.name, 1 << 31)
         chunks = instruction_data.iter_record_chunks(files, args.batch_size)
-        results = _results(chunks, workers, 2 * workers + 2, None, work=encode_instruction_chunk)
+        results = _results(chunks, workers, 2 * workers + 2, None,
+                           work=encode_pairwise_chunk if pairwise else encode_instruction_chunk)
         for result in results:
             quoted = _report_bad(result, quoted, args.skip_bad_lines, "records")
             nbytes += result["bytes"]
             counts["bad_records_skipped"] += result["bad"]
+            if pairwise:
+                write_pairs(result["pairs"])
+                continue
             if result["ids"].size and int(result["ids"].max()) >= limit:
                 raise ToolError(f"the tokenizer produced token id {int(result['ids'].max())}, which "
                                 f"{dtype.name} cannot hold; use --dtype int32")
@@ -794,7 +869,8 @@ def run_instruction(args: argparse.Namespace, settings, files: list) -> None:
             "enable_thinking": settings.enable_thinking, "pack": settings.pack, "seq_length": seq_length,
             "append_eod": eod is not None, "map_keys": instruction_data.public_keys(settings.keys),
             "fields": {field: os.path.basename(one) for field, one in prefixes.items()},
-            "dtype": {"input_ids": dtype.name, "labels": "int32", "attention_mask": "int32"},
+            "dtype": {field: dtype.name if field.endswith("input_ids") else "int32" for field in prefixes},
+            "pairwise": pairwise,
             "ignore_index": chat_template.IGNORE_INDEX,
             "loss": "assistant turns: after the turn marker (and the generation prompt's own text) through the "
                     "end-of-turn token",
@@ -828,7 +904,7 @@ def run_instruction(args: argparse.Namespace, settings, files: list) -> None:
          f"{counts['loss_tokens']} loss tokens, {counts['too_long_skipped']} longer than --seq-length skipped, "
          f"{counts['bad_records_skipped']} bad records skipped, {nbytes} bytes in {seconds:.2f} s | "
          f"{_rate(counts['conversations'], seconds):.0f} conversations/s | wrote "
-         f"{prefix}_packed_{{input_ids,labels,attention_mask}}_document.bin/.idx, {meta_path}")
+         f"{prefix}_packed_{{{','.join(prefixes)}}}_document.bin/.idx, {meta_path}")
 
 
 def _report_bad(result: dict, quoted: int, skip_bad: bool, what: str) -> int:

@@ -170,7 +170,8 @@ PREPROCESS_NOT_APPLIED = {
 }
 PREPROCESS_REFUSED: dict = {}
 # --handler-name values the tool builds; GeneralPretrainHandler is dropped above (pretraining text)
-PREPROCESS_HANDLERS = ("GeneralPretrainHandler", "AlpacaStyleInstructionHandler", "SharegptStyleInstructionHandler")
+PREPROCESS_HANDLERS = ("GeneralPretrainHandler", "AlpacaStyleInstructionHandler", "SharegptStyleInstructionHandler",
+                       "AlpacaStylePairwiseHandler", "SharegptStylePairwiseHandler")
 
 
 # -- the argv rewriting ---------------------------------------------------------------------------

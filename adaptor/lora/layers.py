@@ -202,7 +202,8 @@ class _LoraMixin:
             self.lora_merged = False
 
     def _lora_active(self) -> bool:
-        return self.has_adapters and not self.lora_merged
+        # lora_disabled: DPO's reference forward (adaptor.preference.reference.adapters_disabled)
+        return self.has_adapters and not self.lora_merged and not getattr(self, "lora_disabled", False)
 
     def _rng_fork(self):
         from megatron.core.tensor_parallel.random import get_cuda_rng_tracker, get_expert_parallel_rng_tracker_name

@@ -104,6 +104,14 @@ def check_data_sources(args) -> None:
                 for name in FIELDS[:2]:
                     check_prefix(field_prefix(prefix, name), flag)
                 continue
+            if getattr(args, "is_pairwise_dataset", False):  # the pairwise handlers: four datasets per prefix
+                from adaptor.finetune.instruction_dataset import field_prefix
+                from adaptor.preference.pairwise_dataset import FIELDS as PAIR_FIELDS, is_pairwise_prefix
+
+                if is_pairwise_prefix(prefix):
+                    for name in PAIR_FIELDS:
+                        check_prefix(field_prefix(prefix, name), flag)
+                continue  # not pairwise at all: the preference_training feature says so in one line
             missing = [ext for ext in (".bin", ".idx") if not os.path.isfile(prefix + ext)]
             if missing and len(prefix.split()) > 1:
                 raise ArgumentError(

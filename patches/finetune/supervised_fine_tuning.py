@@ -1,8 +1,8 @@
 """Supervised fine-tuning through Megatron's loop: MindSpeed-LLM's ``--stage sft --is-instruction-dataset``
 and Megatron's own ``--sft``.
 
-Flags: ``--stage sft`` (MindSpeed-LLM's ``posttrain_gpt.py`` stage; preference and reward stages are
-refused), ``--is-instruction-dataset`` (datasets from ``tools/preprocess_data.py``'s instruction
+Flags: ``--stage sft`` (MindSpeed-LLM's ``posttrain_gpt.py`` stage; ``dpo`` is
+patches/finetune/preference_training.py's, other preference and reward stages are refused), ``--is-instruction-dataset`` (datasets from ``tools/preprocess_data.py``'s instruction
 handlers, :mod:`adaptor.finetune.instruction_dataset`), ``--prompt-type`` (checked against the
 dataset's template), ``--variable-seq-lengths`` / ``--no-pad-to-seq-lengths``
 (:mod:`adaptor.finetune.batches`). Megatron's ``--sft`` keeps its own ``SFTDataset``/``SFTTokenizer``.
@@ -21,8 +21,8 @@ from adaptor.features import ArgumentError, Feature
 
 OWNER = __name__
 SFT_LOW_LEVEL_INIT = "megatron.training.datasets.sft_dataset.SFTLowLevelDataset.__init__"
-STAGES = ("sft",)
-OTHER_STAGES = ("dpo", "simpo", "orm", "prm", "ppo", "grpo", "trl_ppo", "ray_ppo", "ray_grpo", "ray_online_dpo")
+STAGES = ("sft", "dpo")  # dpo: patches/finetune/preference_training.py owns its flags and checks
+OTHER_STAGES = ("simpo", "orm", "prm", "ppo", "grpo", "trl_ppo", "ray_ppo", "ray_grpo", "ray_online_dpo")
 
 
 def _read_jsonl_conversations(self, dataset_path: str) -> None:
@@ -48,8 +48,8 @@ class SupervisedFineTuning(Feature):
 
     def add_arguments(self, group) -> None:
         group.add_argument("--stage", default=None, metavar="STAGE",
-                           help="MindSpeed-LLM's post-training stage; sft (supervised fine-tuning) is the one "
-                                "implemented")
+                           help="MindSpeed-LLM's post-training stage: sft (supervised fine-tuning) or dpo "
+                                "(preference training, with --is-pairwise-dataset)")
         group.add_argument("--is-instruction-dataset", action="store_true",
                            help="--data-path names instruction datasets from tools/preprocess_data.py "
                                 "(PREFIX_packed_{input_ids,labels,attention_mask}_document): loss on the "
@@ -74,7 +74,7 @@ class SupervisedFineTuning(Feature):
         if stage is not None and stage not in STAGES:
             kind = "a known MindSpeed-LLM stage" if stage in OTHER_STAGES else "not a stage MindSpeed-LLM knows"
             raise ArgumentError(f"--stage {stage} ({kind}) is not implemented; supervised fine-tuning "
-                                f"(--stage sft) is")
+                                f"(--stage sft) and DPO (--stage dpo) are")
         instruction = args.is_instruction_dataset
         if instruction and args.sft:
             raise ArgumentError("--sft (Megatron's JSONL conversations) and --is-instruction-dataset "

@@ -1,0 +1,49 @@
+"""DPO's losses in closed form, from sequence log-probabilities of the policy and the frozen reference.
+
+With ``h = (policy_chosen - policy_rejected) - (reference_chosen - reference_rejected)``:
+
+* ``sigmoid`` (DPO): ``-(1 - eps) * log sigmoid(beta h) - eps * log sigmoid(-beta h)``, ``eps`` the label
+  smoothing (conservative DPO: a share ``eps`` of the pairs is assumed mislabelled);
+* ``hinge`` (SLiC): ``relu(1 - beta h)``;
+* ``ipo``: ``(h - 1 / (2 beta))^2``. IPO regresses the margin to a fixed target, so its log-probabilities
+  are per-token means (:func:`sequence_logps` with ``average=True``) rather than sums, as the common DPO
+  trainers do; otherwise the target would depend on the responses' lengths.
+
+The implicit rewards ``beta * (policy - reference)`` of each response are what the run logs.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+LOSS_TYPES = ("sigmoid", "hinge", "ipo")
+
+
+def averages_logps(loss_type: str) -> bool:
+    """Whether ``loss_type`` takes per-token mean log-probabilities instead of sums."""
+    return loss_type == "ipo"
+
+
+def sequence_logps(token_logps: torch.Tensor, loss_mask: torch.Tensor, average: bool = False) -> torch.Tensor:
+    """[rows] sum (or mean) of ``token_logps`` [rows, s] over the response tokens ``loss_mask`` marks."""
+    mask = loss_mask.float()
+    total = (token_logps.float() * mask).sum(-1)
+    return total / mask.sum(-1).clamp(min=1) if average else total
+
+
+def dpo_loss(policy_chosen: torch.Tensor, policy_rejected: torch.Tensor, reference_chosen: torch.Tensor,
+             reference_rejected: torch.Tensor, beta: float, loss_type: str = "sigmoid",
+             label_smoothing: float = 0.0):
+    """Per-pair losses [b], and the chosen and rejected rewards [b] (detached)."""
+    h = (policy_chosen - policy_rejected) - (reference_chosen - reference_rejected)
+    if loss_type == "sigmoid":
+        losses = -(1 - label_smoothing) * F.logsigmoid(beta * h) - label_smoothing * F.logsigmoid(-beta * h)
+    elif loss_type == "hinge":
+        losses = torch.relu(1 - beta * h)
+    elif loss_type == "ipo":
+        losses = (h - 1 / (2 * beta)) ** 2
+    else:
+        raise ValueError(f"unknown DPO loss type {loss_type!r} (known: {', '.join(LOSS_TYPES)})")
+    chosen_rewards = beta * (policy_chosen - reference_chosen).detach()
+    rejected_rewards = beta * (policy_rejected - reference_rejected).detach()
+    return losses, chosen_rewards, rejected_rewards

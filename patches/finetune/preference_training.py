@@ -1,0 +1,150 @@
+"""Preference training through Megatron's loop: MindSpeed-LLM's ``--stage dpo --is-pairwise-dataset``.
+
+Flags (MindSpeed-LLM's names and defaults): ``--is-pairwise-dataset`` (datasets from
+``tools/preprocess_data.py``'s pairwise handlers, :mod:`adaptor.preference.pairwise_dataset`),
+``--dpo-loss-type sigmoid|hinge|ipo``, ``--dpo-beta``, ``--dpo-label-smoothing``, ``--pref-ftx`` (an SFT
+term on the chosen responses), ``--ref-model`` (the reference's checkpoint; default: the policy's
+starting weights) and ``--refer-model-iter`` (its iteration, honoured with ``--ref-model``).
+
+Upstream change: ``megatron.training.training.training_log`` (wrapped, DPO runs only) prints the
+rewards below zero, which Megatron's log line leaves out, on a second line. ``posttrain_gpt.py`` holds the DPO forward step and dataset provider,
+:mod:`adaptor.preference` the losses, data, reference and metrics. This feature registers the flags
+and refuses, in one line, the runs DPO cannot do here: no pairwise data, no reference to compare with,
+pipeline or context parallelism (the reference runs beside the policy on each rank, whole sequences),
+MTP layers.
+"""
+from __future__ import annotations
+
+import os
+
+import sys
+
+from adaptor.features import ArgumentError, Feature
+
+OWNER = __name__
+LOSS_TYPES = ("sigmoid", "hinge", "ipo")
+TRAINING_LOG = "megatron.training.training.training_log"
+
+
+def _training_log(wrapped, instance, call_args, kwargs):
+    """Megatron's log line leaves out loss-dict values below zero; a DPO reward often is (a rejected
+    response's, once training pushes it down). Those are printed on a second line for the same
+    iteration. TensorBoard receives every value from Megatron itself."""
+    from megatron.training import get_args
+    from megatron.training.utils import print_rank_last
+
+    names = ("loss_dict", "total_loss_dict", "learning_rate", "iteration", "loss_scale", "report_memory_flag",
+             "skipped_iter")
+    given = dict(zip(names, call_args), **{k: v for k, v in kwargs.items() if k in names})
+    loss_dict, totals, iteration = given["loss_dict"], given["total_loss_dict"], given["iteration"]
+    averages = {}
+    if not given["skipped_iter"]:
+        advanced = totals.get("advanced iterations", 0) + 1
+        averages = {key: float(totals.get(key, 0) + value) / advanced for key, value in loss_dict.items()
+                    if key.startswith("rewards/")}
+    result = wrapped(*call_args, **kwargs)
+    printed = iteration % get_args().log_interval == 0 or kwargs.get("is_first_iteration", False)
+    negative = {k: v for k, v in averages.items() if v < 0}
+    if printed and negative:
+        line = "".join(f" {key}: {value:.6E} |" for key, value in negative.items())
+        print_rank_last(f" iteration {iteration:8d}/{get_args().train_iters:8d} | below zero, left off the line above |{line}")
+    return result
+
+
+class PreferenceTraining(Feature):
+    name = "preference_training"
+
+    def add_arguments(self, group) -> None:
+        group.add_argument("--is-pairwise-dataset", action="store_true",
+                           help="--data-path names pairwise datasets from tools/preprocess_data.py "
+                                "(PREFIX_packed_{chosen,rejected}_{input_ids,labels}_document): with --stage dpo")
+        group.add_argument("--dpo-loss-type", default="sigmoid", choices=LOSS_TYPES,
+                           help="DPO's loss: sigmoid (DPO), hinge (SLiC) or ipo (IPO, on per-token mean "
+                                "log-probabilities)")
+        group.add_argument("--dpo-beta", type=float, default=0.1, metavar="BETA",
+                           help="DPO's beta: how far the policy may move from the reference (default 0.1)")
+        group.add_argument("--dpo-label-smoothing", type=float, default=0.0, metavar="EPS",
+                           help="conservative DPO: the share of pairs assumed mislabelled, in [0, 0.5) "
+                                "(sigmoid loss only; default 0)")
+        group.add_argument("--pref-ftx", type=float, default=0.0, metavar="GAMMA",
+                           help="add GAMMA times the chosen responses' per-token negative log-likelihood "
+                                "(an SFT term) to the DPO loss (default 0)")
+        group.add_argument("--ref-model", default=None, metavar="DIR",
+                           help="the reference model: a Megatron checkpoint or a Hugging Face directory (default: the policy as loaded, "
+                                "before its first step; with LoRA, the model without its adapters)")
+        group.add_argument("--refer-model-iter", type=int, default=1, metavar="N",
+                           help="the --ref-model iteration to load (default: its latest)")
+
+    def register_patches(self, pm, ctx) -> None:
+        argv = ctx.argv if ctx.argv is not None else sys.argv[1:]
+        if "dpo" in argv or "--stage=dpo" in argv:
+            pm.register_wrapper(TRAINING_LOG, _training_log, OWNER)
+
+    def validate(self, args, ctx) -> None:
+        pairwise, dpo = args.is_pairwise_dataset, args.stage == "dpo"
+        if not dpo:
+            given = [f for f, d in (("--is-pairwise-dataset", "is_pairwise_dataset"), ("--ref-model", "ref_model"),
+                                    ("--dpo-loss-type", "dpo_loss_type"), ("--dpo-beta", "dpo_beta"),
+                                    ("--pref-ftx", "pref_ftx")) if d in ctx.explicit]
+            if given:
+                raise ArgumentError(f"{given[0]} applies to preference training: add --stage dpo")
+            return
+        if not pairwise or args.is_instruction_dataset or args.sft or args.mock_data:
+            raise ArgumentError("--stage dpo trains on preference pairs: pass --is-pairwise-dataset with --data-path "
+                                "from tools/preprocess_data.py --handler-name AlpacaStylePairwiseHandler (not "
+                                "--is-instruction-dataset, --sft or --mock-data)")
+        lora = bool(getattr(args, "lora_r", None))
+        if not (args.load or args.ref_model or getattr(args, "hf_load_dir", None) or lora):
+            raise ArgumentError("--stage dpo compares the policy with a reference model, and this run has none: "
+                                "give --load (or --hf-load-dir) with the starting model, --ref-model, or LoRA")
+        if "refer_model_iter" not in ctx.explicit:
+            args.refer_model_iter = None  # the --ref-model checkpoint's latest iteration
+        elif not args.ref_model:
+            raise ArgumentError("--refer-model-iter picks the --ref-model checkpoint's iteration; without "
+                                "--ref-model the reference is the policy's starting weights")
+        if args.ref_model and lora:
+            raise ArgumentError("--ref-model with LoRA: the reference is the base model without its adapters; "
+                                "drop --ref-model")
+        if args.ref_model and not os.path.isfile(os.path.join(args.ref_model, "config.json")):
+            from adaptor.preflight.checkpoint_dirs import check_load_dir
+
+            check_load_dir(args.ref_model, "--ref-model", required="it holds the reference model")
+        if args.dpo_beta <= 0:
+            raise ArgumentError(f"--dpo-beta {args.dpo_beta:g}: must be positive")
+        if not 0 <= args.dpo_label_smoothing < 0.5:
+            raise ArgumentError(f"--dpo-label-smoothing {args.dpo_label_smoothing:g}: must be in [0, 0.5)")
+        if args.dpo_label_smoothing and args.dpo_loss_type != "sigmoid":
+            raise ArgumentError(f"--dpo-label-smoothing applies to --dpo-loss-type sigmoid, not "
+                                f"{args.dpo_loss_type}")
+        if args.pref_ftx < 0:
+            raise ArgumentError(f"--pref-ftx {args.pref_ftx:g}: must be 0 or more")
+        if args.pipeline_model_parallel_size > 1:
+            raise ArgumentError("--stage dpo runs with --pipeline-model-parallel-size 1: the frozen reference "
+                                "is evaluated beside the policy on each rank; use tensor or data parallelism")
+        if (args.context_parallel_size or 1) > 1:
+            raise ArgumentError("--stage dpo runs with --context-parallel-size 1: each response's "
+                                "log-probability is summed over its whole sequence on one rank")
+        if getattr(args, "mtp_num_layers", None):
+            raise ArgumentError("--stage dpo does not train MTP layers; drop --mtp-num-layers")
+        if getattr(args, "variable_seq_lengths_sft", False):
+            raise ArgumentError("--variable-seq-lengths applies to --is-instruction-dataset; pairs fill "
+                                "--seq-length")
+        self._check_datasets(args)
+
+    @staticmethod
+    def _check_datasets(args) -> None:
+        from adaptor.finetune.instruction_dataset import InstructionDataError
+        from adaptor.finetune.instruction_dataset import read_meta
+        from adaptor.preference.pairwise_dataset import check_prefix
+        from adaptor.preflight.data_sources import blend_prefixes, sources
+
+        for flag, words in sources(args):
+            for prefix in blend_prefixes(words):
+                try:
+                    check_prefix(prefix)
+                except InstructionDataError as exc:
+                    raise ArgumentError(f"--stage dpo: {exc}") from None
+                built = (read_meta(prefix) or {}).get("prompt_type")
+                if args.prompt_type and built and built != args.prompt_type:
+                    raise ArgumentError(f"--prompt-type {args.prompt_type}: {flag} {prefix} was built with "
+                                        f"--prompt-type {built}; preprocess it again or pass --prompt-type {built}")

@@ -1,0 +1,182 @@
+"""DPO through Megatron's loop: posttrain_gpt.py --stage dpo on pairs from the repository's sample set.
+
+The model is tests/helpers/hf_fixtures.py's tiny Qwen3 (fp32), loaded with ``--hf-load-dir``; the data
+are the first four pairs of ``examples/data/sample_pairs.jsonl`` that fit 64 tokens, preprocessed by
+``tools/preprocess_data.py --handler-name AlpacaStylePairwiseHandler``. With a global batch of four
+pairs every step averages over the whole set, so the test knows each step's pairs without knowing
+their order.
+
+* First step, reference = the policy's start: the DPO loss is ln 2 (to 1e-6) and the reward margins
+  are 0, for full fine-tuning and for LoRA (B = 0: the same model).
+* Closed form: with ``--ref-model`` another tiny Qwen3 (a Hugging Face directory), label smoothing and
+  ``--pref-ftx``, the first step's DPO loss, rewards and SFT term equal DPO's formulas computed from
+  transformers' log-probabilities of the two models on the same token rows, within 1e-5 relative.
+* Layouts: TP2 and DP2 (distributed optimizer) reproduce the single-process DPO curve: loss and rewards
+  within 1e-5 x (|value| + 1). fp32 reductions in another order move the loss by ~1e-7 and the rewards
+  (beta times differences of sequence log-probabilities of ~100) by ~1e-6 in three steps, while a wrong
+  gradient, reward or pair order moves them by more than 1e-2 (the loss falls 0.69 -> 0.36 in those
+  steps).
+* Bad input is one line: an instruction dataset with --stage dpo (tests/e2e/test_finetune.py's
+  ``other_stage`` case); the other refusals are checked in-process (tests/unit/test_dpo.py).
+"""
+from __future__ import annotations
+
+import json
+import math
+import re
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from helpers.megatron_runs import run_pretrain, side_by_side, tail
+from helpers.paths import EXAMPLES, ROOT, SAMPLE_TOKENIZER, TESTS, TOOLS
+from helpers.prefetch import prefetched
+
+SEQ, PAIRS, ITERS, RTOL = 64, 4, 3, 1e-5
+BETA, SMOOTHING, FTX = 0.1, 0.1, 0.5
+LORA = ["--lora-r", "8", "--lora-alpha", "16", "--lora-target-modules", "linear_qkv", "linear_proj",
+        "linear_fc1", "linear_fc2"]
+FIELD = re.compile(r"\| ([a-z/ ]+): ([0-9.Ee+-]+)")
+ITERATION = re.compile(r"iteration\s+(\d+)/\s*\d+ ")
+
+SETUP = f"""
+import json, sys
+sys.path[:0] = [{str(TESTS)!r}, {str(TOOLS)!r}]
+from transformers import AutoTokenizer
+from helpers.hf_fixtures import make_tiny_qwen3
+import preprocess_data
+root = sys.argv[1]
+# Megatron pads the vocabulary to a multiple of 128 x TP and its softmax covers the padding rows: a
+# checkpoint already that wide is the same distribution in both libraries
+vocab = -(-len(AutoTokenizer.from_pretrained({str(SAMPLE_TOKENIZER)!r})) // 256) * 256
+make_tiny_qwen3(root + "/policy", vocab_size=vocab, seed=3)
+make_tiny_qwen3(root + "/reference", vocab_size=vocab, seed=4)
+kept = []
+for line in open({str(EXAMPLES / "data" / "sample_pairs.jsonl")!r}):
+    record = json.loads(line)
+    short = sum(len(record[k]) for k in ("instruction", "input", "chosen", "rejected")) < 56
+    if short and "history" not in record and "system" not in record and len(kept) < {PAIRS}:
+        kept.append(line)
+open(root + "/pairs.jsonl", "w").write("".join(kept))
+sys.exit(preprocess_data.main(["--input", root + "/pairs.jsonl", "--output-prefix", root + "/pairs",
+    "--handler-name", "AlpacaStylePairwiseHandler", "--prompt-type", "qwen3", "--seq-length", "{SEQ + 1}",
+    "--tokenizer-type", "HuggingFaceTokenizer", "--tokenizer-model", {str(SAMPLE_TOKENIZER)!r}]))
+"""
+
+
+@prefetched
+def setup(tmp_path_factory):
+    """Two tiny Qwen3 directories and the pairwise dataset, written by a child interpreter (transformers
+    seeds torch's global generator, which this process's tests must keep)."""
+    root = tmp_path_factory.mktemp("dpo")
+    proc = subprocess.run([sys.executable, "-c", SETUP, str(root)], cwd=ROOT, capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return root
+
+
+def dpo_args(root, *extra):
+    return ["--tokenizer-type", "HuggingFaceTokenizer", "--tokenizer-model", str(SAMPLE_TOKENIZER),
+            "--hf-load-dir", str(root / "policy"), "--seq-length", str(SEQ), "--micro-batch-size", "2",
+            "--global-batch-size", str(PAIRS), "--lr", "1e-3", "--min-lr", "1e-4", "--lr-decay-style", "cosine",
+            "--clip-grad", "1.0", "--attention-dropout", "0", "--hidden-dropout", "0", "--seed", "1234",
+            "--log-interval", "1", "--eval-iters", "0", "--eval-interval", "100000", "--disable-jit-fuser",
+            "--data-path", str(root / "pairs"), "--split", "100,0,0", "--stage", "dpo", "--is-pairwise-dataset",
+            "--prompt-type", "qwen3", "--dpo-beta", str(BETA), *extra]
+
+
+def logged(output: str) -> dict[int, dict[str, float]]:
+    """Iteration -> {name: value} of Megatron's log lines."""
+    found = {}
+    for line in output.splitlines():
+        match = ITERATION.search(line)
+        if match and "rewards/" in line:  # Megatron's line, and the one with the rewards below zero
+            found.setdefault(int(match.group(1)), {}).update({k.strip(): float(v) for k, v in FIELD.findall(line)})
+    return found
+
+
+def train(root, nproc=1, iters=ITERS, extra=()):
+    run = run_pretrain(dpo_args(root, "--train-iters", str(iters), *extra), nproc=nproc, script="posttrain_gpt.py")
+    assert run.returncode == 0, tail(run.output)
+    steps = logged(run.output)
+    assert sorted(steps) == list(range(1, iters + 1)), tail(run.output)
+    return steps
+
+
+LAYOUTS = {
+    "full": (1, ITERS, []),
+    "tp2": (2, ITERS, ["--tensor-model-parallel-size", "2"]),
+    "dp2": (2, ITERS, ["--use-distributed-optimizer"]),
+    "lora": (1, ITERS, LORA),
+    "closed_form": (1, 1, ["--ref-model", "reference", "--dpo-label-smoothing", str(SMOOTHING),
+                           "--pref-ftx", str(FTX)]),
+}
+
+
+@prefetched
+def runs(setup):
+    def job(name):
+        nproc, iters, extra = LAYOUTS[name]
+        extra = [str(setup / e) if e == "reference" else e for e in extra]
+        return lambda: train(setup, nproc, iters, extra)
+
+    return dict(zip(LAYOUTS, side_by_side(*[job(name) for name in LAYOUTS])))
+
+
+@pytest.mark.parametrize("name", ["full", "lora"])
+def test_first_step_against_the_starting_policy_is_ln2(runs, name):
+    first = runs[name][1]
+    assert abs(first["dpo loss"] - math.log(2)) <= 1e-6, first
+    assert first["rewards/margins"] == 0 and first["rewards/chosen"] == 0, first
+    later = runs[name][ITERS]
+    assert later["dpo loss"] < first["dpo loss"] and later["rewards/margins"] > 0, runs[name]
+    assert 0 <= later["rewards/accuracies"] <= 1, later
+
+
+def test_lora_trains_differently_from_full_dpo(runs):
+    assert runs["lora"][1]["dpo loss"] == runs["full"][1]["dpo loss"]
+    assert runs["lora"][ITERS]["dpo loss"] != pytest.approx(runs["full"][ITERS]["dpo loss"], rel=1e-4)
+
+
+@pytest.mark.parametrize("layout", ["tp2", "dp2"])
+def test_parallel_dpo_reproduces_the_single_process_curve(runs, layout):
+    for step in range(1, ITERS + 1):
+        for key in ("dpo loss", "rewards/chosen", "rewards/rejected"):
+            got, want = runs[layout][step][key], runs["full"][step][key]
+            # rewards are beta times differences of sequence log-probabilities of ~100 each: their error
+            # is absolute (~1e-6 measured at step 3), hence the atol beside the relative tolerance
+            assert abs(got - want) <= RTOL * (abs(want) + 1), (layout, step, key, got, want)
+
+
+def _hf_sequence_logps(directory, rows):
+    """Per-row summed log-probabilities of the labelled tokens, and their counts, from transformers."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(str(directory), torch_dtype=torch.float32).eval()
+    with torch.no_grad():
+        logits = model(input_ids=rows["tokens"], position_ids=rows["position_ids"]).logits.float()
+    token = torch.log_softmax(logits, -1).gather(-1, rows["labels"].unsqueeze(-1)).squeeze(-1)
+    return (token * rows["loss_mask"]).sum(-1), rows["loss_mask"].sum(-1)
+
+
+def test_first_step_equals_dpo_closed_form_from_transformers(setup, runs):
+    from adaptor.preference.pairwise_dataset import PairwiseLowLevel, build_pair
+
+    low = PairwiseLowLevel(str(setup / "pairs"))
+    assert len(low) == PAIRS
+    pairs = [build_pair(low, i, SEQ, 0) for i in range(PAIRS)]
+    rows = {k: torch.cat([p[k] for p in pairs]) for k in pairs[0]}  # chosen, rejected, chosen, ...
+    policy, counts = _hf_sequence_logps(setup / "policy", rows)
+    reference, _ = _hf_sequence_logps(setup / "reference", rows)
+    pc, pr, rc, rr = policy[0::2], policy[1::2], reference[0::2], reference[1::2]
+    h = (pc - pr) - (rc - rr)
+    dpo = (-(1 - SMOOTHING) * torch.nn.functional.logsigmoid(BETA * h)
+           - SMOOTHING * torch.nn.functional.logsigmoid(-BETA * h)).mean()
+    expected = {"dpo loss": dpo, "rewards/chosen": (BETA * (pc - rc)).mean(),
+                "rewards/rejected": (BETA * (pr - rr)).mean(), "sft loss": (-pc / counts[0::2]).mean()}
+    first = runs["closed_form"][1]
+    for key, want in expected.items():
+        assert first[key] == pytest.approx(float(want), rel=1e-5), (key, first, expected)
+    assert first["rewards/margins"] == pytest.approx(float((BETA * h).mean()), rel=1e-5, abs=1e-6)
