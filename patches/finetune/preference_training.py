@@ -97,6 +97,11 @@ class PreferenceTraining(Feature):
         if not (args.load or args.ref_model or getattr(args, "hf_load_dir", None) or lora):
             raise ArgumentError("--stage dpo compares the policy with a reference model, and this run has none: "
                                 "give --load (or --hf-load-dir) with the starting model, --ref-model, or LoRA")
+        resumed = _resumed_iteration(args)
+        if resumed and not (args.ref_model or lora):
+            raise ArgumentError(f"--stage dpo resumes from --load {args.load} at iteration {resumed}, so the "
+                                f"policy is no longer the starting model: give --ref-model with the model the run "
+                                f"started from (or --finetune to start a new run from this checkpoint)")
         if "refer_model_iter" not in ctx.explicit:
             args.refer_model_iter = None  # the --ref-model checkpoint's latest iteration
         elif not args.ref_model:
@@ -148,3 +153,16 @@ class PreferenceTraining(Feature):
                 if args.prompt_type and built and built != args.prompt_type:
                     raise ArgumentError(f"--prompt-type {args.prompt_type}: {flag} {prefix} was built with "
                                         f"--prompt-type {built}; preprocess it again or pass --prompt-type {built}")
+
+
+def _resumed_iteration(args) -> int:
+    """The training iteration ``--load`` resumes at (0: a fresh start, ``--finetune``, or no tracker)."""
+    if not args.load or args.finetune:
+        return 0
+    tracker = os.path.join(args.load, "latest_checkpointed_iteration.txt")
+    try:
+        with open(tracker) as f:
+            text = f.read().strip()
+    except OSError:
+        return 0
+    return int(text) if text.isdigit() else 0

@@ -158,7 +158,7 @@ def _validate(tmp_path, **given):
         for ext in (".bin", ".idx"):
             (tmp_path / f"pairs_packed_{field}_document{ext}").write_bytes(b"")
     args = dict(stage="dpo", is_pairwise_dataset=True, is_instruction_dataset=False, sft=False, mock_data=False,
-                load=None, ref_model=None, hf_load_dir=str(tmp_path), lora_r=None, refer_model_iter=1,
+                load=None, finetune=False, ref_model=None, hf_load_dir=str(tmp_path), lora_r=None, refer_model_iter=1,
                 dpo_beta=0.1, dpo_label_smoothing=0.0, dpo_loss_type="sigmoid", pref_ftx=0.0,
                 pipeline_model_parallel_size=1, context_parallel_size=1, mtp_num_layers=None,
                 variable_seq_lengths_sft=False, data_path=[str(prefix)], train_data_path=None,
@@ -191,3 +191,19 @@ def test_dpo_refusals_are_one_sentence(tmp_path, given, named):
 def test_a_complete_dpo_command_line_passes(tmp_path):
     assert _validate(tmp_path).refer_model_iter is None  # MindSpeed-LLM's default: the latest iteration
     assert _validate(tmp_path, hf_load_dir=None, lora_r=8).stage == "dpo"  # LoRA: the base is the reference
+
+
+def test_resuming_dpo_needs_the_starting_model_as_reference(tmp_path):
+    """A resumed policy is not the model the run started from: without --ref-model the reference would be
+    the resumed weights, so the run is refused; --finetune (a new run) and --ref-model are accepted."""
+    from adaptor.features import ArgumentError
+
+    ckpt = tmp_path / "ckpt"
+    ckpt.mkdir()
+    (ckpt / "latest_checkpointed_iteration.txt").write_text("6")
+    with pytest.raises(ArgumentError) as caught:
+        _validate(tmp_path, load=str(ckpt))
+    assert "at iteration 6" in str(caught.value) and "--ref-model" in str(caught.value), caught.value
+    assert _validate(tmp_path, load=str(ckpt), finetune=True).stage == "dpo"
+    assert _validate(tmp_path, load=str(ckpt), lora_r=8, hf_load_dir=None).stage == "dpo"
+
