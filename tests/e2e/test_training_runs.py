@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 import subprocess
 import sys
 
@@ -31,6 +32,10 @@ def test_bf16_trains_on_cpu_and_tracks_fp32(shared_runs):
     assert "Float16OptimizerWithFloat16Params" not in bf16.output or "Error" not in bf16.output
 
 
+DPO_ITERS = 4
+DPO_LOSS = re.compile(r"\| dpo loss: ([0-9.Ee+-]+)")
+
+
 def _script(name: str, env: dict, **popen) -> subprocess.Popen:
     return subprocess.Popen(["bash", f"examples/qwen3/{name}.sh"], cwd=ROOT, env=env, text=True,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, **popen)
@@ -41,7 +46,8 @@ def example_scripts(tmp_path_factory):
     """The Qwen3 example scripts in the order a user runs them, on the prefetch thread (helpers/prefetch.py):
     `bash examples/qwen3/finetune.sh` without a base, which first runs README's quick start
     (`bash examples/qwen3/pretrain.sh`, no model arguments, its default 60 iterations) and then LoRA on the
-    sample instructions; METHOD=full on that base; then `generate.sh` and `evaluate.sh` on it side by side.
+    sample instructions; METHOD=full on that base; then `generate.sh` and `evaluate.sh` on it, beside
+    `dpo.sh` from the full fine-tuning's model.
 
     The first script runs as a user runs it, through torchrun; the later ones start their ranks from the
     session's zygote (ADAPTOR_TORCHRUN, which the scripts honour as the tools do), the same processes
@@ -62,7 +68,9 @@ def example_scripts(tmp_path_factory):
     finish("full", _script("finetune", warm_torchrun_env(dict(base_env, METHOD="full", TRAIN_ITERS="10",
                                                               SAVE=str(tmp / "full"), MASTER_PORT=str(free_port())))))
     started = {name: _script(name, warm_torchrun_env(dict(base_env, MASTER_PORT=str(free_port()), **extra)))
-               for name, extra in (("generate", {"MAX_NEW_TOKENS": "8"}), ("evaluate", {"OUTPUT": str(tmp / "eval.json")}))}
+               for name, extra in (("generate", {"MAX_NEW_TOKENS": "8"}), ("evaluate", {"OUTPUT": str(tmp / "eval.json")}),
+                                   ("dpo", {"SFT_CACHE": str(tmp / "full"), "TRAIN_ITERS": str(DPO_ITERS), "GBS": "8",
+                                            "SAVE": str(tmp / "dpo")}))}
     for name, proc in started.items():
         finish(name, proc, timeout=600)
     return runs
@@ -129,4 +137,22 @@ def test_generate_and_evaluate_scripts(example_scripts):
     assert [r["prompt"] for r in records] == ["Yara was a beekeeper who lived in", "Twenty-four plus forty-seven is"]
     for record in records:
         assert 1 <= len(record["token_ids"]) <= 8 and record["text"].strip(), record
+
+
+def test_dpo_script_starts_from_the_fine_tuned_model(example_scripts):
+    """`bash examples/qwen3/dpo.sh` on the full fine-tuning's checkpoint (no second SFT): the sample pairs
+    tokenized once, the reference that same model, so the first DPO loss is ln 2 (fp32); once the warm-up
+    gives a learning rate, the policy leaves its reference. (The loss falls over the script's default 30
+    iterations, to about 0.55 by iteration 22; noisy per batch, so a few iterations show only the move.)"""
+    rc, stdout, stderr = example_scripts["dpo"]
+    out = stdout + stderr
+    assert rc == 0, tail(out)
+    assert "no SFT model yet" not in out and "successfully loaded checkpoint" in out, tail(out)
+    losses = [float(v) for v in DPO_LOSS.findall(out)]
+    assert len(losses) == DPO_ITERS, tail(out)
+    assert abs(losses[0] - math.log(2)) < 1e-5, losses
+    assert all(abs(x - math.log(2)) > 1e-4 for x in losses[2:]), losses
+    tmp = example_scripts["tmp"]
+    assert (tmp / "dpo" / "latest_checkpointed_iteration.txt").read_text().strip() == str(DPO_ITERS)
+    assert len(list((tmp / "data").glob("sample_pairs-*_packed_chosen_input_ids_document.idx"))) == 1
 
