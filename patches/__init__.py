@@ -75,6 +75,7 @@ def all_features():
     from patches.upstream_fixes.layer_wise_optimizer_fp32 import LayerWiseOptimizerFp32
     from patches.upstream_fixes.megatron_fsdp_grad_scaling import MegatronFsdpGradScaling
     from patches.upstream_fixes.mtp_loss_context_parallel import MtpLossContextParallel
+    from patches.upstream_fixes.no_validation_split import NoValidationSplit
     from patches.upstream_fixes.prebuilt_dataset_helpers import PrebuiltDatasetHelpers
     from patches.upstream_fixes.qk_norm_consistency_check import QkNormConsistencyCheck
     from patches.upstream_fixes.resume_rng_state import ResumeRngState
@@ -103,6 +104,7 @@ def all_features():
         PrebuiltDatasetHelpers(),
         TokenizerJsonSupport(),
         EmptyDatasetSplit(),
+        NoValidationSplit(),
         SupervisedFineTuning(),
         PreferenceTraining(),
         # Upstream fixes that hold on every backend.

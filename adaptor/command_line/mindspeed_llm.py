@@ -62,6 +62,8 @@ SWITCHES = {
     "--router-gating-in-fp32": ["--moe-router-dtype", "fp32"],
     # all of the Adam state in host memory between steps: our host offload of every element
     "--swap-optimizer": ["--optimizer-cpu-offload", "--optimizer-offload-fraction", "1.0"],
+    # deterministic kernels and collectives on Ascend: Megatron's deterministic mode asks torch for the same
+    "--npu-deterministic": ["--deterministic-mode"],
 }
 
 # flag -> (values it takes, why it changes nothing computed)
