@@ -16,6 +16,10 @@ their order.
   (beta times differences of sequence log-probabilities of ~100) by ~1e-6 in three steps, while a wrong
   gradient, reward or pair order moves them by more than 1e-2 (the loss falls 0.69 -> 0.36 in those
   steps).
+* Stored reference: the single-process run also writes its reference's log-probabilities of every pair
+  (``--precompute-ref-logps``); a run that reads them (``--ref-logps``, no reference model) reproduces
+  that run's curve within the same tolerance, and the file refuses, in one line, a run whose
+  ``--seq-length`` cuts the pairs elsewhere.
 * Bad input is one line: an instruction dataset with --stage dpo (tests/e2e/test_finetune.py's
   ``other_stage`` case); the other refusals are checked in-process (tests/unit/test_dpo.py).
 """
@@ -106,7 +110,7 @@ def train(root, nproc=1, iters=ITERS, extra=()):
 
 
 LAYOUTS = {
-    "full": (1, ITERS, []),
+    "full": (1, ITERS, ["--precompute-ref-logps", "ref.logps"]),
     "tp2": (2, ITERS, ["--tensor-model-parallel-size", "2"]),
     "dp2": (2, ITERS, ["--use-distributed-optimizer"]),
     "lora": (1, ITERS, LORA),
@@ -119,7 +123,7 @@ LAYOUTS = {
 def runs(setup):
     def job(name):
         nproc, iters, extra = LAYOUTS[name]
-        extra = [str(setup / e) if e == "reference" else e for e in extra]
+        extra = [str(setup / e) if e in ("reference", "ref.logps") else e for e in extra]
         return lambda: train(setup, nproc, iters, extra)
 
     return dict(zip(LAYOUTS, side_by_side(*[job(name) for name in LAYOUTS])))
@@ -180,3 +184,25 @@ def test_first_step_equals_dpo_closed_form_from_transformers(setup, runs):
     for key, want in expected.items():
         assert first[key] == pytest.approx(float(want), rel=1e-5), (key, first, expected)
     assert first["rewards/margins"] == pytest.approx(float((BETA * h).mean()), rel=1e-5, abs=1e-6)
+
+
+@pytest.fixture(scope="module")
+def stored(setup, runs):
+    """The curve of a run reading the full run's stored reference, and a run the file does not fit."""
+    path = str(setup / "ref.logps")
+    bad = dpo_args(setup, "--train-iters", "1", "--ref-logps", path)
+    bad[bad.index("--seq-length") + 1] = str(SEQ // 2)
+    good, refused = side_by_side(lambda: train(setup, extra=["--ref-logps", path]),
+                                 lambda: run_pretrain(bad, nproc=1, script="posttrain_gpt.py"))
+    return good, refused
+
+
+def test_stored_reference_reproduces_the_in_memory_reference_curve(runs, stored):
+    good, refused = stored
+    for step in range(1, ITERS + 1):
+        for key in ("dpo loss", "rewards/chosen", "rewards/rejected"):
+            got, want = good[step][key], runs["full"][step][key]
+            assert abs(got - want) <= RTOL * (abs(want) + 1), (step, key, got, want)
+    assert refused.returncode != 0
+    errors = [line for line in refused.output.splitlines() if "--ref-logps" in line and "--seq-length" in line]
+    assert errors and "compute it again" in errors[0], tail(refused.output)
