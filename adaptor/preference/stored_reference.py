@@ -31,8 +31,9 @@ class StoredReferenceError(ValueError):
 
 
 def dataset_digest(low) -> str:
-    """A digest of a :class:`~adaptor.preference.pairwise_dataset.PairwiseLowLevel`'s pair lengths and
-    labels: another dataset, or the same one preprocessed differently, gives another digest."""
+    """A digest of a :class:`~adaptor.preference.pairwise_dataset.PairwiseLowLevel`'s sides' lengths:
+    another dataset, or the same one cut or rendered differently, almost surely gives another digest
+    (cheap: no token is read)."""
     h = hashlib.sha256()
     for name in sorted(low.fields):
         h.update(name.encode())

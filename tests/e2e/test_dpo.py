@@ -18,8 +18,9 @@ their order.
   steps).
 * Stored reference: the single-process run also writes its reference's log-probabilities of every pair
   (``--precompute-ref-logps``); a run that reads them (``--ref-logps``, no reference model) reproduces
-  that run's curve within the same tolerance, and the file refuses, in one line, a run whose
-  ``--seq-length`` cuts the pairs elsewhere.
+  that run's curve within the same tolerance (measured: equal to the printed 7 digits at every step).
+  The file's refusals (another dataset or ``--seq-length``, a truncated file, ``--ref-model``) are
+  checked in-process (tests/unit/test_dpo.py).
 * Bad input is one line: an instruction dataset with --stage dpo (tests/e2e/test_finetune.py's
   ``other_stage`` case); the other refusals are checked in-process (tests/unit/test_dpo.py).
 """
@@ -186,23 +187,10 @@ def test_first_step_equals_dpo_closed_form_from_transformers(setup, runs):
     assert first["rewards/margins"] == pytest.approx(float((BETA * h).mean()), rel=1e-5, abs=1e-6)
 
 
-@pytest.fixture(scope="module")
-def stored(setup, runs):
-    """The curve of a run reading the full run's stored reference, and a run the file does not fit."""
-    path = str(setup / "ref.logps")
-    bad = dpo_args(setup, "--train-iters", "1", "--ref-logps", path)
-    bad[bad.index("--seq-length") + 1] = str(SEQ // 2)
-    good, refused = side_by_side(lambda: train(setup, extra=["--ref-logps", path]),
-                                 lambda: run_pretrain(bad, nproc=1, script="posttrain_gpt.py"))
-    return good, refused
-
-
-def test_stored_reference_reproduces_the_in_memory_reference_curve(runs, stored):
-    good, refused = stored
+def test_stored_reference_reproduces_the_in_memory_reference_curve(setup, runs):
+    """No reference model in this run: its reference values come from the full run's file."""
+    stored = train(setup, extra=["--ref-logps", str(setup / "ref.logps")])
     for step in range(1, ITERS + 1):
         for key in ("dpo loss", "rewards/chosen", "rewards/rejected"):
-            got, want = good[step][key], runs["full"][step][key]
+            got, want = stored[step][key], runs["full"][step][key]
             assert abs(got - want) <= RTOL * (abs(want) + 1), (step, key, got, want)
-    assert refused.returncode != 0
-    errors = [line for line in refused.output.splitlines() if "--ref-logps" in line and "--seq-length" in line]
-    assert errors and "compute it again" in errors[0], tail(refused.output)
