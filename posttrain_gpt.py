@@ -79,11 +79,13 @@ def reference_logps(model, tokens, position_ids, labels, loss_mask, pairs):
     token_logps = -reference_token_losses(model, tokens, position_ids, labels)
     if _recorder is not None and mpu.get_tensor_model_parallel_rank() == 0:
         b = pairs.numel()
-        sums, means = sequence_logps(token_logps, loss_mask).double(), sequence_logps(token_logps, loss_mask, True).double()
+        sums = sequence_logps(token_logps, loss_mask).double()
+        means = sequence_logps(token_logps, loss_mask, average=True).double()
         rows = torch.stack([sums[:b], sums[b:], means[:b], means[b:]], dim=1)
         written = _recorder.record(pairs.cpu().numpy(), rows.cpu().numpy())
         if written:
-            print(f"> wrote the reference's log-probabilities of {len(_recorder.values)} pairs to {written}", flush=True)
+            print(f"> wrote the reference's log-probabilities of {len(_recorder.values)} pairs to {written}",
+                  flush=True)
     return sequence_logps(token_logps, loss_mask, average)
 
 
@@ -159,7 +161,8 @@ def choose_steps(args):
         _stored = torch.from_numpy(stored_reference.read(args.ref_logps)[1].copy())
     elif args.precompute_ref_logps:
         low = PairwiseLowLevel(args.data_path[-1])
-        _recorder = stored_reference.Recorder(args.precompute_ref_logps, stored_reference.header_for(low, args.seq_length))
+        header = stored_reference.header_for(low, args.seq_length)
+        _recorder = stored_reference.Recorder(args.precompute_ref_logps, header)
     loader = checkpoint_loader(args.ref_model, args.refer_model_iter) if args.ref_model else None
     _reference = FrozenReference(build_reference, loader)
     return dpo_forward_step, pairwise_datasets_provider

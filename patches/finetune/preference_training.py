@@ -177,8 +177,9 @@ class PreferenceTraining(Feature):
                                     f"--split 100,0,0 so that all {len(low)} pairs are among them")
             seen = (args.train_iters or 0) * args.global_batch_size
             if seen < len(low):
-                raise ArgumentError(f"--precompute-ref-logps sees {seen} pairs in {args.train_iters} iterations of "
-                                    f"{args.global_batch_size}, fewer than the dataset's {len(low)}: raise --train-iters")
+                raise ArgumentError(f"--precompute-ref-logps sees {seen} pairs in {args.train_iters} iterations "
+                                    f"of {args.global_batch_size}, fewer than the dataset's {len(low)}: raise "
+                                    f"--train-iters")
             world = getattr(args, "world_size", None) or int(os.environ.get("WORLD_SIZE", "1"))
             if world // max(1, args.tensor_model_parallel_size) > 1:
                 raise ArgumentError("--precompute-ref-logps runs with one data-parallel rank (each rank would "

@@ -222,7 +222,8 @@ def test_stored_reference_file_round_trip_and_refusals(tmp_path):
     common = ["--input", str(data), "--handler-name", "AlpacaStylePairwiseHandler", "--prompt-type", "qwen3",
               "--tokenizer-type", "HuggingFaceTokenizer", "--tokenizer-model", str(SAMPLE_TOKENIZER)]
     assert preprocess.main([*common, "--output-prefix", str(tmp_path / "out")]) == 0
-    data.write_text(json.dumps({**PAIR, "chosen": "many more apples than before", "rejected": "no"}) + "\n" + data.read_text())
+    longer = json.dumps({**PAIR, "chosen": "many more apples than before", "rejected": "no"})
+    data.write_text(longer + "\n" + data.read_text())
     assert preprocess.main([*common, "--output-prefix", str(tmp_path / "other")]) == 0
     low = PairwiseLowLevel(str(tmp_path / "out"))
     values = torch.randn(3, 4, generator=torch.Generator().manual_seed(0), dtype=torch.float64).numpy()
