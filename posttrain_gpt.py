@@ -7,6 +7,7 @@
     torchrun --nproc_per_node N posttrain_gpt.py <Megatron-LM arguments> \\
         --stage dpo --is-pairwise-dataset --prompt-type qwen3 --finetune --load <sft model> \\
         [--dpo-loss-type sigmoid|hinge|ipo --dpo-beta 0.1 --dpo-label-smoothing 0 --pref-ftx 0 --ref-model DIR]
+        [--precompute-ref-logps FILE | --ref-logps FILE]
 
 ``--stage sft`` (the default here) uses ``pretrain_gpt.py``'s model provider, forward step and dataset
 provider: a fine-tuning run is a training run whose data are conversations (``--is-instruction-dataset``:
@@ -17,7 +18,10 @@ the adapters.
 ``--stage dpo`` trains on preference pairs (``--is-pairwise-dataset``: ``...PairwiseHandler`` datasets)
 with this file's forward step: each micro-batch of b pairs is one forward pass over 2b rows (chosen
 rows, then rejected rows); a frozen reference (:mod:`adaptor.preference.reference`) gives the same rows'
-log-probabilities under ``no_grad``, and the loss is DPO's (:mod:`adaptor.preference.losses`). The
+log-probabilities under ``no_grad``, and the loss is DPO's (:mod:`adaptor.preference.losses`). With
+``--ref-logps`` the reference's sequence log-probabilities are read from a file instead, by each pair's
+index in the dataset, and no reference model is built; ``--precompute-ref-logps`` writes that file from
+the run's own reference (:mod:`adaptor.preference.stored_reference`). The
 rewards reach the log line and TensorBoard through Megatron's loss dict (:mod:`adaptor.preference.metrics`).
 Other MindSpeed-LLM stages are refused in one line.
 """
@@ -35,12 +39,15 @@ from megatron.training import get_args, get_timers, print_rank_0
 
 from adaptor.preference.losses import averages_logps, dpo_loss, sequence_logps
 from adaptor.preference.metrics import dpo_report
-from adaptor.preference.pairwise_dataset import KEYS, PairwiseDataset, rows_of_pairs
+from adaptor.preference.pairwise_dataset import KEYS, PAIR_INDEX, PairwiseDataset, PairwiseLowLevel, rows_of_pairs
 from adaptor.preference.reference import FrozenReference, adapters_disabled, bare, checkpoint_loader
+from adaptor.preference import stored_reference
 from pretrain_gpt import broadcast_from_tp_rank_0, gpt_dataset_config, is_dataset_built_on_rank, main, model_provider
 
 PAIR_DTYPES = {"tokens": torch.int64, "labels": torch.int64, "loss_mask": torch.float32, "position_ids": torch.int64}
 _reference: FrozenReference | None = None
+_stored: torch.Tensor | None = None  # --ref-logps: [pairs, 4] float64, stored_reference.COLUMNS
+_recorder: stored_reference.Recorder | None = None  # --precompute-ref-logps
 
 
 def _default_stage(argv: list[str]) -> list[str]:
@@ -56,7 +63,30 @@ def get_pair_batch(data_iterator):
     args = get_args()
     raw = next(data_iterator) if mpu.get_tensor_model_parallel_rank() == 0 else {}
     shape = (args.micro_batch_size, 2, args.seq_length)
-    return tuple(rows_of_pairs(broadcast_from_tp_rank_0(raw.get(k), shape, PAIR_DTYPES[k])) for k in KEYS)
+    rows = tuple(rows_of_pairs(broadcast_from_tp_rank_0(raw.get(k), shape, PAIR_DTYPES[k])) for k in KEYS)
+    pairs = broadcast_from_tp_rank_0(raw.get(PAIR_INDEX), (args.micro_batch_size,), torch.int64)
+    return rows, pairs
+
+
+def reference_logps(model, tokens, position_ids, labels, loss_mask, pairs):
+    """The reference's sequence log-probabilities [2b] (chosen rows, then rejected rows): read from
+    --ref-logps, or computed by the reference model (and recorded for --precompute-ref-logps)."""
+    average = averages_logps(get_args().dpo_loss_type)
+    if _stored is not None:
+        row = _stored[pairs.cpu()]
+        picked = row[:, 2:] if average else row[:, :2]
+        return picked.t().reshape(-1).to(device=loss_mask.device, dtype=torch.float32)
+    token_logps = -reference_token_losses(model, tokens, position_ids, labels)
+    if _recorder is not None and mpu.get_tensor_model_parallel_rank() == 0:
+        b = pairs.numel()
+        sums = sequence_logps(token_logps, loss_mask).double()
+        means = sequence_logps(token_logps, loss_mask, average=True).double()
+        rows = torch.stack([sums[:b], sums[b:], means[:b], means[b:]], dim=1)
+        written = _recorder.record(pairs.cpu().numpy(), rows.cpu().numpy())
+        if written:
+            print(f"> wrote the reference's log-probabilities of {len(_recorder.values)} pairs to {written}",
+                  flush=True)
+    return sequence_logps(token_logps, loss_mask, average)
 
 
 def reference_token_losses(model, tokens, position_ids, labels):
@@ -68,13 +98,13 @@ def reference_token_losses(model, tokens, position_ids, labels):
         return _reference.get(model)(tokens, position_ids, None, labels=labels).float()
 
 
-def dpo_loss_func(loss_mask, reference_losses, output_tensor):
-    """The micro-batch's summed DPO loss, its number of pairs (Megatron divides by it) and the report."""
+def dpo_loss_func(loss_mask, reference, output_tensor):
+    """The micro-batch's summed DPO loss, its number of pairs (Megatron divides by it) and the report;
+    ``reference`` holds the reference's sequence log-probabilities [2b]."""
     args = get_args()
     pairs = loss_mask.shape[0] // 2
     average = averages_logps(args.dpo_loss_type)
     policy = sequence_logps(-output_tensor.float(), loss_mask, average)
-    reference = sequence_logps(-reference_losses, loss_mask, average)
     losses, chosen, rejected = dpo_loss(policy[:pairs], policy[pairs:], reference[:pairs], reference[pairs:],
                                         args.dpo_beta, args.dpo_loss_type, args.dpo_label_smoothing)
     sft = None
@@ -89,9 +119,9 @@ def dpo_loss_func(loss_mask, reference_losses, output_tensor):
 def dpo_forward_step(data_iterator, model):
     timers = get_timers()
     timers("batch-generator", log_level=2).start()
-    tokens, labels, loss_mask, position_ids = get_pair_batch(data_iterator)
+    (tokens, labels, loss_mask, position_ids), pairs = get_pair_batch(data_iterator)
     timers("batch-generator").stop()
-    reference = reference_token_losses(model, tokens, position_ids, labels)
+    reference = reference_logps(model, tokens, position_ids, labels, loss_mask, pairs)
     output = model(tokens, position_ids, None, labels=labels)
     return output, partial(dpo_loss_func, loss_mask, reference)
 
@@ -124,9 +154,15 @@ def build_reference(config):
 
 def choose_steps(args):
     """DPO's forward step and dataset provider for ``--stage dpo``; None (pretrain_gpt.py's) otherwise."""
-    global _reference
+    global _reference, _stored, _recorder
     if args.stage != "dpo":
         return None
+    if args.ref_logps:
+        _stored = torch.from_numpy(stored_reference.read(args.ref_logps)[1].copy())
+    elif args.precompute_ref_logps:
+        low = PairwiseLowLevel(args.data_path[-1])
+        header = stored_reference.header_for(low, args.seq_length)
+        _recorder = stored_reference.Recorder(args.precompute_ref_logps, header)
     loader = checkpoint_loader(args.ref_model, args.refer_model_iter) if args.ref_model else None
     _reference = FrozenReference(build_reference, loader)
     return dpo_forward_step, pairwise_datasets_provider

@@ -23,6 +23,7 @@ from adaptor.finetune.instruction_dataset import (InstructionDataError, Instruct
 SIDES = ("chosen", "rejected")
 FIELDS = tuple(f"{side}_{name}" for side in SIDES for name in ("input_ids", "labels"))
 KEYS = ("tokens", "labels", "loss_mask", "position_ids")
+PAIR_INDEX = "pair_index"  # the pair's position in the stored dataset, whatever the epoch's order
 
 
 def is_pairwise_prefix(prefix: str) -> bool:
@@ -93,7 +94,9 @@ class PairwiseDataset(InstructionDataset):
     def __getitem__(self, idx: int) -> dict:
         epoch, within = divmod(int(idx), len(self.indices))
         pair = int(self._order(epoch)[within])
-        return build_pair(self.dataset, pair, self.config.sequence_length, self._pad)
+        sample = build_pair(self.dataset, pair, self.config.sequence_length, self._pad)
+        sample[PAIR_INDEX] = torch.tensor(pair, dtype=torch.int64)  # the stored reference's row
+        return sample
 
 
 def rows_of_pairs(x: torch.Tensor) -> torch.Tensor:

@@ -11,7 +11,9 @@ rewards below zero, which Megatron's log line leaves out, on a second line. ``po
 :mod:`adaptor.preference` the losses, data, reference and metrics. This feature registers the flags
 and refuses, in one line, the runs DPO cannot do here: no pairwise data, no reference to compare with,
 pipeline or context parallelism (the reference runs beside the policy on each rank, whole sequences),
-MTP layers.
+MTP layers. ``--precompute-ref-logps`` / ``--ref-logps`` store the reference's values once and read them
+back (:mod:`adaptor.preference.stored_reference`); a file made for another dataset or sequence length
+is refused.
 """
 from __future__ import annotations
 
@@ -72,6 +74,13 @@ class PreferenceTraining(Feature):
         group.add_argument("--ref-model", default=None, metavar="DIR",
                            help="the reference model: a Megatron checkpoint or a Hugging Face directory (default: the policy as loaded, "
                                 "before its first step; with LoRA, the model without its adapters)")
+        group.add_argument("--precompute-ref-logps", default=None, metavar="FILE",
+                           help="record the reference's log-probabilities of every pair of --data-path while "
+                                "this DPO run trains, and write them to FILE once every pair has been seen "
+                                "(for later runs' --ref-logps)")
+        group.add_argument("--ref-logps", default=None, metavar="FILE",
+                           help="read the reference's log-probabilities from FILE (written by "
+                                "--precompute-ref-logps) instead of keeping a reference model in memory")
         group.add_argument("--refer-model-iter", type=int, default=1, metavar="N",
                            help="the --ref-model iteration to load (default: its latest)")
 
@@ -85,7 +94,8 @@ class PreferenceTraining(Feature):
         if not dpo:
             given = [f for f, d in (("--is-pairwise-dataset", "is_pairwise_dataset"), ("--ref-model", "ref_model"),
                                     ("--dpo-loss-type", "dpo_loss_type"), ("--dpo-beta", "dpo_beta"),
-                                    ("--pref-ftx", "pref_ftx")) if d in ctx.explicit]
+                                    ("--pref-ftx", "pref_ftx"), ("--ref-logps", "ref_logps"),
+                                    ("--precompute-ref-logps", "precompute_ref_logps")) if d in ctx.explicit]
             if given:
                 raise ArgumentError(f"{given[0]} applies to preference training: add --stage dpo")
             return
@@ -94,11 +104,15 @@ class PreferenceTraining(Feature):
                                 "from tools/preprocess_data.py --handler-name AlpacaStylePairwiseHandler (not "
                                 "--is-instruction-dataset, --sft or --mock-data)")
         lora = bool(getattr(args, "lora_r", None))
-        if not (args.load or args.ref_model or getattr(args, "hf_load_dir", None) or lora):
+        stored = getattr(args, "ref_logps", None)
+        if stored and args.ref_model:
+            raise ArgumentError("--ref-logps replaces the reference model: drop --ref-model (compute the file "
+                                "with --ref-model and --precompute-ref-logps instead)")
+        if not (args.load or args.ref_model or getattr(args, "hf_load_dir", None) or lora or stored):
             raise ArgumentError("--stage dpo compares the policy with a reference model, and this run has none: "
                                 "give --load (or --hf-load-dir) with the starting model, --ref-model, or LoRA")
         resumed = _resumed_iteration(args)
-        if resumed and not (args.ref_model or lora):
+        if resumed and not (args.ref_model or lora or stored):
             raise ArgumentError(f"--stage dpo resumes from --load {args.load} at iteration {resumed}, so the "
                                 f"policy is no longer the starting model: give --ref-model with the model the run "
                                 f"started from (or --finetune to start a new run from this checkpoint)")
@@ -135,6 +149,47 @@ class PreferenceTraining(Feature):
             raise ArgumentError("--variable-seq-lengths applies to --is-instruction-dataset; pairs fill "
                                 "--seq-length")
         self._check_datasets(args)
+        self._check_stored_reference(args)
+
+    @staticmethod
+    def _check_stored_reference(args) -> None:
+        """--ref-logps / --precompute-ref-logps: one dataset, whose every pair the file covers."""
+        from adaptor.preference import stored_reference
+        from adaptor.preference.pairwise_dataset import PairwiseLowLevel
+        from adaptor.preflight.data_sources import blend_prefixes, sources
+
+        stored, record = getattr(args, "ref_logps", None), getattr(args, "precompute_ref_logps", None)
+        if not (stored or record):
+            return
+        flag = "--ref-logps" if stored else "--precompute-ref-logps"
+        if stored and record:
+            raise ArgumentError("--ref-logps reads the reference's values and --precompute-ref-logps writes them: "
+                                "give one")
+        words = sources(args)
+        prefixes = blend_prefixes(words[0][1]) if len(words) == 1 and words[0][0] == "--data-path" else []
+        if len(prefixes) != 1:
+            raise ArgumentError(f"{flag} holds one value per pair of one dataset: give --data-path a single prefix")
+        low = PairwiseLowLevel(prefixes[0], mmap=True)
+        if record:
+            split = [float(x) for x in str(args.split or "").replace("/", ",").split(",") if x.strip()]
+            if len(split) > 1 and any(split[1:]):
+                raise ArgumentError(f"--precompute-ref-logps records the pairs this run trains on: give "
+                                    f"--split 100,0,0 so that all {len(low)} pairs are among them")
+            seen = (args.train_iters or 0) * args.global_batch_size
+            if seen < len(low):
+                raise ArgumentError(f"--precompute-ref-logps sees {seen} pairs in {args.train_iters} iterations "
+                                    f"of {args.global_batch_size}, fewer than the dataset's {len(low)}: raise "
+                                    f"--train-iters")
+            world = getattr(args, "world_size", None) or int(os.environ.get("WORLD_SIZE", "1"))
+            if world // max(1, args.tensor_model_parallel_size) > 1:
+                raise ArgumentError("--precompute-ref-logps runs with one data-parallel rank (each rank would "
+                                    "see only its share of the pairs); use tensor parallelism")
+            return
+        try:
+            header, _ = stored_reference.read(stored)
+            stored_reference.check_matches(header, stored_reference.header_for(low, args.seq_length), stored)
+        except stored_reference.StoredReferenceError as exc:
+            raise ArgumentError(str(exc)) from None
 
     @staticmethod
     def _check_datasets(args) -> None:

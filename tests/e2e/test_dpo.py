@@ -16,6 +16,11 @@ their order.
   (beta times differences of sequence log-probabilities of ~100) by ~1e-6 in three steps, while a wrong
   gradient, reward or pair order moves them by more than 1e-2 (the loss falls 0.69 -> 0.36 in those
   steps).
+* Stored reference: the single-process run also writes its reference's log-probabilities of every pair
+  (``--precompute-ref-logps``); a run that reads them (``--ref-logps``, no reference model) reproduces
+  that run's curve within the same tolerance (measured: equal to the printed 7 digits at every step).
+  The file's refusals (another dataset or ``--seq-length``, a truncated file, ``--ref-model``) are
+  checked in-process (tests/unit/test_dpo.py).
 * Bad input is one line: an instruction dataset with --stage dpo (tests/e2e/test_finetune.py's
   ``other_stage`` case); the other refusals are checked in-process (tests/unit/test_dpo.py).
 """
@@ -106,7 +111,7 @@ def train(root, nproc=1, iters=ITERS, extra=()):
 
 
 LAYOUTS = {
-    "full": (1, ITERS, []),
+    "full": (1, ITERS, ["--precompute-ref-logps", "ref.logps"]),
     "tp2": (2, ITERS, ["--tensor-model-parallel-size", "2"]),
     "dp2": (2, ITERS, ["--use-distributed-optimizer"]),
     "lora": (1, ITERS, LORA),
@@ -119,7 +124,7 @@ LAYOUTS = {
 def runs(setup):
     def job(name):
         nproc, iters, extra = LAYOUTS[name]
-        extra = [str(setup / e) if e == "reference" else e for e in extra]
+        extra = [str(setup / e) if e in ("reference", "ref.logps") else e for e in extra]
         return lambda: train(setup, nproc, iters, extra)
 
     return dict(zip(LAYOUTS, side_by_side(*[job(name) for name in LAYOUTS])))
@@ -180,3 +185,12 @@ def test_first_step_equals_dpo_closed_form_from_transformers(setup, runs):
     for key, want in expected.items():
         assert first[key] == pytest.approx(float(want), rel=1e-5), (key, first, expected)
     assert first["rewards/margins"] == pytest.approx(float((BETA * h).mean()), rel=1e-5, abs=1e-6)
+
+
+def test_stored_reference_reproduces_the_in_memory_reference_curve(setup, runs):
+    """No reference model in this run: its reference values come from the full run's file."""
+    stored = train(setup, extra=["--ref-logps", str(setup / "ref.logps")])
+    for step in range(1, ITERS + 1):
+        for key in ("dpo loss", "rewards/chosen", "rewards/rejected"):
+            got, want = stored[step][key], runs["full"][step][key]
+            assert abs(got - want) <= RTOL * (abs(want) + 1), (step, key, got, want)

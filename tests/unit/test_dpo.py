@@ -207,3 +207,54 @@ def test_resuming_dpo_needs_the_starting_model_as_reference(tmp_path):
     assert _validate(tmp_path, load=str(ckpt), finetune=True).stage == "dpo"
     assert _validate(tmp_path, load=str(ckpt), lora_r=8, hf_load_dir=None).stage == "dpo"
 
+
+
+def test_stored_reference_file_round_trip_and_refusals(tmp_path):
+    """--precompute-ref-logps's file reads back bit for bit, is written atomically, and a file made for
+    another dataset or sequence length, a truncated one, or one given with --ref-model is refused."""
+    from adaptor.features import ArgumentError
+    from adaptor.preference import stored_reference as sr
+    from adaptor.preference.pairwise_dataset import PairwiseDataset, PairwiseLowLevel
+
+    preprocess = import_tool("preprocess_data")
+    data = tmp_path / "pairs.jsonl"
+    data.write_text("\n".join(json.dumps({**PAIR, "chosen": f"{k} apples", "rejected": "no"}) for k in range(3)) + "\n")
+    common = ["--input", str(data), "--handler-name", "AlpacaStylePairwiseHandler", "--prompt-type", "qwen3",
+              "--tokenizer-type", "HuggingFaceTokenizer", "--tokenizer-model", str(SAMPLE_TOKENIZER)]
+    assert preprocess.main([*common, "--output-prefix", str(tmp_path / "out")]) == 0
+    longer = json.dumps({**PAIR, "chosen": "many more apples than before", "rejected": "no"})
+    data.write_text(longer + "\n" + data.read_text())
+    assert preprocess.main([*common, "--output-prefix", str(tmp_path / "other")]) == 0
+    low = PairwiseLowLevel(str(tmp_path / "out"))
+    values = torch.randn(3, 4, generator=torch.Generator().manual_seed(0), dtype=torch.float64).numpy()
+    path = str(tmp_path / "ref.logps")
+    recorder = sr.Recorder(path, sr.header_for(low, 96))
+    assert recorder.record(np.array([2, 0]), values[[2, 0]]) is None and not (tmp_path / "ref.logps").exists()
+    assert recorder.record(np.array([1]), values[[1]]) == path
+    assert [p.name for p in tmp_path.iterdir() if "tmp" in p.name] == []
+    header, back = sr.read(path)
+    assert header["pairs"] == 3 and header["seq_length"] == 96 and np.array_equal(back, values)
+    # the sample index the training reads the file by is the stored pair's, whatever the epoch's order
+    dataset = PairwiseDataset.__new__(PairwiseDataset)
+    dataset.dataset, dataset.indices, dataset._epochs, dataset._pad = low, np.arange(3), {}, 0
+    dataset.config = type("C", (), {"random_seed": 5, "sequence_length": 96})()
+    for idx in range(6):
+        assert int(dataset[idx]["pair_index"]) == int(dataset._order(idx // 3)[idx % 3])
+
+    base = dict(data_path=[str(tmp_path / "out")], seq_length=96, split="100,0,0", train_iters=3,
+                global_batch_size=1, tensor_model_parallel_size=1)
+    assert _validate(tmp_path, ref_logps=path, hf_load_dir=None, **base).ref_logps == path
+    refused = [({"seq_length": 64}, "--seq-length 96"), ({"data_path": [str(tmp_path / "other")]}, "pairs 3"),
+               ({"ref_model": str(tmp_path)}, "drop --ref-model")]
+    for given, named in refused:
+        with pytest.raises(ArgumentError) as caught:
+            _validate(tmp_path, ref_logps=path, **{**base, **given})
+        assert named in str(caught.value) and "\n" not in str(caught.value), caught.value
+    for given, named in [({"split": "90,10,0"}, "--split 100,0,0"), ({"train_iters": 2}, "raise --train-iters")]:
+        with pytest.raises(ArgumentError) as caught:
+            _validate(tmp_path, precompute_ref_logps=path + "2", **{**base, **given})
+        assert named in str(caught.value), caught.value
+    with open(path, "r+b") as f:
+        f.truncate(f.seek(0, 2) - 8)
+    with pytest.raises(sr.StoredReferenceError, match="truncated"):
+        sr.read(path)

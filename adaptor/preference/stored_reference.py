@@ -1,0 +1,104 @@
+"""DPO's reference as stored numbers: the reference's sequence log-probabilities of every pair, kept in a
+file beside the pairwise dataset, so that later runs need no reference model in memory.
+
+The reference is frozen, so its log-probabilities of a pair never change: one run computes them
+(``--precompute-ref-logps FILE``: an ordinary DPO run, which records what its reference gives each pair
+and writes the file once every pair has been seen), and any number of later runs read them
+(``--ref-logps FILE``) instead of evaluating a second model.
+
+File layout: one line of JSON (the header), then ``pairs x 4`` little-endian float64 values, row ``i``
+being pair ``i`` of the dataset as stored (not as shuffled): chosen sum, rejected sum, chosen per-token
+mean, rejected per-token mean. Sums serve the sigmoid and hinge losses, means IPO's, so one file serves
+every ``--dpo-loss-type``. The header names the dataset (its prefix, number of pairs and a digest of
+its sides' lengths) and the sequence length, which decides where long responses are cut; a run whose
+data disagree is refused rather than trained against another dataset's numbers.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from typing import Optional
+
+import numpy as np
+
+FORMAT = "dpo-reference-logps/1"
+COLUMNS = ("chosen_sum", "rejected_sum", "chosen_mean", "rejected_mean")
+
+
+class StoredReferenceError(ValueError):
+    """A reference file that cannot serve this run (one line)."""
+
+
+def dataset_digest(low) -> str:
+    """A digest of a :class:`~adaptor.preference.pairwise_dataset.PairwiseLowLevel`'s sides' lengths:
+    another dataset, or the same one cut or rendered differently, almost surely gives another digest
+    (cheap: no token is read)."""
+    h = hashlib.sha256()
+    for name in sorted(low.fields):
+        h.update(name.encode())
+        h.update(np.asarray(low.fields[name].sequence_lengths, dtype=np.int64).tobytes())
+    return h.hexdigest()[:16]
+
+
+def header_for(low, seq_length: int) -> dict:
+    return {"format": FORMAT, "prefix": os.path.abspath(low.prefix), "pairs": len(low),
+            "digest": dataset_digest(low), "seq_length": int(seq_length), "columns": list(COLUMNS)}
+
+
+def write(path: str, header: dict, values: np.ndarray) -> None:
+    """Write atomically: a temporary name in the same directory, then a rename, so a reader never sees
+    half a file."""
+    values = np.ascontiguousarray(values, dtype="<f8")
+    if values.shape != (header["pairs"], len(COLUMNS)) or np.isnan(values).any():
+        raise StoredReferenceError(f"{path}: {values.shape} values, {header['pairs']} complete pairs expected")
+    tmp = f"{path}.tmp-{os.getpid()}"
+    with open(tmp, "wb") as f:
+        f.write(json.dumps(header, sort_keys=True).encode() + b"\n")
+        f.write(values.tobytes())
+    os.replace(tmp, path)
+
+
+def read(path: str) -> tuple[dict, np.ndarray]:
+    """(header, values [pairs, 4] float64)."""
+    try:
+        with open(path, "rb") as f:
+            first = f.readline()
+            body = f.read()
+        header = json.loads(first)
+    except (OSError, ValueError) as exc:
+        raise StoredReferenceError(f"--ref-logps {path}: not a reference file ({exc})") from None
+    if not isinstance(header, dict) or header.get("format") != FORMAT:
+        raise StoredReferenceError(f"--ref-logps {path}: not a reference file written by --precompute-ref-logps")
+    values = np.frombuffer(body, dtype="<f8")
+    if values.size != header["pairs"] * len(COLUMNS):
+        raise StoredReferenceError(f"--ref-logps {path}: truncated ({values.size} values for {header['pairs']} pairs)")
+    return header, values.reshape(header["pairs"], len(COLUMNS))
+
+
+def check_matches(header: dict, expected: dict, path: str) -> None:
+    """Refuse a file made for another dataset or sequence length (one line)."""
+    for key, what in (("pairs", "pairs"), ("digest", "dataset digest"), ("seq_length", "--seq-length")):
+        if header.get(key) != expected[key]:
+            raise StoredReferenceError(
+                f"--ref-logps {path} was computed for {header.get('prefix')} ({what} {header.get(key)}), "
+                f"not for --data-path {expected['prefix']} ({what} {expected[key]}): compute it again with "
+                f"--precompute-ref-logps")
+
+
+class Recorder:
+    """Collects the reference's values pair by pair during a run and writes the file once all are known."""
+
+    def __init__(self, path: str, header: dict) -> None:
+        self.path, self.header = path, header
+        self.values = np.full((header["pairs"], len(COLUMNS)), np.nan)
+        self.written = False
+
+    def record(self, pairs: np.ndarray, rows: np.ndarray) -> Optional[str]:
+        """Store ``rows`` [b, 4] for pair indices ``pairs`` [b]; the file's path when this completed it."""
+        self.values[pairs] = rows
+        if self.written or np.isnan(self.values).any():
+            return None
+        write(self.path, self.header, self.values)
+        self.written = True
+        return self.path
