@@ -19,6 +19,8 @@ shows, comparing the same command launched warm and cold (``torchrun``) side by 
 from __future__ import annotations
 
 import json
+import re
+from pathlib import Path
 
 import pytest
 
@@ -38,7 +40,12 @@ facts = {
     "numpy": float(np.random.random()), "env": dict(os.environ),
     "torch_npu_on_path": __import__("importlib.util").util.find_spec("torch_npu") is not None,
 }
-print("FACTS" + json.dumps(facts), flush=True)
+# Each rank's facts go to a file of their own; stdout carries only its name, in one short write, so that
+# two ranks sharing the launcher's pipe cannot interleave inside it.
+path = os.path.abspath("facts-%d.json" % os.getpid())
+with open(path, "w") as f:
+    json.dump(facts, f)
+os.write(1, ("FACTS " + path + "\\n").encode())
 code = int(os.environ.get("EXIT_RANK_" + os.environ.get("RANK", "0"), "0"))
 if code:
     sys.exit(code)
@@ -50,7 +57,7 @@ VOLATILE = {"MASTER_PORT", "TORCHELASTIC_ERROR_FILE", "TORCHELASTIC_USE_AGENT_ST
 
 
 def facts(run) -> list[dict]:
-    found = [json.loads(line[5:]) for line in run.stdout.splitlines() if line.startswith("FACTS")]
+    found = [json.loads(Path(name).read_text()) for name in re.findall(r"FACTS (\S+\.json)", run.stdout)]
     return sorted(found, key=lambda f: f["env"]["RANK"])
 
 
