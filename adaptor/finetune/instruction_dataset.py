@@ -125,6 +125,8 @@ def build_sample(ids: np.ndarray, labels: np.ndarray, seg: np.ndarray, seq_lengt
 class InstructionDataset(MegatronDataset):
     """Megatron dataset over :class:`InstructionLowLevel`: one sample per stored document, epochs reshuffled."""
 
+    LOW_LEVEL = InstructionLowLevel  # what build_low_level_dataset opens (subclasses: their own files)
+
     def __init__(self, dataset: InstructionLowLevel, dataset_path: Optional[str], indices: np.ndarray,
                  num_samples: Optional[int], index_split: Split, config) -> None:
         super().__init__(dataset, dataset_path, indices, num_samples, index_split, config)
@@ -137,12 +139,12 @@ class InstructionDataset(MegatronDataset):
     def numel_low_level_dataset(low_level_dataset: InstructionLowLevel) -> int:
         return len(low_level_dataset)
 
-    @staticmethod
-    def build_low_level_dataset(dataset_path: str, config) -> InstructionLowLevel:
+    @classmethod
+    def build_low_level_dataset(cls, dataset_path: str, config) -> InstructionLowLevel:
         from adaptor.errors import fail
 
         try:
-            return InstructionLowLevel(dataset_path, mmap=config.mmap_bin_files)
+            return cls.LOW_LEVEL(dataset_path, mmap=config.mmap_bin_files)
         except InstructionDataError as exc:
             fail(str(exc))
 

@@ -82,14 +82,7 @@ def build_pair(low: PairwiseLowLevel, i: int, seq_length: int, pad_id: int) -> d
 class PairwiseDataset(InstructionDataset):
     """Megatron dataset over :class:`PairwiseLowLevel`: one sample per pair, epochs reshuffled."""
 
-    @staticmethod
-    def build_low_level_dataset(dataset_path: str, config) -> PairwiseLowLevel:
-        from adaptor.errors import fail
-
-        try:
-            return PairwiseLowLevel(dataset_path, mmap=config.mmap_bin_files)
-        except InstructionDataError as exc:
-            fail(str(exc))
+    LOW_LEVEL = PairwiseLowLevel
 
     def __getitem__(self, idx: int) -> dict:
         epoch, within = divmod(int(idx), len(self.indices))

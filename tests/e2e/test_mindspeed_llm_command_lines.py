@@ -19,24 +19,17 @@ import pytest
 
 from helpers.hf_fixtures import make_tiny_llama, make_tiny_qwen3, make_tiny_qwen3_moe
 from helpers.megatron_runs import (
-    SAMPLE_CORPUS, SAMPLE_TOKENIZER, TINY_QWEN3, TwoAtATime, run_pretrain, side_by_side, tail,
+    SAMPLE_TOKENIZER, TINY_QWEN3, TwoAtATime, run_pretrain, side_by_side, tail, tokenize_sample_corpus,
 )
 from helpers.one_line_errors import PREFIX, error_lines
 from helpers.prefetch import prefetched
-from helpers.processes import run_tool
 
 TOKENIZER = str(SAMPLE_TOKENIZER)
 
 
 @prefetched
 def corpus(tmp_path_factory):
-    out = tmp_path_factory.mktemp("corpus")
-    proc = run_tool("preprocess_data.py", "--input", SAMPLE_CORPUS, "--output-prefix", out / "corpus",
-                    "--tokenizer-type", "PretrainedFromHF", "--tokenizer-name-or-path", TOKENIZER,
-                    "--handler-name", "GeneralPretrainHandler", "--append-eod", "--workers", "1",
-                    "--log-interval", "1000", timeout=300)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return str(out / "corpus_text_document")
+    return tokenize_sample_corpus(tmp_path_factory.mktemp("corpus"))
 
 
 def qwen3_8b_script(hf_dir, data, save) -> list[str]:

@@ -33,7 +33,7 @@ from __future__ import annotations
 import json
 import re
 
-from helpers.megatron_runs import SAMPLE_CORPUS, SAMPLE_TOKENIZER, run_pretrain, side_by_side, tail
+from helpers.megatron_runs import SAMPLE_TOKENIZER, run_pretrain, side_by_side, tail, tokenize_sample_corpus
 from helpers.paths import EXAMPLES
 from helpers.prefetch import prefetched
 from helpers.processes import run_tool
@@ -46,13 +46,7 @@ GRAD_NORM = re.compile(r"iteration\s+\d+/\s*\d+ .*?grad norm: ([0-9.Ee+-]+)")
 
 @prefetched
 def corpus(tmp_path_factory):
-    out = tmp_path_factory.mktemp("corpus")
-    proc = run_tool("preprocess_data.py", "--input", SAMPLE_CORPUS, "--output-prefix", out / "corpus",
-                    "--tokenizer-type", "PretrainedFromHF", "--tokenizer-name-or-path", TOKENIZER,
-                    "--handler-name", "GeneralPretrainHandler", "--append-eod", "--workers", "1",
-                    "--log-interval", "1000", timeout=300)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return str(out / "corpus_text_document")
+    return tokenize_sample_corpus(tmp_path_factory.mktemp("corpus"))
 
 
 def qwen25_05b_script(data, load, save) -> list[str]:

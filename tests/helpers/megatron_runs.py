@@ -8,7 +8,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from helpers.paths import ROOT, SAMPLE_CORPUS, SAMPLE_TOKENIZER  # noqa: F401  (re-exported)
-from helpers.processes import free_port  # noqa: F401  (re-exported)
+from helpers.processes import free_port, run_tool  # noqa: F401  (free_port re-exported)
 from helpers.warm_launcher import TORCHRUN, Launched, base_env, finish_cold_report, start  # noqa: F401
 
 # A Qwen3-shaped model small enough for two CPU cores: GQA, qk-layernorm,
@@ -207,6 +207,17 @@ def train_from(model_args: list[str], ckpt, iters: int, nproc: int = 1, extra=()
     assert run.returncode == 0, tail(run.output)
     assert sorted(run.losses) == list(range(first, iters + 1)), tail(run.output)
     return run
+
+
+def tokenize_sample_corpus(out) -> str:
+    """The embedded corpus through tools/preprocess_data.py (GeneralPretrainHandler, EOD appended) into
+    ``out``; the dataset prefix Megatron's --data-path takes."""
+    proc = run_tool("preprocess_data.py", "--input", SAMPLE_CORPUS, "--output-prefix", out / "corpus",
+                    "--tokenizer-type", "PretrainedFromHF", "--tokenizer-name-or-path", str(SAMPLE_TOKENIZER),
+                    "--handler-name", "GeneralPretrainHandler", "--append-eod", "--workers", "1",
+                    "--log-interval", "1000", timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return str(out / "corpus_text_document")
 
 
 def tail(text: str, n: int = 60) -> str:
