@@ -53,12 +53,14 @@ def pytest_collection_finish(session):
 
 def pytest_terminal_summary(terminalreporter):
     from helpers.prefetch import PREFETCH
-    from helpers.warm_launcher import STATS
+    from helpers.warm_launcher import STARTS, STATS
 
     if PREFETCH.futures:
         terminalreporter.write_line(PREFETCH.summary())
     if any(STATS.values()):
         terminalreporter.write_line("warm launcher: " + ", ".join(f"{v} {k}" for k, v in STATS.items()))
+    for what, count in sorted(STARTS.items(), key=lambda kv: -kv[1]):
+        terminalreporter.write_line(f"  zygote started {count}x for {what}")
 
 
 def pytest_sessionfinish(session):

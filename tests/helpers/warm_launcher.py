@@ -62,6 +62,7 @@ class _Zygote:
             if self._proc is not None or self.failed:
                 return
             STATS["zygotes started"] += 1
+            STARTS[self.describe()] = STARTS.get(self.describe(), 0) + 1
             folder = tempfile.mkdtemp(prefix="adaptor-zygote-")
             self._path = os.path.join(folder, "socket")
             self._log = os.path.join(folder, "zygote.log")  # the imports' warnings; ranks write to their own pipes
@@ -92,6 +93,15 @@ class _Zygote:
             conn.close()
             return None
         return conn
+
+    def describe(self) -> str:
+        """Its import-time variables where they differ from the tests' base ("base" when none do)."""
+        from helpers.zygote import import_time_variables
+
+        base = import_time_variables(base_env())
+        diff = {k: v for k, v in self.import_env.items() if base.get(k) != v}
+        diff.update({k: "(unset)" for k in base if k not in self.import_env})
+        return " ".join(f"{k}={v}" for k, v in sorted(diff.items())) or "base"
 
     def env(self) -> dict:
         """The zygote's own environment: the tests' base, with this zygote's import-time variables."""
@@ -168,6 +178,8 @@ class _Zygotes:
 ZYGOTES = _Zygotes()
 #: What the session's launches cost, printed at its end (conftest.py): a new zygote is ~10 s of imports.
 STATS = {"zygotes started": 0, "warm launches": 0, "cold launches": 0}
+#: How often a zygote was started for each set of import-time variables (a set started twice was evicted).
+STARTS: dict[str, int] = {}
 
 
 class Launched:
