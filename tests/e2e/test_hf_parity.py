@@ -289,28 +289,44 @@ def test_converted_checkpoint_refuses_flags_without_its_rope_scaling(hf_dirs, tm
                       f"change the flag, or convert again"], tail(run.output)
 
 
-def test_llama_tp2_curve_from_hf_dir_reproduces_the_converted_one_process_curve(hf_dirs, tmp_path):
-    """Llama 3 (untied, llama3 RoPE): pretrain_gpt.py --hf-load-dir at TP2 trains the loss curve of one process
-    that --load's the offline conversion, and its --hf-save-dir loads in transformers."""
-    from adaptor.convert import Layout, convert_hf_to_megatron
+# family: (HF_MODELS entry, --model-type-hf, what sets it apart and must survive the save)
+DENSE_FAMILIES = {"llama": ("llama_untied", "llama2"), "qwen2": ("qwen2_untied", "qwen2")}
 
-    source = hf_dirs["llama_untied"]
-    flags = model_flags(source, "llama2") + TRAIN[:-6] + ["--train-iters", "5"]
-    converted = convert_hf_to_megatron(source, tmp_path / "mg", "llama2", Layout())
+
+@pytest.mark.parametrize("family", DENSE_FAMILIES)
+def test_tp2_curve_from_hf_dir_reproduces_the_converted_one_process_curve(hf_dirs, tmp_path, family):
+    """Llama 3 (untied, llama3 RoPE) and Qwen2.5 (untied, q/k/v bias, sequence parallel):
+    pretrain_gpt.py --hf-load-dir at TP2 trains the loss curve of one process that --load's the offline
+    conversion, and its --hf-save-dir loads in transformers with the trained weights."""
+    from transformers import AutoModelForCausalLM
+
+    from adaptor.convert import HfCheckpoint, Layout, convert_hf_to_megatron
+
+    entry, model_type = DENSE_FAMILIES[family]
+    source, out = hf_dirs[entry], tmp_path / "hf_out"
+    flags = model_flags(source, model_type) + TRAIN[:-6] + ["--train-iters", "5"]
+    converted = convert_hf_to_megatron(source, tmp_path / "mg", model_type, Layout())
+    tp2_flags = ["--tensor-model-parallel-size", "2"] + (["--sequence-parallel"] if family == "qwen2" else [])
     single, tp2 = side_by_side(
         lambda: run_pretrain(flags + ["--load", str(converted), "--finetune", "--ckpt-format", "torch"]),
-        lambda: run_pretrain(flags + ["--tensor-model-parallel-size", "2", "--hf-load-dir", str(source),
-                                      "--hf-save-dir", str(tmp_path / "hf_out")], nproc=2))
+        lambda: run_pretrain(flags + tp2_flags + ["--hf-load-dir", str(source), "--hf-save-dir", str(out)], nproc=2))
     for run in (single, tp2):
         assert run.returncode == 0, tail(run.output)
     assert "successfully loaded checkpoint" in single.output and "from Hugging Face directory" in tp2.output
     assert len(single.losses) == 5 and sorted(tp2.losses) == sorted(single.losses)
     # TP2 adds the same numbers in another order: fp32 rounding (as tests/e2e/test_parallel_loss_curves.py).
     assert worst_relative_gap(tp2.curve(), single.curve()) < 2e-5, (tp2.curve(), single.curve())
-    from transformers import AutoModelForCausalLM
+    assert single.curve()[-1] < single.curve()[0], single.curve()
 
-    saved = AutoModelForCausalLM.from_pretrained(tmp_path / "hf_out", dtype=torch.float32)
-    assert saved.config.model_type == "llama" and saved.config.rope_parameters["rope_type"] == "llama3"
+    saved = AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32)
+    if family == "llama":
+        assert saved.config.model_type == "llama" and saved.config.rope_parameters["rope_type"] == "llama3"
+    else:  # the q/k/v biases trained at TP2 come back under their names, and transformers reads them
+        assert saved.config.model_type == "qwen2"
+        written, original = HfCheckpoint(out), HfCheckpoint(source)
+        for name in ("model.layers.1.self_attn.q_proj.bias", "model.layers.1.self_attn.v_proj.bias"):
+            assert not torch.equal(written.get(name), original.get(name)), name
+        assert torch.equal(saved.model.layers[1].self_attn.k_proj.bias, written.get("model.layers.1.self_attn.k_proj.bias"))
 
 
 def test_hf_save_dir_from_flags_takes_the_vocabulary_from_the_tokenizer(tmp_path):
