@@ -79,19 +79,19 @@ def test_pretrain_loads_converted_checkpoint_same_loss_as_single_process(hf_mode
     extra, layout, parallel = LOAD_LAYOUTS[key]
     flags = megatron_args_from_hf_config(model_type(key), config) + TRAIN + extra
 
-    def loaded_runs():
-        runs = {}
-        for name, lay, par in (("single", Layout(), []), ("parallel", layout, parallel)):
-            ckpt = tmp_path / name
-            convert_hf_to_megatron(hf_models[key], ckpt, model_type(key), lay, save_format=save_format)
-            assert (ckpt / "release" / "metadata.json").is_file() == (save_format == "safetensors")
-            runs[name] = run_pretrain(flags + par + ["--load", str(ckpt), "--ckpt-format", "torch"],
-                                      nproc=lay.tp * lay.pp * lay.ep)
-        return runs
+    jobs = {}
+    for name, lay, par in (("single", Layout(), []), ("parallel", layout, parallel)):
+        ckpt = tmp_path / name
+        convert_hf_to_megatron(hf_models[key], ckpt, model_type(key), lay, save_format=save_format)
+        assert (ckpt / "release" / "metadata.json").is_file() == (save_format == "safetensors")
+        args, nproc = flags + par + ["--load", str(ckpt), "--ckpt-format", "torch"], lay.tp * lay.pp * lay.ep
+        jobs[name] = lambda args=args, nproc=nproc: run_pretrain(args, nproc=nproc)
 
-    # qwen3_tied also trains from a fresh init (one process, beside the loaded runs)
+    # qwen3_tied also trains from a fresh init (one process); the two one-process runs go one after the other
     fresh_run = key == "qwen3_tied" and save_format == "safetensors"
-    runs, fresh = side_by_side(loaded_runs, lambda: run_pretrain(flags) if fresh_run else None)
+    single_then_fresh = lambda: (jobs["single"](), run_pretrain(flags) if fresh_run else None)  # noqa: E731
+    (single, fresh), parallel_run = side_by_side(single_then_fresh, jobs["parallel"])
+    runs = {"single": single, "parallel": parallel_run}
     for run in runs.values():
         assert run.returncode == 0, tail(run.output)
         assert "successfully loaded checkpoint" in run.output
