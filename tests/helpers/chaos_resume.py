@@ -328,11 +328,13 @@ def plan_kill(rng: random.Random, moment: str, start: int, ref: Reference) -> tu
         it = rng.randint(start + 1, ITERS - 1)
         return it, 0.0 if moment == "between_steps" else rng.uniform(0.05, 0.95) * ref.step_s
     it = rng.choice(_save_iterations(start))
+    # not the last save for timed kills: the run ends right after it, so a save faster than the
+    # reference's (a quieter machine) would let the run exit before the kill
+    timed = rng.choice(_save_iterations(start)[:-1] or [it])
     if moment == "sync_save":
-        return it, rng.uniform(0.0, ref.save_s)
-    if moment == "async_save":  # not the last save: the run ends right after it
-        it = rng.choice(_save_iterations(start)[:-1] or [it])
-        return it, rng.uniform(0.0, 2 * ref.save_s + 2 * ref.step_s)
+        return timed, rng.uniform(0.0, ref.save_s)
+    if moment == "async_save":
+        return timed, rng.uniform(0.0, 2 * ref.save_s + 2 * ref.step_s)
     return it, 0.0
 
 
