@@ -175,7 +175,7 @@ def _validate(tmp_path, **given):
     ({"is_pairwise_dataset": False}, "--stage dpo trains on preference pairs"),
     ({"is_instruction_dataset": True}, "--stage dpo trains on preference pairs"),
     ({"data_path": ["/nonexistent/corpus"]}, "not a pairwise dataset"),
-    ({"pipeline_model_parallel_size": 2}, "--pipeline-model-parallel-size 1"),
+    ({"pipeline_model_parallel_size": 2, "virtual_pipeline_model_parallel_size": 2}, "without virtual pipeline"),
     ({"refer_model_iter": 3}, "--refer-model-iter"),
     ({"dpo_label_smoothing": 0.1, "dpo_loss_type": "ipo"}, "--dpo-label-smoothing applies"),
 ])
