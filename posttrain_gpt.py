@@ -37,6 +37,7 @@ import torch
 from megatron.core import mpu
 from megatron.core.datasets.blended_megatron_dataset_builder import BlendedMegatronDatasetBuilder
 from megatron.training import get_args, get_timers, print_rank_0
+from megatron.core.utils import get_batch_on_this_cp_rank
 from megatron.training.utils import is_first_or_last_pipeline_stage
 
 from adaptor.preference.losses import averages_logps, dpo_loss, sequence_logps
@@ -72,7 +73,17 @@ def get_pair_batch(data_iterator):
     shape = (args.micro_batch_size, 2, args.seq_length)
     rows = tuple(rows_of_pairs(broadcast_from_tp_rank_0(raw.get(k), shape, PAIR_DTYPES[k])) for k in KEYS)
     pairs = broadcast_from_tp_rank_0(raw.get(PAIR_INDEX), (args.micro_batch_size,), torch.int64)
+    if args.context_parallel_size > 1:  # this rank's share of every row's positions
+        batch = get_batch_on_this_cp_rank(dict(zip(KEYS, rows)), is_hybrid_cp=False,
+                                          cp_group=mpu.get_context_parallel_group())
+        rows = tuple(batch[k] for k in KEYS)
     return rows, pairs
+
+
+def row_logps(token_logps, loss_mask, average=False):
+    """Each row's summed (or mean) log-probability; with context parallelism, over every rank's share."""
+    group = mpu.get_context_parallel_group() if mpu.get_context_parallel_world_size() > 1 else None
+    return sequence_logps(token_logps, loss_mask, average, group=group)
 
 
 def reference_forward_step(data_iterator, model):
@@ -86,16 +97,17 @@ def reference_loss_func(loss_mask, pairs, output_tensor):
     """The reference's sequence log-probabilities [2b], handed back through the schedule's reduced items
     (and recorded for --precompute-ref-logps); the loss itself is zero."""
     token_logps = -output_tensor.float()
-    if _recorder is not None and mpu.get_tensor_model_parallel_rank() == 0:
+    if _recorder is not None:
         b = pairs.numel()
-        sums = sequence_logps(token_logps, loss_mask).double()
-        means = sequence_logps(token_logps, loss_mask, average=True).double()
+        sums = row_logps(token_logps, loss_mask).double()
+        means = row_logps(token_logps, loss_mask, average=True).double()
         rows = torch.stack([sums[:b], sums[b:], means[:b], means[b:]], dim=1)
-        written = _recorder.record(pairs.cpu().numpy(), rows.cpu().numpy())
+        first = mpu.get_tensor_model_parallel_rank() == 0 and mpu.get_context_parallel_rank() == 0
+        written = _recorder.record(pairs.cpu().numpy(), rows.cpu().numpy()) if first else None
         if written:
             print(f"> wrote the reference's log-probabilities of {len(_recorder.values)} pairs to {written}",
                   flush=True)
-    values = sequence_logps(token_logps, loss_mask, averages_logps(get_args().dpo_loss_type))
+    values = row_logps(token_logps, loss_mask, averages_logps(get_args().dpo_loss_type))
     count = torch.tensor(pairs.numel(), dtype=torch.int, device=values.device)
     return values.sum() * 0, count, {VALUES: values}
 
@@ -129,14 +141,14 @@ def dpo_loss_func(loss_mask, pairs, output_tensor):
     pairs_count = loss_mask.shape[0] // 2
     reference = reference_logps(pairs)
     average = averages_logps(args.dpo_loss_type)
-    policy = sequence_logps(-output_tensor.float(), loss_mask, average)
+    policy = row_logps(-output_tensor.float(), loss_mask, average)
     losses, chosen, rejected = dpo_loss(policy[:pairs_count], policy[pairs_count:], reference[:pairs_count],
                                         reference[pairs_count:], args.dpo_beta, args.dpo_loss_type,
                                         args.dpo_label_smoothing)
     sft = None
     total = losses
     if args.pref_ftx:
-        sft = -sequence_logps(-output_tensor[:pairs_count].float(), loss_mask[:pairs_count], average=True)
+        sft = -row_logps(-output_tensor[:pairs_count].float(), loss_mask[:pairs_count], average=True)
         total = losses + args.pref_ftx * sft
     count = torch.tensor(pairs_count, dtype=torch.int, device=losses.device)
     return total.sum(), count, dpo_report(losses, chosen, rejected, sft)

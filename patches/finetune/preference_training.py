@@ -21,8 +21,9 @@ Upstream changes, DPO runs only:
 ``posttrain_gpt.py`` holds the DPO forward steps and dataset provider, :mod:`adaptor.preference` the
 losses, data, reference and metrics. This feature registers the flags and refuses, in one line, the runs
 DPO cannot do here: no pairwise data, no reference to compare with, virtual pipeline stages (the
-reference pass replays one data iterator), context parallelism (each response's log-probability is
-summed over its whole sequence on one rank), MTP layers. ``--precompute-ref-logps`` / ``--ref-logps`` store the reference's values once and read them
+reference pass replays one data iterator), MTP layers. With context parallelism each rank holds a share
+of every row's positions, and the rows' log-probabilities are added over the context-parallel group
+(:func:`adaptor.preference.losses.sequence_logps`). ``--precompute-ref-logps`` / ``--ref-logps`` store the reference's values once and read them
 back (:mod:`adaptor.preference.stored_reference`); a file made for another dataset or sequence length
 is refused.
 """
@@ -160,9 +161,6 @@ class PreferenceTraining(Feature):
         if getattr(args, "virtual_pipeline_model_parallel_size", None):
             raise ArgumentError("--stage dpo runs without virtual pipeline stages: drop "
                                 "--num-layers-per-virtual-pipeline-stage / --num-virtual-stages-per-pipeline-rank")
-        if (args.context_parallel_size or 1) > 1:
-            raise ArgumentError("--stage dpo runs with --context-parallel-size 1: each response's "
-                                "log-probability is summed over its whole sequence on one rank")
         if getattr(args, "mtp_num_layers", None):
             raise ArgumentError("--stage dpo does not train MTP layers; drop --mtp-num-layers")
         if getattr(args, "variable_seq_lengths_sft", False):
@@ -201,10 +199,11 @@ class PreferenceTraining(Feature):
                                     f"of {args.global_batch_size}, fewer than the dataset's {len(low)}: raise "
                                     f"--train-iters")
             world = getattr(args, "world_size", None) or int(os.environ.get("WORLD_SIZE", "1"))
-            model_parallel = max(1, args.tensor_model_parallel_size) * max(1, args.pipeline_model_parallel_size)
+            model_parallel = (max(1, args.tensor_model_parallel_size) * max(1, args.pipeline_model_parallel_size)
+                              * max(1, args.context_parallel_size or 1))
             if world // model_parallel > 1:
                 raise ArgumentError("--precompute-ref-logps runs with one data-parallel rank (each rank would "
-                                    "see only its share of the pairs); use tensor or pipeline parallelism")
+                                    "see only its share of the pairs); use tensor, pipeline or context parallelism")
             return
         try:
             header, _ = stored_reference.read(stored)
