@@ -17,8 +17,11 @@ the adapters.
 
 ``--stage dpo`` trains on preference pairs (``--is-pairwise-dataset``: ``...PairwiseHandler`` datasets)
 with this file's forward step: each micro-batch of b pairs is one forward pass over 2b rows (chosen
-rows, then rejected rows); a frozen reference (:mod:`adaptor.preference.reference`) gives the same rows'
-log-probabilities under ``no_grad``, and the loss is DPO's (:mod:`adaptor.preference.losses`). With
+rows, then rejected rows). Before each step's policy pass a frozen reference
+(:mod:`adaptor.preference.reference`) runs over the same micro-batches through Megatron's schedule
+(:mod:`adaptor.preference.reference_pass`), so its values reach the last pipeline stage, where the loss
+is DPO's (:mod:`adaptor.preference.losses`). With context parallelism each rank holds a share of every
+row and the rows' log-probabilities are added over the context-parallel group. With
 ``--ref-logps`` the reference's sequence log-probabilities are read from a file instead, by each pair's
 index in the dataset, and no reference model is built; ``--precompute-ref-logps`` writes that file from
 the run's own reference (:mod:`adaptor.preference.stored_reference`). The
