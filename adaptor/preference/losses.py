@@ -24,11 +24,24 @@ def averages_logps(loss_type: str) -> bool:
     return loss_type == "ipo"
 
 
-def sequence_logps(token_logps: torch.Tensor, loss_mask: torch.Tensor, average: bool = False) -> torch.Tensor:
-    """[rows] sum (or mean) of ``token_logps`` [rows, s] over the response tokens ``loss_mask`` marks."""
+def sequence_logps(token_logps: torch.Tensor, loss_mask: torch.Tensor, average: bool = False,
+                   group=None) -> torch.Tensor:
+    """[rows] sum (or mean) of ``token_logps`` [rows, s] over the response tokens ``loss_mask`` marks.
+
+    ``group``: the context-parallel group when each rank holds a share of every row's tokens. The sums
+    are added over it with an all-reduce whose backward adds the ranks' gradients too: every rank then
+    computes the same loss, each gradient reaches the tokens of every rank, and Megatron's reduction over
+    the data- and context-parallel ranks (sum, divided by their number) gives the gradient of one loss."""
     mask = loss_mask.float()
     total = (token_logps.float() * mask).sum(-1)
-    return total / mask.sum(-1).clamp(min=1) if average else total
+    count = mask.sum(-1)
+    if group is not None:
+        from torch.distributed.nn.functional import all_reduce
+
+        total = all_reduce(total, group=group)
+        count = count.clone()
+        torch.distributed.all_reduce(count, group=group)
+    return total / count.clamp(min=1) if average else total
 
 
 def dpo_loss(policy_chosen: torch.Tensor, policy_rejected: torch.Tensor, reference_chosen: torch.Tensor,

@@ -1,7 +1,7 @@
 """DPO's reference model: the policy's starting weights, frozen, evaluated under ``no_grad``.
 
 * Full fine-tuning: :class:`FrozenReference` builds a second model of the same layout with the entry
-  file's model provider (so it is split over TP ranks exactly like the policy) and copies the policy's
+  file's model provider (so it is split over TP ranks and pipeline stages exactly like the policy) and copies the policy's
   weights into it before the first optimizer step, or loads ``--ref-model``. It is a plain module: not
   wrapped by DDP, absent from the optimizer, so data parallelism and the distributed optimizer never see
   it; every rank holds the same share of it as of the policy.

@@ -6,12 +6,24 @@ Flags (MindSpeed-LLM's names and defaults): ``--is-pairwise-dataset`` (datasets 
 term on the chosen responses), ``--ref-model`` (the reference's checkpoint; default: the policy's
 starting weights) and ``--refer-model-iter`` (its iteration, honoured with ``--ref-model``).
 
-Upstream change: ``megatron.training.training.training_log`` (wrapped, DPO runs only) prints the
-rewards below zero, which Megatron's log line leaves out, on a second line. ``posttrain_gpt.py`` holds the DPO forward step and dataset provider,
-:mod:`adaptor.preference` the losses, data, reference and metrics. This feature registers the flags
-and refuses, in one line, the runs DPO cannot do here: no pairwise data, no reference to compare with,
-pipeline or context parallelism (the reference runs beside the policy on each rank, whole sequences),
-MTP layers. ``--precompute-ref-logps`` / ``--ref-logps`` store the reference's values once and read them
+Upstream changes, DPO runs only:
+
+* ``megatron.training.training.training_log`` (wrapped) prints the rewards below zero, which Megatron's
+  log line leaves out, on a second line.
+* ``megatron.training.training.get_forward_backward_func`` (wrapped): the schedule it returns runs the
+  frozen reference over each step's micro-batches before the policy, through that same schedule
+  (:mod:`adaptor.preference.reference_pass`), because under pipeline parallelism the reference's
+  activations cross the stages as the policy's do and its values are needed on the last stage. It also
+  sizes the tensors sent between stages for a DPO micro-batch's two rows per pair. The training step and
+  the evaluation both take their schedule from this function; Megatron's schedules themselves are
+  unchanged.
+
+``posttrain_gpt.py`` holds the DPO forward steps and dataset provider, :mod:`adaptor.preference` the
+losses, data, reference and metrics. This feature registers the flags and refuses, in one line, the runs
+DPO cannot do here: no pairwise data, no reference to compare with, virtual pipeline stages (the
+reference pass replays one data iterator), MTP layers. With context parallelism each rank holds a share
+of every row's positions, and the rows' log-probabilities are added over the context-parallel group
+(:func:`adaptor.preference.losses.sequence_logps`). ``--precompute-ref-logps`` / ``--ref-logps`` store the reference's values once and read them
 back (:mod:`adaptor.preference.stored_reference`); a file made for another dataset or sequence length
 is refused.
 """
@@ -26,6 +38,14 @@ from adaptor.features import ArgumentError, Feature
 OWNER = __name__
 LOSS_TYPES = ("sigmoid", "hinge", "ipo")
 TRAINING_LOG = "megatron.training.training.training_log"
+SCHEDULE = "megatron.training.training.get_forward_backward_func"
+
+
+def _get_forward_backward_func(wrapped, instance, call_args, kwargs):
+    """Megatron's schedule, with DPO's reference pass before the policy's (see module doc)."""
+    from adaptor.preference.reference_pass import with_reference_pass
+
+    return with_reference_pass(wrapped(*call_args, **kwargs))
 
 
 def _training_log(wrapped, instance, call_args, kwargs):
@@ -88,6 +108,7 @@ class PreferenceTraining(Feature):
         argv = ctx.argv if ctx.argv is not None else sys.argv[1:]
         if "dpo" in argv or "--stage=dpo" in argv:
             pm.register_wrapper(TRAINING_LOG, _training_log, OWNER)
+            pm.register_wrapper(SCHEDULE, _get_forward_backward_func, OWNER)
 
     def validate(self, args, ctx) -> None:
         pairwise, dpo = args.is_pairwise_dataset, args.stage == "dpo"
@@ -137,12 +158,9 @@ class PreferenceTraining(Feature):
                                 f"{args.dpo_loss_type}")
         if args.pref_ftx < 0:
             raise ArgumentError(f"--pref-ftx {args.pref_ftx:g}: must be 0 or more")
-        if args.pipeline_model_parallel_size > 1:
-            raise ArgumentError("--stage dpo runs with --pipeline-model-parallel-size 1: the frozen reference "
-                                "is evaluated beside the policy on each rank; use tensor or data parallelism")
-        if (args.context_parallel_size or 1) > 1:
-            raise ArgumentError("--stage dpo runs with --context-parallel-size 1: each response's "
-                                "log-probability is summed over its whole sequence on one rank")
+        if getattr(args, "virtual_pipeline_model_parallel_size", None):
+            raise ArgumentError("--stage dpo runs without virtual pipeline stages: drop "
+                                "--num-layers-per-virtual-pipeline-stage / --num-virtual-stages-per-pipeline-rank")
         if getattr(args, "mtp_num_layers", None):
             raise ArgumentError("--stage dpo does not train MTP layers; drop --mtp-num-layers")
         if getattr(args, "variable_seq_lengths_sft", False):
@@ -181,9 +199,11 @@ class PreferenceTraining(Feature):
                                     f"of {args.global_batch_size}, fewer than the dataset's {len(low)}: raise "
                                     f"--train-iters")
             world = getattr(args, "world_size", None) or int(os.environ.get("WORLD_SIZE", "1"))
-            if world // max(1, args.tensor_model_parallel_size) > 1:
+            model_parallel = (max(1, args.tensor_model_parallel_size) * max(1, args.pipeline_model_parallel_size)
+                              * max(1, args.context_parallel_size or 1))
+            if world // model_parallel > 1:
                 raise ArgumentError("--precompute-ref-logps runs with one data-parallel rank (each rank would "
-                                    "see only its share of the pairs); use tensor parallelism")
+                                    "see only its share of the pairs); use tensor, pipeline or context parallelism")
             return
         try:
             header, _ = stored_reference.read(stored)

@@ -10,12 +10,20 @@ their order.
   are 0, for full fine-tuning and for LoRA (B = 0: the same model).
 * Closed form: with ``--ref-model`` another tiny Qwen3 (a Hugging Face directory), label smoothing and
   ``--pref-ftx``, the first step's DPO loss, rewards and SFT term equal DPO's formulas computed from
-  transformers' log-probabilities of the two models on the same token rows, within 1e-5 relative.
-* Layouts: TP2 and DP2 (distributed optimizer) reproduce the single-process DPO curve: loss and rewards
-  within 1e-5 x (|value| + 1). fp32 reductions in another order move the loss by ~1e-7 and the rewards
-  (beta times differences of sequence log-probabilities of ~100) by ~1e-6 in three steps, while a wrong
-  gradient, reward or pair order moves them by more than 1e-2 (the loss falls 0.69 -> 0.36 in those
-  steps).
+  transformers' log-probabilities of the two models on the same token rows, within 1e-5 relative. The
+  same run takes one plain SGD step at a large learning rate and writes ``--hf-save-dir``, so that
+  ``(w0 - w1) / lr`` is Megatron's gradient: it equals transformers' autograd gradient of the same loss,
+  tensor by tensor, within 1e-5 relative (norm of the difference; measured at most 1.6e-6).
+* Layouts: TP2, PP2, CP2 and DP2 (distributed optimizer) reproduce the single-process DPO curve: loss
+  and rewards within 1e-5 x (|value| + 1). fp32 reductions in another order move the loss by ~1e-7 and the
+  rewards (beta times differences of sequence log-probabilities of ~100) by ~1e-6 in three steps, while
+  a wrong gradient, reward or pair order moves them by more than 1e-2 (the loss falls 0.69 -> 0.36 in
+  those steps). PP2 runs the same layers on two ranks (the reference's activations cross the stages
+  like the policy's), so the same tolerance holds (measured: within 8e-7 of the single-process values).
+  Its run also records the reference's values (``--precompute-ref-logps``), which equal the
+  single-process run's within 1e-5 relative. CP2 splits every row's positions over two ranks and adds
+  the rows' log-probabilities over them: the same sums in another order (measured: within 1.1e-6),
+  where one rank's share of a row alone would leave out about half of each reward.
 * Stored reference: the single-process run also writes its reference's log-probabilities of every pair
   (``--precompute-ref-logps``); a run that reads them (``--ref-logps``, no reference model) reproduces
   that run's curve within the same tolerance (measured: equal to the printed 7 digits at every step).
@@ -32,6 +40,7 @@ import re
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 import torch
 
@@ -41,6 +50,7 @@ from helpers.prefetch import prefetched
 
 SEQ, PAIRS, ITERS, RTOL = 64, 4, 3, 1e-5
 BETA, SMOOTHING, FTX = 0.1, 0.1, 0.5
+STEP = 100.0  # the closed-form run's SGD learning rate: (w0 - w1) / STEP is Megatron's gradient
 LORA = ["--lora-r", "8", "--lora-alpha", "16", "--lora-target-modules", "linear_qkv", "linear_proj",
         "linear_fc1", "linear_fc2"]
 FIELD = re.compile(r"\| ([a-z/ ]+): ([0-9.Ee+-]+)")
@@ -113,10 +123,14 @@ def train(root, nproc=1, iters=ITERS, extra=()):
 LAYOUTS = {
     "full": (1, ITERS, ["--precompute-ref-logps", "ref.logps"]),
     "tp2": (2, ITERS, ["--tensor-model-parallel-size", "2"]),
+    "pp2": (2, ITERS, ["--pipeline-model-parallel-size", "2", "--precompute-ref-logps", "pp2.logps"]),
+    "cp2": (2, ITERS, ["--context-parallel-size", "2"]),
     "dp2": (2, ITERS, ["--use-distributed-optimizer"]),
     "lora": (1, ITERS, LORA),
     "closed_form": (1, 1, ["--ref-model", "reference", "--dpo-label-smoothing", str(SMOOTHING),
-                           "--pref-ftx", str(FTX)]),
+                           "--pref-ftx", str(FTX), "--optimizer", "sgd", "--lr", str(STEP), "--lr-decay-style",
+                           "constant", "--clip-grad", "0", "--weight-decay", "0", "--model-type-hf", "qwen3",
+                           "--hf-save-dir", "after_one_step"]),
 }
 
 
@@ -124,7 +138,7 @@ LAYOUTS = {
 def runs(setup):
     def job(name):
         nproc, iters, extra = LAYOUTS[name]
-        extra = [str(setup / e) if e in ("reference", "ref.logps") else e for e in extra]
+        extra = [str(setup / e) if e in ("reference", "ref.logps", "pp2.logps", "after_one_step") else e for e in extra]
         return lambda: train(setup, nproc, iters, extra)
 
     return dict(zip(LAYOUTS, side_by_side(*[job(name) for name in LAYOUTS])))
@@ -145,7 +159,7 @@ def test_lora_trains_differently_from_full_dpo(runs):
     assert runs["lora"][ITERS]["dpo loss"] != pytest.approx(runs["full"][ITERS]["dpo loss"], rel=1e-4)
 
 
-@pytest.mark.parametrize("layout", ["tp2", "dp2"])
+@pytest.mark.parametrize("layout", ["tp2", "pp2", "cp2", "dp2"])
 def test_parallel_dpo_reproduces_the_single_process_curve(runs, layout):
     for step in range(1, ITERS + 1):
         for key in ("dpo loss", "rewards/chosen", "rewards/rejected"):
@@ -155,36 +169,81 @@ def test_parallel_dpo_reproduces_the_single_process_curve(runs, layout):
             assert abs(got - want) <= RTOL * (abs(want) + 1), (layout, step, key, got, want)
 
 
-def _hf_sequence_logps(directory, rows):
-    """Per-row summed log-probabilities of the labelled tokens, and their counts, from transformers."""
-    from transformers import AutoModelForCausalLM
-
-    model = AutoModelForCausalLM.from_pretrained(str(directory), torch_dtype=torch.float32).eval()
-    with torch.no_grad():
-        logits = model(input_ids=rows["tokens"], position_ids=rows["position_ids"]).logits.float()
+def _hf_sequence_logps(model, rows):
+    """Per-row summed log-probabilities of the labelled tokens, and their counts, from a transformers model."""
+    logits = model(input_ids=rows["tokens"], position_ids=rows["position_ids"]).logits.float()
     token = torch.log_softmax(logits, -1).gather(-1, rows["labels"].unsqueeze(-1)).squeeze(-1)
     return (token * rows["loss_mask"]).sum(-1), rows["loss_mask"].sum(-1)
 
 
-def test_first_step_equals_dpo_closed_form_from_transformers(setup, runs):
+@pytest.fixture(scope="module")
+def closed_form(setup):
+    """DPO's closed form of the first step from transformers: the values the run logs, and the gradient of
+    the mean loss (label-smoothed DPO plus the SFT term) with respect to the policy's weights."""
+    from transformers import AutoModelForCausalLM
+
     from adaptor.preference.pairwise_dataset import PairwiseLowLevel, build_pair
 
     low = PairwiseLowLevel(str(setup / "pairs"))
     assert len(low) == PAIRS
     pairs = [build_pair(low, i, SEQ, 0) for i in range(PAIRS)]
     rows = {k: torch.cat([p[k] for p in pairs]) for k in pairs[0]}  # chosen, rejected, chosen, ...
-    policy, counts = _hf_sequence_logps(setup / "policy", rows)
-    reference, _ = _hf_sequence_logps(setup / "reference", rows)
-    pc, pr, rc, rr = policy[0::2], policy[1::2], reference[0::2], reference[1::2]
+    model = AutoModelForCausalLM.from_pretrained(str(setup / "policy"), torch_dtype=torch.float32).eval()
+    reference = AutoModelForCausalLM.from_pretrained(str(setup / "reference"), torch_dtype=torch.float32).eval()
+    policy, counts = _hf_sequence_logps(model, rows)
+    with torch.no_grad():
+        ref, _ = _hf_sequence_logps(reference, rows)
+    pc, pr, rc, rr = policy[0::2], policy[1::2], ref[0::2], ref[1::2]
     h = (pc - pr) - (rc - rr)
     dpo = (-(1 - SMOOTHING) * torch.nn.functional.logsigmoid(BETA * h)
-           - SMOOTHING * torch.nn.functional.logsigmoid(-BETA * h)).mean()
-    expected = {"dpo loss": dpo, "rewards/chosen": (BETA * (pc - rc)).mean(),
-                "rewards/rejected": (BETA * (pr - rr)).mean(), "sft loss": (-pc / counts[0::2]).mean()}
+           - SMOOTHING * torch.nn.functional.logsigmoid(-BETA * h))
+    sft = -pc / counts[0::2]
+    (dpo + FTX * sft).mean().backward()
+    values = {"dpo loss": dpo.mean(), "rewards/chosen": (BETA * (pc - rc)).mean(),
+              "rewards/rejected": (BETA * (pr - rr)).mean(), "sft loss": sft.mean(),
+              "rewards/margins": (BETA * h).mean()}
+    weights = {name: p.detach().clone() for name, p in model.state_dict().items()}
+    grads = {name: p.grad for name, p in model.named_parameters()}
+    return {k: float(v.detach()) for k, v in values.items()}, weights, grads
+
+
+def test_first_step_equals_dpo_closed_form_from_transformers(closed_form, runs):
+    expected = closed_form[0]
     first = runs["closed_form"][1]
-    for key, want in expected.items():
-        assert first[key] == pytest.approx(float(want), rel=1e-5), (key, first, expected)
-    assert first["rewards/margins"] == pytest.approx(float((BETA * h).mean()), rel=1e-5, abs=1e-6)
+    for key in ("dpo loss", "rewards/chosen", "rewards/rejected", "sft loss"):
+        assert first[key] == pytest.approx(expected[key], rel=1e-5), (key, first, expected)
+    assert first["rewards/margins"] == pytest.approx(expected["rewards/margins"], rel=1e-5, abs=1e-6)
+
+
+def test_first_step_gradients_equal_dpo_closed_form_from_transformers(setup, closed_form, runs):
+    """The run's one plain SGD step (no momentum yet, no clipping or decay) at learning rate STEP moved each
+    weight by STEP times Megatron's gradient: (w0 - w1) / STEP, read from --hf-save-dir, equals transformers'
+    autograd gradient of the same loss on the same pairs, tensor by tensor."""
+    from safetensors.torch import load_file
+
+    _, before, grads = closed_form
+    after = {}
+    for part in sorted((setup / "after_one_step").glob("*.safetensors")):
+        after.update(load_file(str(part)))
+    assert sorted(after) == sorted(grads), (sorted(after)[:4], sorted(grads)[:4])
+    for name, want in grads.items():
+        got = (before[name] - after[name]) / STEP
+        # w1 = w0 - STEP g is rounded to fp32: the step dominates the weight, so the rounding is ~6e-8 of g
+        # (measured: at most 1.6e-6, on the q/k norms, whose gradients are the smallest, ~7e-3)
+        assert want.norm() > 0, name
+        gap = float((got - want).norm() / want.norm())
+        assert gap <= 1e-5, (name, gap, float(want.norm()))
+
+
+def test_pipeline_stages_record_the_same_reference_values(setup, runs):
+    """At PP2 the reference's values exist on the last stage only, after crossing both stages: its file
+    holds what the single-process run's does."""
+    from adaptor.preference import stored_reference
+
+    header, values = stored_reference.read(str(setup / "ref.logps"))
+    header_pp2, values_pp2 = stored_reference.read(str(setup / "pp2.logps"))
+    assert header_pp2 == header and values.shape == (PAIRS, 4)
+    assert np.allclose(values_pp2, values, rtol=RTOL, atol=0), (values_pp2, values)
 
 
 def test_stored_reference_reproduces_the_in_memory_reference_curve(setup, runs):

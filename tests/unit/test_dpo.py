@@ -175,7 +175,7 @@ def _validate(tmp_path, **given):
     ({"is_pairwise_dataset": False}, "--stage dpo trains on preference pairs"),
     ({"is_instruction_dataset": True}, "--stage dpo trains on preference pairs"),
     ({"data_path": ["/nonexistent/corpus"]}, "not a pairwise dataset"),
-    ({"pipeline_model_parallel_size": 2}, "--pipeline-model-parallel-size 1"),
+    ({"pipeline_model_parallel_size": 2, "virtual_pipeline_model_parallel_size": 2}, "without virtual pipeline"),
     ({"refer_model_iter": 3}, "--refer-model-iter"),
     ({"dpo_label_smoothing": 0.1, "dpo_loss_type": "ipo"}, "--dpo-label-smoothing applies"),
 ])
@@ -191,6 +191,7 @@ def test_dpo_refusals_are_one_sentence(tmp_path, given, named):
 def test_a_complete_dpo_command_line_passes(tmp_path):
     assert _validate(tmp_path).refer_model_iter is None  # MindSpeed-LLM's default: the latest iteration
     assert _validate(tmp_path, hf_load_dir=None, lora_r=8).stage == "dpo"  # LoRA: the base is the reference
+    assert _validate(tmp_path, pipeline_model_parallel_size=2, context_parallel_size=2).stage == "dpo"
 
 
 def test_resuming_dpo_needs_the_starting_model_as_reference(tmp_path):
