@@ -72,16 +72,34 @@ def train_dataset(args, data_cfg, model_cfg, num_samples):
     return build_train_iterator(args, data_cfg, model_cfg, num_samples)
 
 
+def hf_weights_to_load(model_cfg, load: str | None, resuming: bool) -> str | None:
+    """The Hugging Face directory whose tensors start this run, or None.
+
+    model.json's ``init_from_hf_path`` is always read (Megatron's ``--load`` then overwrites it, as in
+    MindSpeed-MM); ``--hf-load-dir`` steps aside when ``--load`` holds a checkpoint (``resuming``), as it
+    does for GPT models (patches/hf/online_conversion.py): the run resumes from that checkpoint.
+    """
+    path = model_cfg.init_from_hf_path
+    if path is not None and model_cfg.hf_dir_source == "--hf-load-dir" and resuming:
+        from adaptor.log import notice
+
+        notice(f"--load {load} has a checkpoint: resuming from it, not from --hf-load-dir")
+        return None
+    return path
+
+
 def load_initial_weights(model, model_cfg, args) -> None:
-    """model.json's ``init_from_hf_path``: this rank's tensors of that directory, split for the run's TP/PP."""
+    """model.json's ``init_from_hf_path`` (or ``--hf-load-dir``): this rank's tensors of that directory, split
+    for the run's TP/PP."""
     from megatron.core import mpu
+    from megatron.training.checkpointing import checkpoint_exists
 
     from adaptor.convert import ConversionError, HfCheckpoint, Layout
     from adaptor.errors import fail
     from adaptor.log import notice
     from adaptor.mm.qwen_vl.checkpoint import load_hf_into
 
-    path = model_cfg.init_from_hf_path
+    path = hf_weights_to_load(model_cfg, args.load, checkpoint_exists(args.load))
     if path is None:
         return
     try:
@@ -89,5 +107,7 @@ def load_initial_weights(model, model_cfg, args) -> None:
                                                                pp=args.pipeline_model_parallel_size),
                              mpu.get_tensor_model_parallel_rank(), mpu.get_pipeline_model_parallel_rank())
     except (ConversionError, ValueError, KeyError, OSError) as exc:
-        fail(f"{model_cfg.file}: init_from_hf_path {path}: {exc}")
+        where = f"{model_cfg.file}: init_from_hf_path" if model_cfg.hf_dir_source == "init_from_hf_path" \
+            else "--hf-load-dir"
+        fail(f"{where} {path}: {exc}")
     notice(f"Qwen-VL model: {count} tensors on rank 0 loaded from {path}")
