@@ -3,9 +3,10 @@
 * A list of image paths is the video's frames in that order; a directory holds them, in file-name order
   (``frame_0002.png`` before ``frame_0010.png`` needs zero padding, as frame dumps write). Every frame is
   used; their rate is data.json's ``video_fps`` (LLaMA-Factory's meaning for frame lists).
-* A video file (``.mp4``, ``.webm``, ...) is decoded with PyAV when it is installed, ``video_fps`` frames
-  per second of its own rate at most ``video_maxlen`` frames, spread evenly over the video; without PyAV
-  it is one line naming the package to install. Nothing else here needs a video library.
+* A video file (``.mp4``, ``.webm``, ...) is decoded with PyAV when it is installed: ``video_fps`` frames
+  per second of its duration, at most ``video_maxlen``, spread evenly from its first frame to its last;
+  their rate is the frames kept over the duration. Without PyAV it is one line naming the package to
+  install. Nothing else here needs a video library.
 
 The rate sets how far apart a Qwen2.5-VL video's frame groups lie in the 3-D positions:
 ``second_per_grid_ts = temporal_patch_size / fps``.
@@ -45,8 +46,18 @@ def _load_image(path):
         return image.copy()
 
 
+def _sample_indices(total: int, seconds: float, fps: float, maxlen: int) -> list[int]:
+    """Which of ``total`` frames to keep: ``fps`` per second of the video, at most ``maxlen``, spread evenly from
+    the first frame to the last (LLaMA-Factory's rule, which MindSpeed-MM trains with)."""
+    wanted = min(total, maxlen, max(1, math.floor(seconds * fps)))
+    if wanted == 1:
+        return [0]
+    return [int(i * (total - 1) / (wanted - 1)) for i in range(wanted)]
+
+
 def _decode_file(path: str, fps: float, maxlen: int):
-    """(frames, their rate) of a video file, sampled at ``fps`` (at most ``maxlen`` frames)."""
+    """(frames, their rate) of a video file, sampled at ``fps`` (at most ``maxlen`` frames); only the kept frames
+    are held in memory."""
     try:
         import av
     except ImportError:
@@ -54,14 +65,23 @@ def _decode_file(path: str, fps: float, maxlen: int):
                          f"(pip install av), or give the video as a directory or list of frame images") from None
     with av.open(path) as container:
         stream = container.streams.video[0]
-        frames = [frame.to_image() for frame in container.decode(stream)]
-        rate = float(stream.average_rate or 0) or None
+        total = stream.frames
+        seconds = float(stream.duration * stream.time_base) if stream.duration and stream.time_base else 0.0
+        if not total:  # no frame count in the header: count by decoding
+            total = sum(1 for _ in container.decode(stream))
+            container.seek(0)
+        if not seconds:
+            seconds = total / float(stream.average_rate) if stream.average_rate else total / fps
+        keep = _sample_indices(total, seconds, fps, maxlen) if total else []
+        wanted, frames = set(keep), []
+        for index, frame in enumerate(container.decode(stream)):
+            if index in wanted:
+                frames.append(frame.to_image())
+            if index >= keep[-1]:
+                break
     if not frames:
         raise ValueError(f"video {os.path.basename(path)}: no frames decoded")
-    duration = len(frames) / rate if rate else len(frames) / fps
-    wanted = max(1, min(maxlen, len(frames), math.floor(duration * fps)))
-    picked = [frames[int(i * len(frames) / wanted)] for i in range(wanted)]
-    return picked, (wanted / duration if duration > 0 else fps)
+    return frames, len(frames) / seconds if seconds > 0 else fps
 
 
 def read_video(video, fps: float | None, maxlen: int | None):
