@@ -11,8 +11,11 @@
   temporal_patch_size / video_fps, and our model (tiny random Qwen2.5-VL loaded from its Hugging Face
   directory) fed the micro-batch gives ``Qwen2_5_VLForConditionalGeneration``'s logits within 1e-4, also
   after pretrain_mm.py's TP broadcast; other video pixels move the logits.
-* One line each: a Qwen3-VL sample with a video (its timestamped frames are not built), a video file
-  without PyAV installed, a ``<video>`` marker without a video.
+* Qwen3-VL's model (tiny random, deepstack after decoder layer 0) fed an image and a two-frame video, each
+  frame after timestamp text, gives ``Qwen3VLForConditionalGeneration``'s logits within 1e-4: the
+  deepstack rows of images and videos join in token order as there.
+* One line each: a Qwen3-VL sample with a video (its timestamped frames are not built by the data
+  pipeline), a video file without PyAV installed, a ``<video>`` marker without a video.
 """
 from __future__ import annotations
 
@@ -23,7 +26,7 @@ from argparse import Namespace
 import pytest
 import torch
 
-from helpers.hf_fixtures import make_tiny_qwen2_5_vl
+from helpers.hf_fixtures import VL_IMAGE_TOKEN, VL_VIDEO_TOKEN, VL_VISION_START, make_tiny_qwen2_5_vl, make_tiny_qwen3_vl
 from helpers.processes import import_tool
 
 from adaptor.mm.data import MMDataError
@@ -169,6 +172,49 @@ def test_video_sample_positions_and_logits_equal_transformers(work):
         moved = model(ids, batch["position_ids"], batch["pixel_values"], batch["image_grid_thw"],
                       pixel_values_videos=batch["pixel_values_videos"] + 1.0, video_grid_thw=grid)
         assert (moved - got).abs().max() > 1e-3
+
+
+def test_qwen3_vl_model_with_an_image_and_a_video_equals_transformers(tmp_path, model_parallel):
+    from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
+    from transformers import Qwen3VLForConditionalGeneration
+
+    from adaptor.convert import HfCheckpoint, Layout
+    from adaptor.mm.config import load_model_config
+    from adaptor.mm.qwen_vl.checkpoint import load_hf_into
+    from adaptor.mm.qwen_vl.decoder import decoder_transformer_config
+    from adaptor.mm.qwen_vl.model import QwenVLModel
+    from adaptor.mm.qwen_vl.model_json import text_config, vision_settings
+    from adaptor.mm.qwen_vl.rope_index import token_types
+
+    hf_dir = make_tiny_qwen3_vl(tmp_path / "hf")
+    hf = Qwen3VLForConditionalGeneration.from_pretrained(hf_dir, dtype=torch.float32,
+                                                         attn_implementation="eager").eval()
+    doc = {"model_id": "qwen3vl", "init_from_hf_path": str(hf_dir),
+           "image_encoder": {"vision_encoder": {"model_id": "qwen3vit"}, "vision_projector": {"model_id": "lnmlp"}},
+           "text_decoder": {"model_id": "qwen3lm"}}
+    (tmp_path / "model.json").write_text(json.dumps(doc))
+    model_cfg = load_model_config(tmp_path / "model.json")
+    model_parallel_cuda_manual_seed(1)
+    text = text_config(model_cfg)
+    model = QwenVLModel(vision_settings(model_cfg), text, decoder_transformer_config(text, use_cpu_initialization=True),
+                        image_token_id=VL_IMAGE_TOKEN, video_token_id=VL_VIDEO_TOKEN, vocab_size=text.vocab_size)
+    load_hf_into(model.eval(), HfCheckpoint(hf_dir), Layout(), 0, 0)
+    # text, an image of 2x2 merged tokens, then two video frames of 2x2 each, each after "timestamp" text
+    ids = torch.tensor([[3, VL_VISION_START] + [VL_IMAGE_TOKEN] * 4 + [5, 7, VL_VISION_START] + [VL_VIDEO_TOKEN] * 4
+                        + [8, VL_VISION_START] + [VL_VIDEO_TOKEN] * 4 + [9, 10]])
+    image_grid, video_grid = torch.tensor([[1, 4, 4]]), torch.tensor([[2, 4, 4]])
+    gen = torch.Generator().manual_seed(4)
+    width = 3 * 2 * 16 * 16
+    pixels, video = torch.randn(16, width, generator=gen), torch.randn(32, width, generator=gen)
+    types = token_types(ids, VL_IMAGE_TOKEN, VL_VIDEO_TOKEN)
+    positions, _ = hf.model.get_rope_index(ids, types, image_grid_thw=image_grid, video_grid_thw=video_grid)
+    with torch.no_grad():
+        want = hf(input_ids=ids, pixel_values=pixels, image_grid_thw=image_grid, pixel_values_videos=video,
+                  video_grid_thw=video_grid, mm_token_type_ids=types).logits
+        got = model(ids, positions, pixels, image_grid, pixel_values_videos=video, video_grid_thw=video_grid)
+    error = (got - want).abs().max().item()
+    print(f"Qwen3-VL image + video: max abs logit difference {error:.1e} (max |logit| {want.abs().max():.2f})")
+    assert got.shape == want.shape and error < 1e-4, error
 
 
 def test_video_problems_are_one_line(work):
