@@ -116,12 +116,12 @@ def _multimodal_provider(pre_process=True, post_process=True, vp_stage=None, con
     from megatron.training import get_args
     from megatron.training.arguments import core_transformer_config_from_args
 
-    from adaptor.mm.config import cached_model_config
+    from adaptor.mm.config import run_model_config
     from adaptor.mm.model import build_llava_model
 
     args = get_args()
     config = config or core_transformer_config_from_args(args)
-    return build_llava_model(args, cached_model_config(args.mm_model), config, pre_process, post_process, vp_stage,
+    return build_llava_model(args, run_model_config(args), config, pre_process, post_process, vp_stage,
                              pg_collection)
 
 

@@ -22,14 +22,14 @@ from megatron.training.arguments import core_transformer_config_from_args, parse
 from adaptor import run_state
 from adaptor.errors import fail
 from adaptor.mm.builders import builder
-from adaptor.mm.config import cached_model_config
+from adaptor.mm.config import run_model_config
 from adaptor.mm.qwen_vl.data_config import cached_mm_data_config
 
 
 def model_provider(pre_process=True, post_process=True, vp_stage=None, config=None, pg_collection=None):
     """The model model.json's model_id names, with the initial weights it names."""
     args = get_args()
-    model_cfg = cached_model_config(args.mm_model)
+    model_cfg = run_model_config(args)
     print_rank_0(f"building {model_cfg.model_id} model ...")
     config = config or core_transformer_config_from_args(args)
     parts = builder(model_cfg)
@@ -40,7 +40,7 @@ def model_provider(pre_process=True, post_process=True, vp_stage=None, config=No
 
 def forward_step(data_iterator, model):
     """The forward step of model.json's model (its batch, its per-token loss under the loss mask)."""
-    return builder(cached_model_config(get_args().mm_model)).forward_step(data_iterator, model)
+    return builder(run_model_config(get_args())).forward_step(data_iterator, model)
 
 
 def train_valid_test_datasets_provider(train_val_test_num_samples, vp_stage=None):
@@ -49,7 +49,7 @@ def train_valid_test_datasets_provider(train_val_test_num_samples, vp_stage=None
     if mpu.get_tensor_model_parallel_rank() != 0:
         return None, None, None
     data_cfg = cached_mm_data_config(args.mm_data)
-    model_cfg = cached_model_config(args.mm_model)
+    model_cfg = run_model_config(args)
     train = builder(model_cfg).train_dataset(args, data_cfg, model_cfg, train_val_test_num_samples[0])
     return train, None, None
 

@@ -94,12 +94,14 @@ MODEL = {
 }
 
 
-def load_model_config(path) -> MMModelConfig:
+def load_model_config(path, hf_load_dir: str | None = None) -> MMModelConfig:
+    """model.json checked; ``hf_load_dir`` (``--hf-load-dir``) is a Qwen-VL model's Hugging Face directory
+    when the file names none (a llava model.json has no single directory: the flag is refused elsewhere)."""
     raw, file = read_json(path)
     if isinstance(raw, dict) and raw.get("model_id") in QWEN_VL_MODEL_IDS:
         from adaptor.mm.qwen_vl.model_json import load_qwen_vl_model_config
 
-        return load_qwen_vl_model_config(raw, file, str(path))
+        return load_qwen_vl_model_config(raw, file, str(path), hf_load_dir)
     cfg = check_section(raw, MODEL, "", str(path))
     vision, projector, text = cfg["image_encoder"]["vision_encoder"], cfg["image_encoder"]["vision_projector"], \
         cfg["text_decoder"]
@@ -192,9 +194,15 @@ def load_data_config(path) -> MMDataConfig:
 
 
 @functools.lru_cache(maxsize=None)
-def cached_model_config(path: str) -> MMModelConfig:
+def cached_model_config(path: str, hf_load_dir: str | None = None) -> MMModelConfig:
     """model.json read once per process (argument checks and the model provider share it)."""
-    return load_model_config(path)
+    return load_model_config(path, hf_load_dir)
+
+
+def run_model_config(args) -> MMModelConfig:
+    """model.json as this run reads it: ``--mm-model``, with ``--hf-load-dir`` where the file names no
+    Hugging Face directory."""
+    return cached_model_config(args.mm_model, getattr(args, "hf_load_dir", None))
 
 
 @functools.lru_cache(maxsize=None)

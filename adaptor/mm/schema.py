@@ -115,6 +115,8 @@ class MMModelConfig:
     model_id: str = "llava"
     hf_config: dict | None = None  # the whole model as a Hugging Face config.json would describe it
     init_from_hf_path: str | None = None  # a Hugging Face directory whose weights start the run
+    # where that directory was named: model.json's key, or the command line's --hf-load-dir
+    hf_dir_source: str = "init_from_hf_path"
     taken_from_hf: tuple = ()  # JSON paths whose placeholder value was replaced by config.json's
     patch_notices: tuple = ()  # one line per ``patch`` switch that changes nothing here (adaptor.mm.patch_section)
 

@@ -216,7 +216,7 @@ class MultimodalArguments(Feature):
     def set_defaults(self, args, ctx) -> None:
         from adaptor.errors import fail
         from adaptor.log import notice_once
-        from adaptor.mm.config import MMConfigError, cached_model_config
+        from adaptor.mm.config import MMConfigError, run_model_config
         from adaptor.mm.qwen_vl.data_config import cached_mm_data_config
 
         generating = _generation_entry()
@@ -225,7 +225,7 @@ class MultimodalArguments(Feature):
         if args.mm_data is not None and generating:
             fail(f"--mm-data: {generating} reads no dataset; drop it (--mm-model model.json builds the model)")
         try:
-            model_cfg = cached_model_config(args.mm_model)
+            model_cfg = run_model_config(args)
             apply_model_json(args, ctx.explicit, model_cfg)
             if model_cfg.taken_from_hf:
                 notice_once(f"{model_cfg.file}: {', '.join(model_cfg.taken_from_hf)} = 999999 taken from "
@@ -239,10 +239,10 @@ class MultimodalArguments(Feature):
             args.num_workers = data_cfg.num_workers
 
     def validate(self, args, ctx) -> None:
-        from adaptor.mm.config import cached_model_config
+        from adaptor.mm.config import run_model_config
         from adaptor.mm.qwen_vl.data_config import cached_mm_data_config
 
-        model_cfg = cached_model_config(args.mm_model)
+        model_cfg = run_model_config(args)
         if _generation_entry():  # the text side of a trained checkpoint: no data, no initial weights
             check_layout(args, model_cfg, None)
         else:

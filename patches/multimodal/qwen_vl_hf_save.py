@@ -6,8 +6,12 @@ writes ``Qwen2_5_VLForConditionalGeneration`` / ``Qwen3VLForConditionalGeneratio
 (:func:`adaptor.mm.qwen_vl.hf_export.save_vl_hf_dir`), all or nothing.
 
 Enabled for ``--mm-model`` runs that name ``--hf-load-dir`` or ``--hf-save-dir`` (the GPT feature steps
-aside for them); ``--hf-load-dir`` is refused in one line: model.json's ``init_from_hf_path`` gives the
-initial weights and describes the model, and a second directory could disagree with it.
+aside for them). ``--hf-load-dir DIR`` is read where model.json's ``init_from_hf_path`` would be
+(:func:`adaptor.mm.config.run_model_config`): DIR's config.json describes the model, checked against the
+shape keys model.json gives, and its tensors start the run unless ``--load`` holds a checkpoint
+(:func:`adaptor.mm.qwen_vl.steps.hf_weights_to_load`). Here, one line each: both naming different
+directories (raised while model.json is read), ``--pretrained-checkpoint`` beside it, a directory without
+weights, and a llava model.json, whose tower and decoder come from two directories.
 """
 from __future__ import annotations
 
@@ -21,27 +25,34 @@ OWNER = __name__
 def train_then_save(wrapped, instance, call_args, kwargs):
     from megatron.training import get_args
 
-    from adaptor.mm.config import cached_model_config
+    from adaptor.mm.config import run_model_config
     from adaptor.mm.qwen_vl.hf_export import save_vl_hf_dir
 
     result = wrapped(*call_args, **kwargs)
     args = get_args()
     if args.hf_save_dir is not None:
         model = call_args[1] if len(call_args) > 1 else kwargs["model"]
-        save_vl_hf_dir(model, args, result[0], cached_model_config(args.mm_model))
+        save_vl_hf_dir(model, args, result[0], run_model_config(args))
     return result
 
 
 def check_hf_flags(args, model_cfg) -> None:
     """One line for what a multimodal run cannot do with ``--hf-load-dir`` / ``--hf-save-dir``."""
     qwen_vl = model_cfg.hf_config is not None
-    if getattr(args, "hf_load_dir", None):
-        # Refused, not mapped: model.json's init_from_hf_path also describes the architecture (config.json),
-        # so a second source of initial weights could disagree with the model that is built.
-        raise ArgumentError(
-            f"pretrain_mm.py: --hf-load-dir is not read; give the Hugging Face directory as model.json's "
-            + ("init_from_hf_path (it also describes the model)" if qwen_vl
-               else "text_decoder.ckpt_path (llava: the text decoder's checkpoint)"))
+    load = getattr(args, "hf_load_dir", None)
+    if load and not qwen_vl:
+        raise ArgumentError("pretrain_mm.py: a llava model.json has no single Hugging Face directory; give the "
+                            "decoder's and the tower's as text_decoder.ckpt_path and "
+                            "image_encoder.vision_encoder.ckpt_path instead of --hf-load-dir")
+    if load:
+        from adaptor.convert import ConversionError, HfCheckpoint
+
+        if getattr(args, "pretrained_checkpoint", None):
+            raise ArgumentError("--hf-load-dir and --pretrained-checkpoint both give initial weights; pass one")
+        try:
+            HfCheckpoint(model_cfg.init_from_hf_path).names()
+        except ConversionError as exc:
+            raise ArgumentError(f"--hf-load-dir {load}: {exc}") from None
     save = getattr(args, "hf_save_dir", None)
     if save is None:
         return
@@ -70,6 +81,6 @@ class QwenVlHfSave(Feature):
             pm.register_wrapper("megatron.training.training.train", train_then_save, OWNER)
 
     def validate(self, args, ctx) -> None:
-        from adaptor.mm.config import cached_model_config
+        from adaptor.mm.config import run_model_config
 
-        check_hf_flags(args, cached_model_config(args.mm_model))
+        check_hf_flags(args, run_model_config(args))

@@ -19,6 +19,8 @@ Qwen2.5-VL curve, and the Qwen3-VL example's FSDP2 run reproduces its one-proces
   gradients of the two ranks' micro-batches), which agrees to fp32 rounding (measured: all three equal
   the reference in the 7 digits Megatron logs). A single-process run at a 10% higher learning rate
   differs by about 6e-3 and must fail it; it runs beside the reference, on the core that one leaves idle.
+* The same model.json without ``init_from_hf_path``, given the directory as ``--hf-load-dir``, trains exactly
+  the reference's curve (every logged loss equal): the flag is read where model.json's key would be.
 * FSDP2's default plan makes each vision block and each decoder layer a unit (the run prints its plan).
 """
 from __future__ import annotations
@@ -74,6 +76,8 @@ def start(tmp_path_factory):
                                "vision_projector": {"model_id": "lnmlp"}},
              "text_decoder": {"model_id": "qwen2_5_lm"}}
     (root / "model.json").write_text(json.dumps(model))
+    del model["init_from_hf_path"]
+    (root / "model_no_hf.json").write_text(json.dumps(model))
     shutil.copy(EXAMPLE / "data.json", root / "data.json")
     return ["--mm-model", str(root / "model.json"), "--mm-data", str(root / "data.json"),
             "--tokenizer-type", "HuggingFaceTokenizer", "--tokenizer-model", str(root / "data" / "tokenizer"),
@@ -90,13 +94,21 @@ def train(args, nproc=1, extra=()):
     return run
 
 
+def from_hf_load_dir(args):
+    """``args`` with model.json's Hugging Face directory given as ``--hf-load-dir`` instead."""
+    at = args.index("--mm-model") + 1
+    root = Path(args[at]).parent
+    return [*args[:at], str(root / "model_no_hf.json"), *args[at + 1:], "--hf-load-dir", str(root / "hf")]
+
+
 @prefetched
 def single_process(start):
-    """The reference curve and, beside it, the same run at a 10% higher learning rate."""
-    reference, perturbed = side_by_side(lambda: train(start), lambda: train(start, extra=["--lr", str(LR * 1.1)]))
+    """The reference curve, the same run at a 10% higher learning rate, and the reference from --hf-load-dir."""
+    reference, perturbed, flag = side_by_side(lambda: train(start), lambda: train(start, extra=["--lr", str(LR * 1.1)]),
+                                              lambda: train(from_hf_load_dir(start)))
     curve = reference.curve()
     assert all(math.isfinite(x) for x in curve) and curve[-1] < curve[0], curve
-    return curve, perturbed.curve()
+    return curve, perturbed.curve(), flag.curve()
 
 
 def run_example(script: str, **variables) -> tuple[list[float], str]:
@@ -153,7 +165,7 @@ def test_layout_reproduces_single_process_curve(layout, start, single_process, t
     # The PP2 run also writes its weights back as a Hugging Face directory (--hf-save-dir), gathered over stages.
     saved = ["--hf-save-dir", str(tmp_path / "hf_out")] if layout == "pp2" else []
     run = train(start, nproc=2, extra=LAYOUTS[layout] + saved)
-    reference, _ = single_process
+    reference = single_process[0]
     if saved:
         check_saved_directory(tmp_path / "hf_out", Path(start[start.index("--mm-model") + 1]).parent / "hf")
     assert worst_relative_gap(run.curve(), reference) <= RTOL, (run.curve(), reference)
@@ -164,8 +176,13 @@ def test_layout_reproduces_single_process_curve(layout, start, single_process, t
 
 
 def test_tolerance_detects_a_wrong_run(single_process):
-    reference, perturbed = single_process
+    reference, perturbed, _ = single_process
     assert worst_relative_gap(perturbed, reference) > RTOL * 10, (perturbed, reference)
+
+
+def test_hf_load_dir_trains_the_init_from_hf_path_curve(single_process):
+    reference, _, flag = single_process
+    assert flag == reference, (flag, reference)
 
 
 def check_saved_directory(out: Path, source: Path) -> None:

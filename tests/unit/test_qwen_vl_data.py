@@ -195,7 +195,8 @@ def test_micro_batch_of_different_images(dataset):
     b, s = 3, max(lengths)
     assert {k: list(v.shape) for k, v in batch.items()} == {
         "tokens": [b, s], "labels": [b, s], "loss_mask": [b, s], "position_ids": [3, b, s],
-        "pixel_values": [sum(len(x["pixel_values"]) for x in samples), 3 * 2 * 14 * 14], "image_grid_thw": [4, 3]}
+        "pixel_values": [sum(len(x["pixel_values"]) for x in samples), 3 * 2 * 14 * 14], "image_grid_thw": [4, 3],
+        "pixel_values_videos": [0, 3 * 2 * 14 * 14], "video_grid_thw": [0, 3]}
     assert batch["pixel_values"].dtype == torch.float32 and batch["image_grid_thw"].dtype == torch.int64
     assert torch.equal(batch["pixel_values"], torch.cat([x["pixel_values"] for x in samples]))
     short = lengths.index(min(lengths))
@@ -292,7 +293,7 @@ def test_bad_input_is_one_line(folder):
     assert skipping[0]["image_grid_thw"].tolist() == [[1, 2, 2], [1, 4, 4]]
 
     for where, value, expect in [
-        (("attr", "videos"), "videos", r"dataset_param.attr.videos: expected null"),
+        (("attr", "observation_tag"), "observation", r"dataset_param.attr.observation_tag: expected null"),
         (("basic_parameters", "streaming"), True, r"dataset_param.basic_parameters.streaming: unknown key"),
         (("basic_parameters", "template"), "llava", r"dataset_param.basic_parameters.template: \"llava\" is not one"),
     ]:

@@ -14,8 +14,7 @@ Tiny random ``Qwen2_5_VLForConditionalGeneration`` and ``Qwen3VLForConditionalGe
 * tools/check_vision_parity.py --hf-dir on both directories at TP1 passes (our tower against
   transformers' visual module on 28x28 and 56x84 / 32x32 and 64x96 images); its comparison of our tower
   loaded from a copy with the merger's output bias 0.01 larger against the original's reference is past the tolerance.
-* Bad input is one line each: --hf-save-dir into a non-empty directory, --hf-load-dir with a Qwen-VL
-  model.json, a checkpoint of another model_id (mg -> hf with the other family's model.json), a model.json
+* Bad input is one line each: --hf-save-dir into a non-empty directory, a checkpoint of another model_id (mg -> hf with the other family's model.json), a model.json
   of another model_id than --model-type-hf.
 """
 from __future__ import annotations
@@ -231,10 +230,7 @@ def test_bad_input_is_one_line(dirs):
     full.mkdir(exist_ok=True)
     (full / "x").write_text("x")
     cases = [(argparse.Namespace(hf_load_dir=None, hf_save_dir=str(full)),
-              f"--hf-save-dir {full} exists and is not an empty directory"),
-             (argparse.Namespace(hf_load_dir=str(hf_dir), hf_save_dir=None),
-              "pretrain_mm.py: --hf-load-dir is not read; give the Hugging Face directory as model.json's "
-              "init_from_hf_path (it also describes the model)")]
+              f"--hf-save-dir {full} exists and is not an empty directory")]
     for args, message in cases:
         with pytest.raises(ArgumentError) as info:
             check_hf_flags(args, cfg)

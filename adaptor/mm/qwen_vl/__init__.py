@@ -3,6 +3,7 @@
 Vision side:
 
 - :mod:`.image_processor`: images to ``(pixel_values, grid_thw)`` the way the published processors make them.
+- :mod:`.video_processor`: a video's frames to ``(pixel_values_videos, grid_thw)``, frames grouped in time.
 - :mod:`.settings`: the towers' hyper-parameters, read from a Hugging Face ``vision_config``.
 - :mod:`.vision_grid`: what ``grid_thw`` alone decides (patch coordinates, 2-D rotary angles, window order,
   attention segments, the learned position table resampled to each image).
@@ -23,7 +24,8 @@ Text side:
 Data side:
 
 - :mod:`.data_config`: MindSpeed-MM's ``huggingface`` data.json, checked key by key.
-- :mod:`.records`: LLaMA-Factory's sharegpt records with images, checked before training.
+- :mod:`.records`: LLaMA-Factory's sharegpt records with images and videos, checked before training.
+- :mod:`.video_frames`: a record's video (frame list, frame directory, or file through PyAV) as frames.
 - :mod:`.chat_format`: Qwen's chat format as text pieces in or out of the loss.
 - :mod:`.samples`: one record to token ids, loss, positions and patches.
 - :mod:`.dataset`: the training dataset, its micro-batch collate and its loader.
@@ -33,5 +35,6 @@ The whole model in pretrain_mm.py:
 - :mod:`.model_json`: model.json of ``qwen2_5vl`` / ``qwen3vl`` (MindSpeed-MM's keys, ``init_from_hf_path``).
 - :mod:`.model`: :class:`~.model.QwenVLModel`, tower and decoder for Megatron's loop (TP, PP, freezing).
 - :mod:`.checkpoint`: the whole model's tensors from a Hugging Face directory per TP/PP rank, and back.
-- :mod:`.steps`: the batch's TP broadcast, the forward step, initial weights, the dataset call.
+- :mod:`.steps`: the batch's TP broadcast, the forward step, initial weights (``init_from_hf_path`` or
+  ``--hf-load-dir``), the dataset call.
 """

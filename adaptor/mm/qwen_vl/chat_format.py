@@ -8,15 +8,15 @@ LLaMA-Factory's ``qwen2vl`` / ``qwen3_vl_nothink`` templates, which MindSpeed-MM
     <|im_start|>assistant\\nA red circle.<|im_end|>\\n
 
 Qwen2.5-VL's template adds that default system prompt when the conversation has none; Qwen3-VL's adds
-nothing. Each ``<image>`` of a user turn becomes one ``<|image_pad|>`` between the vision markers here;
-the dataset widens it to the image's token count after tokenizing. The loss covers what the assistant
+nothing. Each ``<image>`` of a user turn becomes one ``<|image_pad|>`` between the vision markers here,
+each ``<video>`` one ``<|video_pad|>``; the dataset widens them to the item's token count after tokenizing. The loss covers what the assistant
 says: its text, ``<|im_end|>`` and the newline after it (LLaMA-Factory's assistant format), so the model
 learns to stop; ``train_on_prompt`` puts everything in the loss, ``mask_history`` only the last reply.
 """
 from __future__ import annotations
 
-IMAGE_MARKER = "<image>"
-IMAGE_PAD = "<|image_pad|>"
+IMAGE_MARKER, VIDEO_MARKER = "<image>", "<video>"
+IMAGE_PAD, VIDEO_PAD = "<|image_pad|>", "<|video_pad|>"
 VISION_START, VISION_END = "<|vision_start|>", "<|vision_end|>"
 DEFAULT_SYSTEM = {"qwen2vl": "You are a helpful assistant.", "qwen2_vl": "You are a helpful assistant.",
                   "qwen3_vl_nothink": ""}
@@ -30,7 +30,7 @@ def render(template: str, system: str | None, turns: list[tuple[str, str]], trai
            mask_history: bool = False) -> list[tuple[str, bool]]:
     """(text, in the loss) pieces of a conversation; ``turns`` alternate ("user", text), ("assistant", text).
 
-    The pieces joined are the rendered sample; ``<image>`` in user text is already the vision run.
+    The pieces joined are the rendered sample; ``<image>`` / ``<video>`` in user text is already the vision run.
     """
     system = DEFAULT_SYSTEM[template] if system is None else system
     pieces = [(_turn("system", system), train_on_prompt)] if system else []
@@ -38,6 +38,7 @@ def render(template: str, system: str | None, turns: list[tuple[str, str]], trai
     for index, (role, text) in enumerate(turns):
         if role == "user":
             text = text.replace(IMAGE_MARKER, VISION_START + IMAGE_PAD + VISION_END)
+            text = text.replace(VIDEO_MARKER, VISION_START + VIDEO_PAD + VISION_END)
             pieces.append((_turn("user", text) + "<|im_start|>assistant\n", train_on_prompt))
         else:
             in_loss = train_on_prompt or not mask_history or index == last_reply

@@ -14,8 +14,10 @@ MindSpeed-MM hands this file to LLaMA-Factory's data pipeline, so its keys are L
 
 Every key a published MindSpeed-MM Qwen-VL data.json carries is accepted. Keys that only tune
 LLaMA-Factory's offline preprocessing (cache, worker counts, batch size) have no effect here, since
-samples are built on the fly; keys for what is not built (videos, tools, observation turns, split
-special tokens) are refused unless null or their inert value. A ``null`` is the same as an absent key.
+samples are built on the fly; keys for what is not built (tools, observation turns, split special
+tokens) are refused unless null or their inert value. Videos (``attr.videos``) are read with
+``video_fps`` (frames per second of frame lists, and the sampling rate of video files),
+``video_maxlen`` (frames at most from a file) and ``video_min_pixels`` / ``video_max_pixels`` (per frame). A ``null`` is the same as an absent key.
 Problems are one :class:`~adaptor.mm.config.MMConfigError` line naming the file and JSON path.
 """
 from __future__ import annotations
@@ -33,7 +35,6 @@ PREPROCESS = {
     "use_fast_tokenizer": Key(bool, default=True, choices=(True,)),
     "split_special_tokens": Key(bool, default=False, choices=(False,)),
     "image_max_pixels": Key(int), "image_min_pixels": Key(int),
-    # Video settings are read by MindSpeed-MM even without videos; here they only have to be well-formed.
     "video_max_pixels": Key(int), "video_min_pixels": Key(int), "video_fps": Key(float), "video_maxlen": Key(int),
 }
 
@@ -60,7 +61,8 @@ ATTR = {
     "role_tag": Key(str, default="from"), "content_tag": Key(str, default="value"),
     "user_tag": Key(str, default="human"), "assistant_tag": Key(str, default="gpt"),
     "system_tag": Key(str, default="system"),
-    "videos": Key(None), "observation_tag": Key(None), "function_tag": Key(None),
+    "videos": Key(str, default="videos"),
+    "observation_tag": Key(None), "function_tag": Key(None),
 }
 
 LOADER = {
@@ -90,6 +92,10 @@ class QwenVLDataConfig:
     dataset_dir: str            # absolute
     image_min_pixels: int | None
     image_max_pixels: int | None
+    video_min_pixels: int | None
+    video_max_pixels: int | None
+    video_fps: float | None
+    video_maxlen: int | None
     cutoff_len: int | None
     train_on_prompt: bool
     mask_history: bool
@@ -140,6 +146,12 @@ def load_qwen_vl_data_config(path) -> QwenVLDataConfig:
     if pre["image_max_pixels"] is not None and pre["image_max_pixels"] < max(1, pre["image_min_pixels"] or 0):
         raise MMConfigError(f"{where}.preprocess_parameters.image_max_pixels: {pre['image_max_pixels']} is below "
                             f"image_min_pixels {pre['image_min_pixels']} (or not positive)")
+    for key in ("video_min_pixels", "video_max_pixels"):
+        if pre[key] is not None and pre[key] < 0:
+            raise MMConfigError(f"{where}.preprocess_parameters.{key}: must be >= 0, got {pre[key]}")
+    for key in ("video_fps", "video_maxlen"):
+        if pre[key] is not None and pre[key] <= 0:
+            raise MMConfigError(f"{where}.preprocess_parameters.{key}: must be positive, got {pre[key]}")
     for key in ("cutoff_len", "max_samples"):
         if basic[key] is not None and basic[key] <= 0:
             raise MMConfigError(f"{where}.basic_parameters.{key}: must be positive, got {basic[key]}")
@@ -149,6 +161,8 @@ def load_qwen_vl_data_config(path) -> QwenVLDataConfig:
         file=str(path), model_name_or_path=resolve(file, pre["model_name_or_path"]), template=basic["template"],
         dataset=resolve(file, basic["dataset"]), dataset_dir=resolve(file, basic["dataset_dir"]),
         image_min_pixels=pre["image_min_pixels"], image_max_pixels=pre["image_max_pixels"],
+        video_min_pixels=pre["video_min_pixels"], video_max_pixels=pre["video_max_pixels"],
+        video_fps=pre["video_fps"], video_maxlen=pre["video_maxlen"],
         cutoff_len=basic["cutoff_len"], train_on_prompt=basic["train_on_prompt"],
         mask_history=basic["mask_history"], max_samples=basic["max_samples"], attr=cfg["dataset_param"]["attr"],
         shuffle=loader["shuffle"], num_workers=loader["num_workers"])

@@ -8,10 +8,11 @@ A micro-batch (what the model side reads)::
     position_ids  int64   [3, b, s]    the family's 3-D rotary positions; 0 on padding
     pixel_values  float32 [N, C*T*P*P] the patches of all images of the micro-batch, sample by sample
     image_grid_thw int64  [n, 3]       one row per image, same order
+    pixel_values_videos, video_grid_thw  the same for the videos (zero rows without videos)
 
 Samples differ in length and image count, so Megatron's default collate cannot batch them: :func:`collate`
 pads to the longest sample (right padding; causal attention never lets a real token see it) and
-concatenates the images. :func:`build_train_loader` puts it behind Megatron's own sampler (so resuming
+concatenates the images and the videos. :func:`build_train_loader` puts it behind Megatron's own sampler (so resuming
 skips consumed samples as usual) and returns an iterator, for ``args.dataloader_type = "external"``.
 With pipeline parallelism (stages exchange fixed-shape activations) and without
 ``--variable-seq-lengths``, every micro-batch is padded to ``--seq-length`` instead.
@@ -28,7 +29,8 @@ from adaptor.mm.data import RecordSamples
 from adaptor.mm.qwen_vl.data_config import QwenVLDataConfig, load_qwen_vl_data_config
 from adaptor.mm.qwen_vl.model_json import FAMILY
 from adaptor.mm.qwen_vl.records import read_vl_records
-from adaptor.mm.qwen_vl.samples import SampleBuilder, load_tokenizer, processor_settings
+from adaptor.mm.qwen_vl.samples import SampleBuilder, VideoOptions, load_tokenizer, processor_settings
+from adaptor.mm.qwen_vl.video_processor import video_settings
 
 # model.json's model_id (MindSpeed-MM's files spell Qwen3-VL's both qwen3vl and qwen3_vl) -> the processor /
 # rotary family.
@@ -44,6 +46,12 @@ def family_of(model_cfg, data_cfg: QwenVLDataConfig) -> str:
         raise MMConfigError(f"{data_cfg.file}: a huggingface dataset feeds model_id {' or '.join(MODEL_FAMILIES)}, "
                             f"not {model_id!r}")
     return MODEL_FAMILIES[model_id]
+
+
+def _tokens_per_second(model_cfg) -> float:
+    """The model's temporal positions per second of video (its vision_config; 2 as published)."""
+    hf_config = getattr(model_cfg, "hf_config", None) or {}
+    return float((hf_config.get("vision_config") or {}).get("tokens_per_second", 2))
 
 
 class QwenVLDataset(RecordSamples):
@@ -73,6 +81,8 @@ def build_train_dataset(args, data_cfg, model_cfg, num_samples: int) -> QwenVLDa
     try:
         settings = processor_settings(family, data_cfg.model_name_or_path, data_cfg.image_min_pixels,
                                       data_cfg.image_max_pixels)
+        video = VideoOptions(video_settings(settings, data_cfg.video_min_pixels, data_cfg.video_max_pixels),
+                             data_cfg.video_fps, data_cfg.video_maxlen, _tokens_per_second(model_cfg))
     except ValueError as exc:
         raise MMConfigError(f"{data_cfg.file}: dataset_param.preprocess_parameters: {exc}") from None
     max_ids, limit_text = args.seq_length + 1, f"--seq-length {args.seq_length}"
@@ -87,7 +97,7 @@ def build_train_dataset(args, data_cfg, model_cfg, num_samples: int) -> QwenVLDa
         print(f"> {data_cfg.dataset}: {len(records)} records used, {sum(skipped.values())} skipped ({reasons}) "
               f"under --mm-skip-bad-records", flush=True)
     builder = SampleBuilder(tokenizer, pad_id, image_pad_id, settings, family, data_cfg.template, max_ids,
-                            limit_text, data_cfg.train_on_prompt, data_cfg.mask_history)
+                            limit_text, data_cfg.train_on_prompt, data_cfg.mask_history, video)
     return QwenVLDataset(records, builder, num_samples, data_cfg.shuffle, args.seed, skip_bad, data_cfg.dataset)
 
 
@@ -110,8 +120,8 @@ def collate(samples: list[dict], pad_id: int = 0, length: int | None = None, mul
         loss_mask[row, :n] = sample["loss_mask"]
         position_ids[:, row, :n] = sample["position_ids"]
     return {"tokens": tokens, "labels": labels, "loss_mask": loss_mask, "position_ids": position_ids,
-            "pixel_values": torch.cat([s["pixel_values"] for s in samples]),
-            "image_grid_thw": torch.cat([s["image_grid_thw"] for s in samples])}
+            **{key: torch.cat([s[key] for s in samples])
+               for key in ("pixel_values", "image_grid_thw", "pixel_values_videos", "video_grid_thw")}}
 
 
 def batch_shape_for(args) -> tuple[int | None, int]:

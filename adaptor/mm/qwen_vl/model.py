@@ -41,11 +41,30 @@ def check_deepstack_on_first_stage(decoder, deepstack_layers: int) -> None:
                          f"give the first stage more layers or use a smaller --pipeline-model-parallel-size")
 
 
+def _joint_deepstack(masks: list, features: list) -> list:
+    """Per decoder layer, the deepstack rows of images and videos together, in the token order of the union of
+    their ``masks`` (b, s), as the decoder adds them; ``features``: per kind, its rows per layer."""
+    if len(features) == 1:
+        return features[0]
+    union = masks[0] | masks[1]
+    where = [mask[union] for mask in masks]
+    joint = []
+    for layer_rows in zip(*features):
+        rows = layer_rows[0].new_zeros(int(union.sum()), layer_rows[0].shape[-1])
+        for place, part in zip(where, layer_rows):
+            rows[place] = part
+        joint.append(rows)
+    return joint
+
+
 class QwenVLModel(MegatronModule):
-    """``forward(tokens, position_ids, pixel_values, image_grid_thw, labels, loss_mask)``: megatron's per-token
-    loss [b, s] with ``labels`` (logits [b, s, vocab/TP] without) on the last stage, hidden states before it."""
+    """``forward(tokens, position_ids, pixel_values, image_grid_thw, labels, loss_mask, ..., pixel_values_videos,
+    video_grid_thw)``: megatron's per-token loss [b, s] with ``labels`` (logits [b, s, vocab/TP] without) on the
+    last stage, hidden states before it. Images and videos go through the tower separately (each its own
+    grids), their rows replacing the image and video placeholder tokens."""
 
     def __init__(self, settings: VisionSettings, text: VlTextConfig, config, *, image_token_id: int,
+                 video_token_id: int | None = None,
                  layer_spec=None, vocab_size: int | None = None, max_sequence_length: int = 32768,
                  pre_process: bool = True, post_process: bool = True, **decoder_kwargs):
         from adaptor.mm.qwen_vl.decoder import build_decoder
@@ -57,7 +76,7 @@ class QwenVLModel(MegatronModule):
         config = dataclasses.replace(config, mrope_section=list(text.mrope_section), apply_rope_fusion=False)
         super().__init__(config=config)
         self.pre_process, self.post_process = pre_process, post_process
-        self.image_token_id = image_token_id
+        self.image_token_id, self.video_token_id = image_token_id, video_token_id
         self.settings, self.text = settings, text
         self.language_model = build_decoder(text, config, layer_spec, vocab_size=vocab_size,
                                             max_sequence_length=max_sequence_length, pre_process=pre_process,
@@ -89,26 +108,35 @@ class QwenVLModel(MegatronModule):
                 if projector if "merger" in name else vision:
                     p.requires_grad_(False)
 
-    def _decoder_input(self, tokens, pixel_values, image_grid_thw):
+    def _decoder_input(self, tokens, pixel_values, image_grid_thw, pixel_values_videos=None, video_grid_thw=None):
         """The first stage's decoder input [s, b, h] and deepstack context."""
         embeddings = self.language_model.embedding(input_ids=tokens, position_ids=None)
-        mask = tokens == self.image_token_id
-        has_images = pixel_values is not None and pixel_values.numel() > 0
-        if not has_images:
-            if mask.any():
-                raise ValueError(f"{int(mask.sum())} image placeholder tokens but no pixel_values")
+        video_mask = tokens == self.video_token_id if self.video_token_id is not None else torch.zeros_like(
+            tokens, dtype=torch.bool)
+        masks, features = [], []
+        for mask, pixels, grid, what in ((tokens == self.image_token_id, pixel_values, image_grid_thw, "image"),
+                                         (video_mask, pixel_values_videos, video_grid_thw, "video")):
+            if pixels is None or pixels.numel() == 0:
+                if mask.any():
+                    raise ValueError(f"{int(mask.sum())} {what} placeholder tokens but no {what} pixel values")
+                continue
+            out = self.vision_model(pixels, grid)
+            rows, deepstack = out if isinstance(out, tuple) else (out, None)
+            embeddings = replace_placeholders(embeddings, mask, rows, what)
+            if deepstack:
+                masks.append(mask)
+                features.append(deepstack)
+        if not features:
             return embeddings, nullcontext()
-        out = self.vision_model(pixel_values, image_grid_thw)
-        rows, deepstack = out if isinstance(out, tuple) else (out, None)
-        embeddings = replace_placeholders(embeddings, mask, rows, "image")
-        stack = deepstack_features(self.language_model, mask, deepstack) if deepstack else nullcontext()
-        return embeddings, stack
+        union = masks[0] if len(masks) == 1 else masks[0] | masks[1]
+        return embeddings, deepstack_features(self.language_model, union, _joint_deepstack(masks, features))
 
     def forward(self, tokens, position_ids, pixel_values=None, image_grid_thw=None, labels=None, loss_mask=None,
-                attention_mask=None):
+                attention_mask=None, pixel_values_videos=None, video_grid_thw=None):
         decoder_input, stack = None, nullcontext()
         if self.pre_process:
-            decoder_input, stack = self._decoder_input(tokens, pixel_values, image_grid_thw)
+            decoder_input, stack = self._decoder_input(tokens, pixel_values, image_grid_thw, pixel_values_videos,
+                                                       video_grid_thw)
         with stack:
             return self.language_model(input_ids=tokens, position_ids=position_ids, attention_mask=attention_mask,
                                        decoder_input=decoder_input, labels=labels, loss_mask=loss_mask)
@@ -124,6 +152,7 @@ def build_qwen_vl_model(args, model_cfg, config, pre_process=True, post_process=
     config = dataclasses.replace(config, mrope_section=list(text.mrope_section))
     model = QwenVLModel(
         vision_settings(model_cfg), text, config, image_token_id=int(model_cfg.hf_config["image_token_id"]),
+        video_token_id=model_cfg.hf_config.get("video_token_id"),
         layer_spec=gpt_layer_spec(args, config, vp_stage=vp_stage), vocab_size=args.padded_vocab_size,
         max_sequence_length=args.max_position_embeddings, pre_process=pre_process, post_process=post_process,
         parallel_output=True, vp_stage=vp_stage, pg_collection=pg_collection)

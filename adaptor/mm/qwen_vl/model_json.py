@@ -204,18 +204,33 @@ def _config_from_keys(family: str, cfg: dict, where) -> dict:
             "tie_word_embeddings": not bool(text["untie_embeddings_and_output_weights"])}
 
 
-def _config_from_directory(family: str, directory: str, where) -> dict:
+def _config_from_directory(family: str, directory: str, label: str) -> dict:
+    """``directory``'s config.json; ``label`` names where the directory was given, for the one error line."""
     file = Path(directory) / "config.json"
     try:
         config = json.loads(file.read_text(encoding="utf-8"))
     except OSError as exc:
-        raise MMConfigError(f"{where('', 'init_from_hf_path')}: cannot read {file} ({exc.strerror})") from None
+        raise MMConfigError(f"{label}: cannot read {file} ({exc.strerror})") from None
     except json.JSONDecodeError as exc:
-        raise MMConfigError(f"{where('', 'init_from_hf_path')}: {file} is not valid JSON ({exc.msg})") from None
+        raise MMConfigError(f"{label}: {file} is not valid JSON ({exc.msg})") from None
     if config.get("model_type") != family:
-        raise MMConfigError(f"{where('', 'init_from_hf_path')}: {file} has model_type "
+        raise MMConfigError(f"{label}: {file} has model_type "
                             f"{config.get('model_type')!r}; this model.json builds {family}")
     return config
+
+
+def _hf_directory(json_dir: str | None, flag_dir: str | None, path: str) -> tuple[str | None, str]:
+    """The Hugging Face directory that describes and starts the model, and where it was named.
+
+    ``--hf-load-dir`` stands in for a missing ``init_from_hf_path``; both may be given only when they name
+    the same directory, since each would otherwise describe a different model.
+    """
+    if flag_dir is None:
+        return json_dir, "init_from_hf_path"
+    if json_dir is not None and Path(json_dir).resolve() != Path(flag_dir).resolve():
+        raise MMConfigError(f"{path}: init_from_hf_path {json_dir} and --hf-load-dir {flag_dir} name different "
+                            f"directories; give one")
+    return (json_dir, "init_from_hf_path") if json_dir is not None else (flag_dir, "--hf-load-dir")
 
 
 def _check_given(family: str, cfg: dict, hf_config: dict, settings, text_cfg, where, source: str) -> None:
@@ -259,8 +274,12 @@ def _check_given(family: str, cfg: dict, hf_config: dict, settings, text_cfg, wh
                                 f"{json.dumps(list(theirs) if isinstance(theirs, tuple) else theirs)}")
 
 
-def load_qwen_vl_model_config(raw: dict, file: Path, path: str) -> MMModelConfig:
-    """A checked Qwen-VL model.json; :attr:`MMModelConfig.text` holds the decoder's Megatron arguments."""
+def load_qwen_vl_model_config(raw: dict, file: Path, path: str, hf_load_dir: str | None = None) -> MMModelConfig:
+    """A checked Qwen-VL model.json; :attr:`MMModelConfig.text` holds the decoder's Megatron arguments.
+
+    ``hf_load_dir`` (the command line's ``--hf-load-dir``) is read as ``init_from_hf_path`` when the file
+    has none.
+    """
     from adaptor.mm.qwen_vl.settings import VisionSettings
     from adaptor.mm.qwen_vl.text_config import vl_text_config
 
@@ -268,7 +287,7 @@ def load_qwen_vl_model_config(raw: dict, file: Path, path: str) -> MMModelConfig
     patch_notices = read_patch_section(cfg["patch"], path)
     where = _Where(path)
     family = FAMILY[cfg["model_id"]]
-    init_dir = resolve(file, cfg["init_from_hf_path"])
+    init_dir, dir_source = _hf_directory(resolve(file, cfg["init_from_hf_path"]), hf_load_dir, path)
     taken = _drop_placeholders(cfg, where, init_dir is not None)
     vision, projector, text = cfg["image_encoder"]["vision_encoder"], cfg["image_encoder"]["vision_projector"], \
         cfg["text_decoder"]
@@ -283,7 +302,8 @@ def load_qwen_vl_model_config(raw: dict, file: Path, path: str) -> MMModelConfig
                 raise MMConfigError(f"{where(section, key)} is {json.dumps(keys[key])}; {cfg['model_id']} has "
                                     f"{json.dumps(want)} (not configurable)")
     if init_dir is not None:
-        hf_config = _config_from_directory(family, init_dir, where)
+        label = where("", "init_from_hf_path") if dir_source == "init_from_hf_path" else f"--hf-load-dir {init_dir}"
+        hf_config = _config_from_directory(family, init_dir, label)
         source = f"{init_dir}/config.json"
     else:
         hf_config = _config_from_keys(family, cfg, where)
@@ -325,7 +345,7 @@ def load_qwen_vl_model_config(raw: dict, file: Path, path: str) -> MMModelConfig
     return MMModelConfig(
         file=path, vision={"model_id": vision["model_id"], "freeze": vision["freeze"], "ckpt_path": None},
         projector={"model_id": projector["model_id"], "freeze": projector["freeze"]}, text=decoder_args,
-        model_id=cfg["model_id"], hf_config=hf_config, init_from_hf_path=init_dir,
+        model_id=cfg["model_id"], hf_config=hf_config, init_from_hf_path=init_dir, hf_dir_source=dir_source,
         taken_from_hf=taken, patch_notices=patch_notices)
 
 

@@ -5,11 +5,14 @@ A record (keys named by data.json's ``attr``; these are MindSpeed-MM's)::
     {"messages": [{"role": "user", "content": "<image>What is drawn?"},
                   {"role": "assistant", "content": "A red circle."}],
      "images": ["shapes/0001.png"]}
+    {"messages": [{"role": "user", "content": "<video>What moves?"}, ...],
+     "videos": [["clip/000.png", "clip/001.png", "clip/002.png"]]}
 
 The file is a JSON list of records or JSON Lines. A first message with the ``system_tag`` role (or the
 record key ``attr.system``) is the system prompt; then user and assistant turns alternate, starting with
 the user and ending with the assistant. Each ``<image>`` in a user turn takes the next image of
-``images``, so the counts must agree. Image paths are relative to ``dataset_dir``.
+``images``, so the counts must agree; each ``<video>`` the next of ``videos``: a list of frame images, a
+directory of them, or a video file (:mod:`.video_frames`). Paths are relative to ``dataset_dir``.
 
 A bad record is an :class:`~adaptor.mm.data.MMDataError` line naming file and record (``file:line``
 for JSON Lines, ``file: record i`` for a list), or with ``--mm-skip-bad-records`` skipped and counted.
@@ -22,7 +25,7 @@ from collections import Counter
 from dataclasses import dataclass
 
 from adaptor.mm.data import MMDataError
-from adaptor.mm.qwen_vl.chat_format import IMAGE_MARKER
+from adaptor.mm.qwen_vl.chat_format import IMAGE_MARKER, VIDEO_MARKER
 
 
 @dataclass(frozen=True)
@@ -31,6 +34,7 @@ class VLRecord:
     system: str | None
     turns: tuple                   # ((role "user" | "assistant", text), ...)
     images: tuple                  # absolute paths, in <image> order
+    videos: tuple = ()             # in <video> order: a tuple of frame paths, or a directory's or file's path
 
 
 def _raw_records(path: str):
@@ -81,8 +85,9 @@ def _conversation(obj, attr: dict) -> tuple[str | None, list[tuple[str, str]]]:
                              f"alternate, starting with the user)")
     if not turns or turns[-1][0] != "assistant":
         raise ValueError("the conversation does not end with an assistant turn")
-    if any(role == "assistant" and IMAGE_MARKER in text for role, text in turns):
-        raise ValueError(f"{IMAGE_MARKER} in an assistant turn")
+    for marker in (IMAGE_MARKER, VIDEO_MARKER):
+        if any(role == "assistant" and marker in text for role, text in turns):
+            raise ValueError(f"{marker} in an assistant turn")
     return system, turns
 
 
@@ -102,6 +107,28 @@ def _images(obj, attr: dict, dataset_dir: str, turns) -> list[str]:
     return paths
 
 
+def _videos(obj, attr: dict, dataset_dir: str, turns) -> list:
+    """Each video of the record: a tuple of absolute frame paths, or the absolute path of a directory or file."""
+    videos = obj.get(attr["videos"]) or []
+    if isinstance(videos, str):
+        videos = [videos]
+    if not isinstance(videos, list) or not all(
+            isinstance(v, str) and v or isinstance(v, list) and v and all(isinstance(f, str) and f for f in v)
+            for v in videos):
+        raise ValueError(f'"{attr["videos"]}" is not a list of videos (each a path, or a list of frame paths)')
+    markers = sum(text.count(VIDEO_MARKER) for _, text in turns)
+    if markers != len(videos):
+        raise ValueError(f"{markers} {VIDEO_MARKER} markers but {len(videos)} videos")
+    out = []
+    for video in videos:
+        for item in video if isinstance(video, list) else [video]:
+            if not os.path.exists(os.path.join(dataset_dir, item)):
+                raise FileNotFoundError(f"video {item}: no such file or directory")
+        out.append(tuple(os.path.join(dataset_dir, f) for f in video) if isinstance(video, list)
+                   else os.path.join(dataset_dir, video))
+    return out
+
+
 def read_vl_records(cfg, skip_bad: bool) -> tuple[list[VLRecord], Counter]:
     """Every usable record of data.json's dataset (its first ``max_samples``), and skipped ones per reason."""
     records, skipped = [], Counter()
@@ -118,13 +145,14 @@ def read_vl_records(cfg, skip_bad: bool) -> tuple[list[VLRecord], Counter]:
                     raise ValueError("not a JSON object")
                 system, turns = _conversation(obj, cfg.attr)
                 images = _images(obj, cfg.attr, cfg.dataset_dir, turns)
+                videos = _videos(obj, cfg.attr, cfg.dataset_dir, turns)
             except (ValueError, FileNotFoundError) as exc:
                 if not skip_bad:
                     raise MMDataError(f"{where}: {exc}") from None
                 skipped["missing image" if isinstance(exc, FileNotFoundError) else "bad record"] += 1
                 first_bad = first_bad or f"{where}: {exc}"
                 continue
-            records.append(VLRecord(where, system, tuple(turns), tuple(images)))
+            records.append(VLRecord(where, system, tuple(turns), tuple(images), tuple(videos)))
     except OSError as exc:
         raise MMDataError(f"{cfg.dataset}: cannot read ({exc.strerror})") from None
     except UnicodeDecodeError:

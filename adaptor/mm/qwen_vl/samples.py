@@ -5,11 +5,15 @@ transformers: the ``tokenizers`` library reads ``model_name_or_path/tokenizer.js
 :mod:`.image_processor` makes the patches.
 
 * **Tokens.** The rendered conversation (:mod:`.chat_format`) is encoded in one piece, as the reference
-  does; each ``<|image_pad|>`` is then widened to the image's ``t*h*w / merge²`` tokens.
+  does; each ``<|image_pad|>`` (``<|video_pad|>``) is then widened to the image's (video's)
+  ``t*h*w / merge²`` tokens.
+* **Videos** (Qwen2.5-VL): frames of :mod:`.video_frames`, patches of :mod:`.video_processor`; a video's
+  frame groups lie ``tokens_per_second * temporal_patch_size / fps`` positions apart. Qwen3-VL writes a
+  timestamp before each frame, which is not built here: its videos are one line.
 * **Loss.** A token is in the loss when its characters overlap a loss piece of the rendering.
 * **Shift.** Megatron's convention: ``tokens = ids[:-1]``, ``labels = ids[1:]``, ``loss_mask`` of the labels.
 * **Length.** At most ``--seq-length`` tokens (``cutoff_len`` caps the ids too, as in LLaMA-Factory). Text
-  after the limit is cut; an image whose placeholder run would be cut makes the record bad (named, or
+  after the limit is cut; an image (video) whose placeholder run would be cut makes the record bad (named, or
   skipped under ``--mm-skip-bad-records``, LLaMA-Factory drops it too): half an image's tokens cannot match
   its patches, and dropping the image would leave the text pointing at nothing.
 * **Positions.** :mod:`.rope_index` of the family on the tokens, shape ``[3, s]``.
@@ -24,9 +28,11 @@ import torch
 
 from adaptor.mm.schema import MMConfigError
 from adaptor.mm.data import MMDataError
-from adaptor.mm.qwen_vl.chat_format import IMAGE_PAD, render
+from adaptor.mm.qwen_vl.chat_format import IMAGE_PAD, VIDEO_PAD, render
 from adaptor.mm.qwen_vl.image_processor import image_settings, preprocess
 from adaptor.mm.qwen_vl.rope_index import qwen2_5_vl_rope_index, qwen3_vl_rope_index, token_types
+from adaptor.mm.qwen_vl.video_frames import read_video
+from adaptor.mm.qwen_vl.video_processor import preprocess_video
 
 PROCESSOR_FILE = "preprocessor_config.json"
 
@@ -72,15 +78,30 @@ def load_tokenizer(directory: str, where: str):
     return tokenizer, (image_pad if pad is None else pad), image_pad
 
 
+@dataclasses.dataclass(frozen=True)
+class VideoOptions:
+    """How videos are read: per-frame pixel bounds (an :class:`ImageSettings`), frame rate, frames at most, and
+    the model's positions per second."""
+
+    settings: object
+    fps: float | None = None
+    maxlen: int | None = None
+    tokens_per_second: float = 2
+
+
 class SampleBuilder:
-    """Records to samples ``{tokens, labels, loss_mask, position_ids, pixel_values, image_grid_thw}``."""
+    """Records to samples ``{tokens, labels, loss_mask, position_ids, pixel_values, image_grid_thw,
+    pixel_values_videos, video_grid_thw}``."""
 
     def __init__(self, tokenizer, pad_id: int, image_pad_id: int, settings, family: str, template: str,
-                 max_ids: int, limit_text: str, train_on_prompt: bool = False, mask_history: bool = False):
+                 max_ids: int, limit_text: str, train_on_prompt: bool = False, mask_history: bool = False,
+                 video: VideoOptions | None = None):
         self.tokenizer, self.pad_id, self.image_pad_id = tokenizer, pad_id, image_pad_id
+        self.video_pad_id = tokenizer.token_to_id(VIDEO_PAD)
         self.settings, self.family, self.template = settings, family, template
         self.max_ids, self.limit_text = max_ids, limit_text  # ids kept (tokens + 1), and what sets that
         self.train_on_prompt, self.mask_history = train_on_prompt, mask_history
+        self.video = video or VideoOptions(settings)
         self.patch_width = 3 * settings.temporal_patch_size * settings.patch_size ** 2
 
     def images(self, record) -> tuple[torch.Tensor, torch.Tensor]:
@@ -102,8 +123,32 @@ class SampleBuilder:
         except ValueError as exc:
             raise MMDataError(f"{record.where}: {exc}") from None
 
-    def ids_and_loss(self, record, grid: torch.Tensor) -> tuple[list[int], list[int]]:
-        """Token ids of the whole conversation, image runs widened, and a loss flag per id."""
+    def videos(self, record) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(pixel_values_videos, video_grid_thw, second_per_grid_ts) of the record's videos, in order."""
+        if not record.videos:
+            return torch.zeros(0, self.patch_width), torch.zeros(0, 3, dtype=torch.long), torch.zeros(0)
+        if self.family != "qwen2_5_vl" or self.video_pad_id is None:
+            why = "a timestamp before each frame is not built here" if self.family != "qwen2_5_vl" \
+                else f"the tokenizer has no {VIDEO_PAD}"
+            raise MMDataError(f"{record.where}: videos are read for Qwen2.5-VL ({why})")
+        pixels, grids, seconds = [], [], []
+        for index, video in enumerate(record.videos):
+            try:
+                frames, fps = read_video(video, self.video.fps, self.video.maxlen)
+                rows, grid = preprocess_video(frames, self.video.settings)
+            except (ValueError, OSError) as exc:
+                raise MMDataError(f"{record.where}: video {index}: {' '.join(str(exc).split())}") from None
+            except Exception as exc:  # noqa: BLE001  (Pillow raises many types for bad files)
+                raise MMDataError(f"{record.where}: video {index}: cannot decode "
+                                  f"({type(exc).__name__}: {' '.join(str(exc).split())})") from None
+            pixels.append(rows)
+            grids.append(grid)
+            seconds.append(self.settings.temporal_patch_size / fps)
+        return torch.cat(pixels), torch.tensor(grids, dtype=torch.long), torch.tensor(seconds, dtype=torch.float64)
+
+    def ids_and_loss(self, record, grid: torch.Tensor, video_grid: torch.Tensor | None = None
+                     ) -> tuple[list[int], list[int]]:
+        """Token ids of the whole conversation, image and video runs widened, and a loss flag per id."""
         pieces = render(self.template, record.system, list(record.turns), self.train_on_prompt, self.mask_history)
         text = "".join(piece for piece, _ in pieces)
         in_loss = bytearray(len(text))
@@ -113,39 +158,59 @@ class SampleBuilder:
                 in_loss[start:start + len(piece)] = b"\x01" * len(piece)
             start += len(piece)
         encoding = self.tokenizer.encode(text, add_special_tokens=False)
-        runs = (grid.prod(-1) // self.settings.merge_size ** 2).tolist()
-        if encoding.ids.count(self.image_pad_id) != len(runs):
-            raise MMDataError(f"{record.where}: the text holds {encoding.ids.count(self.image_pad_id)} image "
-                              f"placeholders ({IMAGE_PAD} written literally?) for {len(runs)} images")
-        ids, loss, image = [], [], 0
+        video_grid = torch.zeros(0, 3, dtype=torch.long) if video_grid is None else video_grid
+        runs = {}
+        for pad_id, pad, what, grids in ((self.image_pad_id, IMAGE_PAD, "image", grid),
+                                         (self.video_pad_id, VIDEO_PAD, "video", video_grid)):
+            runs[pad_id] = (grids.prod(-1) // self.settings.merge_size ** 2).tolist()
+            found = encoding.ids.count(pad_id) if pad_id is not None else 0
+            if found != len(runs[pad_id]):
+                raise MMDataError(f"{record.where}: the text holds {found} {what} placeholders ({pad} written "
+                                  f"literally?) for {len(runs[pad_id])} {what}s")
+        ids, loss, seen = [], [], {pad_id: 0 for pad_id in runs}
         for token, (begin, end) in zip(encoding.ids, encoding.offsets):
-            if token == self.image_pad_id:
-                ids += [token] * runs[image]
-                loss += [0] * runs[image]
-                image += 1
+            if token in runs:
+                width = runs[token][seen[token]]
+                ids += [token] * width
+                loss += [0] * width
+                seen[token] += 1
             else:
                 ids.append(token)
                 loss.append(1 if any(in_loss[begin:max(end, begin + 1)]) else 0)
         return ids, loss
 
-    def positions(self, tokens: torch.Tensor, grid: torch.Tensor) -> torch.Tensor:
-        types = token_types(tokens[None], self.image_pad_id)
-        rope_index = qwen3_vl_rope_index if self.family == "qwen3_vl" else qwen2_5_vl_rope_index
-        positions, _ = rope_index(types, grid if len(grid) else None, spatial_merge_size=self.settings.merge_size)
+    def positions(self, tokens: torch.Tensor, grid: torch.Tensor, video_grid: torch.Tensor | None = None,
+                  seconds: torch.Tensor | None = None) -> torch.Tensor:
+        types = token_types(tokens[None], self.image_pad_id, self.video_pad_id)
+        merge = self.settings.merge_size
+        if self.family == "qwen3_vl":
+            positions, _ = qwen3_vl_rope_index(types, grid if len(grid) else None, spatial_merge_size=merge)
+        else:
+            videos = video_grid is not None and len(video_grid) > 0
+            positions, _ = qwen2_5_vl_rope_index(
+                types, grid if len(grid) else None, video_grid if videos else None, seconds if videos else None,
+                spatial_merge_size=merge, tokens_per_second=self.video.tokens_per_second)
         return positions[:, 0]
+
+    def _check_cut(self, record, ids: list[int], pad_id: int, grid: torch.Tensor, what: str, bound: str) -> None:
+        """A record whose ``what`` placeholder run would be cut by the length limit is bad (one line)."""
+        tokens_kept = self.max_ids - 1
+        pad_at = [i for i, token in enumerate(ids) if token == pad_id]
+        if pad_at and pad_at[-1] >= tokens_kept:
+            ends = (grid.prod(-1) // self.settings.merge_size ** 2).cumsum(0).tolist()
+            item = next(i for i, end in enumerate(ends) if pad_at[end - 1] >= tokens_kept)
+            raise MMDataError(f"{record.where}: {what} {item} ({int(grid[item].prod())} patches) ends at token "
+                              f"{pad_at[ends[item] - 1] + 1}, past the {tokens_kept} tokens a sample holds "
+                              f"({self.limit_text}); shrink {bound} or raise the length")
 
     def build(self, record) -> dict:
         pixel_values, grid = self.images(record)
-        ids, loss = self.ids_and_loss(record, grid)
+        video_pixels, video_grid, seconds = self.videos(record)
+        ids, loss = self.ids_and_loss(record, grid, video_grid)
         if len(ids) > self.max_ids:
-            tokens_kept = self.max_ids - 1
-            pad_at = [i for i, token in enumerate(ids) if token == self.image_pad_id]
-            if pad_at and pad_at[-1] >= tokens_kept:
-                ends = (grid.prod(-1) // self.settings.merge_size ** 2).cumsum(0).tolist()
-                image = next(i for i, end in enumerate(ends) if pad_at[end - 1] >= tokens_kept)
-                raise MMDataError(f"{record.where}: image {image} ({int(grid[image].prod())} patches) ends at token "
-                                  f"{pad_at[ends[image] - 1] + 1}, past the {tokens_kept} tokens a sample holds "
-                                  f"({self.limit_text}); shrink image_max_pixels or raise the length")
+            self._check_cut(record, ids, self.image_pad_id, grid, "image", "image_max_pixels")
+            if len(video_grid):
+                self._check_cut(record, ids, self.video_pad_id, video_grid, "video", "video_max_pixels")
             ids, loss = ids[:self.max_ids], loss[:self.max_ids]
         ids_t = torch.tensor(ids, dtype=torch.long)
         tokens = ids_t[:-1].clone()
@@ -153,7 +218,9 @@ class SampleBuilder:
             "tokens": tokens,
             "labels": ids_t[1:].clone(),
             "loss_mask": torch.tensor(loss[1:], dtype=torch.float32),
-            "position_ids": self.positions(tokens, grid),
+            "position_ids": self.positions(tokens, grid, video_grid, seconds),
             "pixel_values": pixel_values,
             "image_grid_thw": grid,
+            "pixel_values_videos": video_pixels,
+            "video_grid_thw": video_grid,
         }

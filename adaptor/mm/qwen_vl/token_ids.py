@@ -17,10 +17,11 @@ VISION_TOKENS = {"<|image_pad|>": ("image_token_id", "img_context_token_id"),
 
 
 def _model_source(model_cfg, json_key: str) -> str:
-    """Where the model's id comes from: model.json's key, or init_from_hf_path's config.json."""
+    """Where the model's id comes from: model.json's key, or the config.json of its Hugging Face directory
+    (``init_from_hf_path`` or ``--hf-load-dir``)."""
     if model_cfg.init_from_hf_path is None:
         return f"{model_cfg.file}: {json_key}"
-    return f"{model_cfg.file} (init_from_hf_path {model_cfg.init_from_hf_path}/config.json)"
+    return f"{model_cfg.file} ({model_cfg.hf_dir_source} {model_cfg.init_from_hf_path}/config.json)"
 
 
 def check_tokenizer_matches_model(model_cfg, tokenizer, tokenizer_source: str) -> None:
