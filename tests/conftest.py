@@ -124,6 +124,25 @@ def _adaptor_variables_unchanged():
     assert after == before, f"the test left ADAPTOR_* variables changed: {before} -> {after}"
 
 
+@pytest.fixture(autouse=True)
+def _import_time_variables_restored():
+    """In-process code sets variables that child processes read at import: Megatron's argument
+    validation sets ``CUDA_DEVICE_MAX_CONNECTIONS`` and ``NVTE_*``, some libraries set their own. Every
+    launch copies this environment, so one test's leftovers changed the environment of later runs, and
+    the warm launcher, which keeps a zygote per set of such variables, started one per combination (9
+    zygotes for 4 sets in the unit tier). They are put back after each test."""
+    from helpers.zygote import import_time_variables
+
+    before = import_time_variables(os.environ)
+    yield
+    after = import_time_variables(os.environ)
+    for name in after.keys() - before.keys():
+        os.environ.pop(name, None)
+    for name, value in before.items():
+        if after.get(name) != value:
+            os.environ[name] = value
+
+
 @pytest.fixture(scope="session")
 def cpu_training_process():
     """This pytest process set up as a training run sets itself up (``import adaptor`` in an entry
