@@ -43,6 +43,7 @@ from megatron.training import get_args, get_timers, print_rank_0
 from megatron.core.utils import get_batch_on_this_cp_rank
 from megatron.training.utils import is_first_or_last_pipeline_stage
 
+from adaptor.finetune.batches import cut_after_last_loss, variable_lengths
 from adaptor.preference.losses import averages_logps, dpo_loss, sequence_logps
 from adaptor.preference.metrics import dpo_report
 from adaptor.preference.pairwise_dataset import KEYS, PAIR_INDEX, PairwiseDataset, PairwiseLowLevel, rows_of_pairs
@@ -76,6 +77,8 @@ def get_pair_batch(data_iterator):
     shape = (args.micro_batch_size, 2, args.seq_length)
     rows = tuple(rows_of_pairs(broadcast_from_tp_rank_0(raw.get(k), shape, PAIR_DTYPES[k])) for k in KEYS)
     pairs = broadcast_from_tp_rank_0(raw.get(PAIR_INDEX), (args.micro_batch_size,), torch.int64)
+    if variable_lengths(args):  # one pipeline stage (validated): no fixed shape to exchange
+        rows = tuple(cut_after_last_loss(dict(zip(KEYS, rows)), args)[k] for k in KEYS)
     if args.context_parallel_size > 1:  # this rank's share of every row's positions
         batch = get_batch_on_this_cp_rank(dict(zip(KEYS, rows)), is_hybrid_cp=False,
                                           cp_group=mpu.get_context_parallel_group())

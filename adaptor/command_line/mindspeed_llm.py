@@ -537,7 +537,8 @@ def rewrite_pretrain_argv(argv: list[str]) -> Rewrite:
             result.argv = _remove(result.argv, flag, 0) + replacement
             result.notes.append(f"{flag}: {' '.join(replacement)}")
     try:
-        for step in (_hf2mg, _model_type_hf, _spec, _cp_algo, _rope_scaling, _shared_experts, _seq_aux, _layers):
+        for step in (_hf2mg, _model_type_hf, _spec, _cp_algo, _rope_scaling, _shared_experts, _seq_aux, _layers,
+                     _pairwise_data):
             result.argv = step(result.argv, result.notes)
     except ArgumentError as exc:
         result.refused.append(str(exc))
@@ -545,6 +546,17 @@ def rewrite_pretrain_argv(argv: list[str]) -> Rewrite:
         result.argv = _without_own_flags(result.argv)
     result.argv = _reset_position_ids(result.argv, result.notes, mindspeed)
     return result
+
+
+def _pairwise_data(argv: list[str], notes: list[str]) -> list[str]:
+    """MindSpeed-LLM's DPO scripts give ``--is-instruction-dataset`` beside ``--is-pairwise-dataset``: its pairwise
+    dataset is a kind of instruction dataset, and the pairwise flag decides what is read. Here the two name
+    different layouts, so the instruction flag goes."""
+    if _present(argv, "--is-pairwise-dataset") and _present(argv, "--is-instruction-dataset"):
+        notes.append("--is-instruction-dataset with --is-pairwise-dataset (dropped: implied, the pairwise "
+                     "datasets are read)")
+        return _remove(argv, "--is-instruction-dataset", 0)
+    return argv
 
 
 def _convert_layers(argv: list[str], notes: list[str]) -> list[str]:

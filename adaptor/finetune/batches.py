@@ -16,6 +16,8 @@ loss-free and comes after every real token under a causal mask, so the loss is t
 """
 from __future__ import annotations
 
+import math
+
 import torch
 
 from adaptor.batch_format import batch_format
@@ -62,6 +64,19 @@ def finetune_batch(batch: dict, cu_seqlens: torch.Tensor, num_tokens: torch.Tens
         mask = mask[:, :, :length, :length]
     return (batch.get("tokens"), batch.get("labels"), batch.get("loss_mask"), mask,
             batch.get("position_ids"), None)
+
+
+def cut_after_last_loss(rows: dict, args) -> dict:
+    """``--variable-seq-lengths`` for rows without boundaries (DPO's chosen and rejected rows): each [r, s]
+    tensor cut after the micro-batch's last position in the loss, rounded up as above (and to the two
+    chunks per context-parallel rank). Under a causal mask the tokens after it reach no loss."""
+    seq, loss_mask = args.seq_length, rows["loss_mask"]
+    in_loss = loss_mask.nonzero()
+    last = int(in_loss[:, 1].max()) + 1 if in_loss.numel() else 1
+    tp_multiple = args.tensor_model_parallel_size if args.sequence_parallel else 1
+    unit = math.lcm(PAD_MULTIPLE * tp_multiple, 2 * (args.context_parallel_size or 1))
+    length = min(seq, _round_up(last, unit))
+    return {k: (None if v is None else v[:, :length]) for k, v in rows.items()}
 
 
 def _real_documents(lengths: list[int], real: int) -> list[int]:

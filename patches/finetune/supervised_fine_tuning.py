@@ -93,9 +93,9 @@ class SupervisedFineTuning(Feature):
             notice_once("--stage sft without --is-instruction-dataset: --data-path is pretraining text, so every "
                         "token is in the loss")
         if not (instruction or args.sft):
-            if args.variable_seq_lengths_sft:
-                raise ArgumentError("--variable-seq-lengths applies to fine-tuning data (--is-instruction-dataset "
-                                    "or --sft); pretraining samples fill --seq-length")
+            if args.variable_seq_lengths_sft and stage != "dpo":  # DPO's pairs: the preference feature's
+                raise ArgumentError("--variable-seq-lengths applies to fine-tuning data (--is-instruction-dataset, "
+                                    "--sft or --stage dpo's pairs); pretraining samples fill --seq-length")
             return
         pp, cp = args.pipeline_model_parallel_size, args.context_parallel_size or 1
         if pp > 1 and cp > 1:
