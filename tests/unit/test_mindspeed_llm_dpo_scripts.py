@@ -2,9 +2,9 @@
 
 ``examples/mcore/qwen3_moe/dpo_qwen3_30b_a3b_4K_A3_ptd.sh`` and ``examples/mcore/llama31/dpo_llama31_8b_8k_ptd.sh``
 as published, every flag kept in the scripts' order, sizes scaled to tiny models (layers, hidden, heads,
-groups, FFN, experts, sequence, batch; the vocabulary to the sample tokenizer's; the parallel sizes stay, with WORLD_SIZE to match) and paths
-pointed at this test's files (a pairwise dataset built by tools/preprocess_data.py for each script's
---prompt-type). Each command line goes through what ``posttrain_gpt.py`` does before training: our
+groups, FFN, experts, sequence, batch; the vocabulary to the sample tokenizer's; the parallel sizes stay,
+with WORLD_SIZE to match) and paths pointed at this test's files (a pairwise dataset built by
+tools/preprocess_data.py from the sample pairs). Each command line goes through what ``posttrain_gpt.py`` does before training: our
 rewrite of MindSpeed-LLM's flags (nothing refused; the flags that change nothing computed each print a
 line), then Megatron's parser and validation with this backend's features set up for that command line
 (an unknown flag, a refused combination or a failed Megatron assertion ends the run in one line). The
@@ -203,7 +203,7 @@ def test_mindspeed_llm_dpo_script_builds_the_config_model(name, pairs, tmp_path,
     from adaptor.convert.config_check import config_mismatch
 
     model_type, world_size, lines = SCRIPTS[name]
-    root, prefixes = pairs
+    _, prefixes = pairs
     if name == "llama31_8b":
         argv, config = llama31_dpo(prefixes["llama3"], str(tmp_path / "load"), str(tmp_path / "save")), llama31_config()
     else:
