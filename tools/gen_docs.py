@@ -145,10 +145,15 @@ def mindspeed_page() -> str:
          "`--cp-comm-type p2p` (ring) / `a2a` (Ulysses); not applied with `--context-parallel-size 1`"),
         ("`--context-parallel-algo hybrid_cp_algo --ulysses-degree-in-cp K`",
          "`--cp-comm-type a2a+p2p --hierarchical-context-parallel-sizes K CP/K`"),
-        ("`--cp-attention-mask-type causal`", "accepted (context parallelism runs causal attention); `general` refused"),
+        ("`--cp-attention-mask-type causal\\|general`",
+         ("accepted: context parallelism applies each batch's own attention, causal within every row and every "
+          "packed document (what MindSpeed-LLM's data give `general`'s mask); other values refused")),
         ("`--use-cp-send-recv-overlap`, `--megatron-cp-in-bnsd`, `--use-fused-ring-attention-update`",
          ("not applied, with one line: the ring always overlaps transfers, works in [b, n, s, d] internally, and "
           "merges each block's attention with the same arithmetic unfused")),
+        ("`--is-instruction-dataset` with `--is-pairwise-dataset`",
+         ("dropped, with one line (MindSpeed-LLM's DPO scripts pass both): the pairwise datasets are read; their "
+          "`--variable-seq-lengths` cuts DPO's rows on one pipeline stage (docs/finetuning.md)")),
         ("`--reset-position-ids` (without `--reset-attention-mask`)",
          "Megatron's meaning, and a printed line: add `--reset-attention-mask` for per-document attention"),
     ]

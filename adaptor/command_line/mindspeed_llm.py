@@ -10,7 +10,8 @@ into Megatron's before parsing, and the run prints every rewrite once:
   (``--tokenizer-type PretrainedFromHF`` -> ``HuggingFaceTokenizer``);
 * computed from several flags with MindSpeed-LLM's meaning: ``--first-k-dense-replace``,
   ``--n-shared-experts``, ``--seq-aux``, ``--rope-scaling-type``/``--rope-scaling-factor`` (YaRN
-  there, Llama-3's in Megatron), ``--noop-layers``, ``--enable-hf2mg-convert``, ``--spec``;
+  there, Llama-3's in Megatron), ``--noop-layers``, ``--enable-hf2mg-convert``, ``--spec``, and the
+  instruction-data flags DPO scripts pass beside ``--is-pairwise-dataset`` (dropped, with a line);
 * :data:`NOT_APPLIED`: Ascend switches that do not change what is computed, dropped with a reason;
 * :data:`REFUSED`: settings that would change the model in a way we do not compute: one line.
 
@@ -110,6 +111,9 @@ NOT_APPLIED = {
     "--norm-topk-prob": (0, "Megatron already renormalises the top-k weights (softmax over the top-k, sigmoid "
                             "scores divided by their sum)"),
     "--tokenizer-not-use-fast": (0, "tokenizer.json is read by the tokenizers library, the fast tokenizer"),
+    "--pad-to-multiple-of": (1, "the length unit of --no-pad-to-seq-lengths batches (shapes only): cut batches here "
+                                "are padded to a multiple of 8 (times TP with sequence parallelism), packed ones to "
+                                "what context and sequence parallelism split evenly"),
     "--use-ascend-mc2": (0, "Ascend's fused matmul-and-collective kernels for tensor-parallel layers (speed only)"),
     "--padded-samples": (0, "fine-tuning samples past the last whole epoch already come from the start of the "
                             "next epoch's order, each a real conversation"),
@@ -451,11 +455,15 @@ def _cp_algo(argv: list[str], notes: list[str]) -> list[str]:
     mask_type = value_of(argv, "--cp-attention-mask-type")
     argv = _remove(argv, "--ulysses-degree-in-cp", 1)
     argv = _remove(argv, "--cp-attention-mask-type", 1)
-    if mask_type is not None:
-        if mask_type != "causal":
-            raise ArgumentError(f"--cp-attention-mask-type {mask_type} (MindSpeed-LLM): context parallelism here "
-                                f"runs causal attention (packed documents included); use causal")
+    if mask_type == "causal":
         notes.append("--cp-attention-mask-type causal: the attention of every context-parallel algorithm here")
+    elif mask_type == "general":
+        # MindSpeed's ring then applies the batch's own mask; the masks MindSpeed-LLM's data make are causal
+        # within each row (and each document where rows are packed), which is what the ring computes here
+        notes.append("--cp-attention-mask-type general: context parallelism here applies each batch's own "
+                     "attention, causal within every row and every packed document")
+    elif mask_type is not None:
+        raise ArgumentError(f"--cp-attention-mask-type {mask_type} (MindSpeed-LLM) is not one of causal, general")
     for flag, why in (("--use-cp-send-recv-overlap", "the ring always overlaps each block's transfer with the "
                                                      "previous block's attention"),
                       ("--megatron-cp-in-bnsd", "the ring works in [b, n, s, d] internally whatever the layout"),

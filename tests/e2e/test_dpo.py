@@ -14,6 +14,13 @@ their order.
   same run takes one plain SGD step at a large learning rate and writes ``--hf-save-dir``, so that
   ``(w0 - w1) / lr`` is Megatron's gradient: it equals transformers' autograd gradient of the same loss,
   tensor by tensor, within 1e-5 relative (norm of the difference; measured at most 1.6e-6).
+* LoRA's closed form: the same one SGD step with LoRA on the four linears (the reference: the base without
+  its adapters, at B = 0 the policy itself) is full DPO restricted to the adapters. With B0 = 0, dL/dA = 0
+  and dL/dB = s G_W A0^T (s = alpha / r, G_W the full weight's gradient, PEFT's W + s B A), so the PEFT
+  export holds A1 = A0 bit for bit (A0 redrawn from --seed as the run drew it) and B1 = -lr s G_W A0^T
+  for every q/k/v/o/gate/up/down projection, within 1e-5 relative (measured at most 1.3e-6), with G_W
+  transformers' autograd gradient of that loss (the reference's log-probabilities detached). peft loads the export onto the
+  transformers policy, holding the file's tensors, and its logits move away from the base's.
 * Layouts: TP2, PP2, CP2 and DP2 (distributed optimizer) reproduce the single-process DPO curve: loss
   and rewards within 1e-5 x (|value| + 1). fp32 reductions in another order move the loss by ~1e-7 and the
   rewards (beta times differences of sequence log-probabilities of ~100) by ~1e-6 in three steps, while
@@ -34,6 +41,7 @@ their order.
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import re
@@ -51,8 +59,12 @@ from helpers.prefetch import prefetched
 SEQ, PAIRS, ITERS, RTOL = 64, 4, 3, 1e-5
 BETA, SMOOTHING, FTX = 0.1, 0.1, 0.5
 STEP = 100.0  # the closed-form run's SGD learning rate: (w0 - w1) / STEP is Megatron's gradient
-LORA = ["--lora-r", "8", "--lora-alpha", "16", "--lora-target-modules", "linear_qkv", "linear_proj",
-        "linear_fc1", "linear_fc2"]
+LORA_R, LORA_ALPHA, SEED = 8, 16, 1234
+LORA = ["--lora-r", str(LORA_R), "--lora-alpha", str(LORA_ALPHA), "--lora-target-modules", "linear_qkv",
+        "linear_proj", "linear_fc1", "linear_fc2"]
+# one plain SGD step (its first step has no momentum yet), no clipping or decay: w1 = w0 - STEP * gradient
+ONE_SGD_STEP = ["--dpo-label-smoothing", str(SMOOTHING), "--pref-ftx", str(FTX), "--optimizer", "sgd", "--lr", str(STEP),
+                "--lr-decay-style", "constant", "--clip-grad", "0", "--weight-decay", "0", "--model-type-hf", "qwen3"]
 FIELD = re.compile(r"\| ([a-z/ ]+): ([0-9.Ee+-]+)")
 ITERATION = re.compile(r"iteration\s+(\d+)/\s*\d+ ")
 
@@ -96,7 +108,7 @@ def dpo_args(root, *extra):
     return ["--tokenizer-type", "HuggingFaceTokenizer", "--tokenizer-model", str(SAMPLE_TOKENIZER),
             "--hf-load-dir", str(root / "policy"), "--seq-length", str(SEQ), "--micro-batch-size", "2",
             "--global-batch-size", str(PAIRS), "--lr", "1e-3", "--min-lr", "1e-4", "--lr-decay-style", "cosine",
-            "--clip-grad", "1.0", "--attention-dropout", "0", "--hidden-dropout", "0", "--seed", "1234",
+            "--clip-grad", "1.0", "--attention-dropout", "0", "--hidden-dropout", "0", "--seed", str(SEED),
             "--log-interval", "1", "--eval-iters", "0", "--eval-interval", "100000", "--disable-jit-fuser",
             "--data-path", str(root / "pairs"), "--split", "100,0,0", "--stage", "dpo", "--is-pairwise-dataset",
             "--prompt-type", "qwen3", "--dpo-beta", str(BETA), *extra]
@@ -127,18 +139,17 @@ LAYOUTS = {
     "cp2": (2, ITERS, ["--context-parallel-size", "2"]),
     "dp2": (2, ITERS, ["--use-distributed-optimizer"]),
     "lora": (1, ITERS, LORA),
-    "closed_form": (1, 1, ["--ref-model", "reference", "--dpo-label-smoothing", str(SMOOTHING),
-                           "--pref-ftx", str(FTX), "--optimizer", "sgd", "--lr", str(STEP), "--lr-decay-style",
-                           "constant", "--clip-grad", "0", "--weight-decay", "0", "--model-type-hf", "qwen3",
-                           "--hf-save-dir", "after_one_step"]),
+    "closed_form": (1, 1, ["--ref-model", "reference", *ONE_SGD_STEP, "--hf-save-dir", "after_one_step"]),
+    "lora_closed_form": (1, 1, [*LORA, *ONE_SGD_STEP, "--hf-save-dir", "lora_after_one_step"]),
 }
+PATHS = ("reference", "ref.logps", "pp2.logps", "after_one_step", "lora_after_one_step")
 
 
 @prefetched
 def runs(setup):
     def job(name):
         nproc, iters, extra = LAYOUTS[name]
-        extra = [str(setup / e) if e in ("reference", "ref.logps", "pp2.logps", "after_one_step") else e for e in extra]
+        extra = [str(setup / e) if e in PATHS else e for e in extra]
         return lambda: train(setup, nproc, iters, extra)
 
     return dict(zip(LAYOUTS, side_by_side(*[job(name) for name in LAYOUTS])))
@@ -177,34 +188,60 @@ def _hf_sequence_logps(model, rows):
 
 
 @pytest.fixture(scope="module")
-def closed_form(setup):
-    """DPO's closed form of the first step from transformers: the values the run logs, and the gradient of
-    the mean loss (label-smoothed DPO plus the SFT term) with respect to the policy's weights."""
-    from transformers import AutoModelForCausalLM
-
+def pair_rows(setup):
+    """The four pairs as the run's rows (chosen, rejected, chosen, ...)."""
     from adaptor.preference.pairwise_dataset import PairwiseLowLevel, build_pair
 
     low = PairwiseLowLevel(str(setup / "pairs"))
     assert len(low) == PAIRS
     pairs = [build_pair(low, i, SEQ, 0) for i in range(PAIRS)]
-    rows = {k: torch.cat([p[k] for p in pairs]) for k in pairs[0]}  # chosen, rejected, chosen, ...
-    model = AutoModelForCausalLM.from_pretrained(str(setup / "policy"), torch_dtype=torch.float32).eval()
-    reference = AutoModelForCausalLM.from_pretrained(str(setup / "reference"), torch_dtype=torch.float32).eval()
-    policy, counts = _hf_sequence_logps(model, rows)
-    with torch.no_grad():
-        ref, _ = _hf_sequence_logps(reference, rows)
+    return {k: torch.cat([p[k] for p in pairs]) for k in pairs[0]}
+
+
+def _hf_model(directory):
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(str(directory), torch_dtype=torch.float32).eval()
+
+
+def _dpo_objective(policy, ref, counts):
+    """Label-smoothed DPO and the SFT term per pair, and the logged values, from sequence log-probabilities
+    of the rows (chosen, rejected, chosen, ...); the mean of ``dpo + FTX * sft`` is the run's loss."""
     pc, pr, rc, rr = policy[0::2], policy[1::2], ref[0::2], ref[1::2]
     h = (pc - pr) - (rc - rr)
     dpo = (-(1 - SMOOTHING) * torch.nn.functional.logsigmoid(BETA * h)
            - SMOOTHING * torch.nn.functional.logsigmoid(-BETA * h))
     sft = -pc / counts[0::2]
-    (dpo + FTX * sft).mean().backward()
     values = {"dpo loss": dpo.mean(), "rewards/chosen": (BETA * (pc - rc)).mean(),
               "rewards/rejected": (BETA * (pr - rr)).mean(), "sft loss": sft.mean(),
               "rewards/margins": (BETA * h).mean()}
+    return (dpo + FTX * sft).mean(), {k: float(v.detach()) for k, v in values.items()}
+
+
+@pytest.fixture(scope="module")
+def closed_form(setup, pair_rows):
+    """DPO's closed form of the first step from transformers: the values the run logs, and the gradient of
+    the mean loss (label-smoothed DPO plus the SFT term) with respect to the policy's weights."""
+    model, reference = _hf_model(setup / "policy"), _hf_model(setup / "reference")
+    policy, counts = _hf_sequence_logps(model, pair_rows)
+    with torch.no_grad():
+        ref, _ = _hf_sequence_logps(reference, pair_rows)
+    loss, values = _dpo_objective(policy, ref, counts)
+    loss.backward()
     weights = {name: p.detach().clone() for name, p in model.state_dict().items()}
     grads = {name: p.grad for name, p in model.named_parameters()}
-    return {k: float(v.detach()) for k, v in values.items()}, weights, grads
+    return values, weights, grads
+
+
+@pytest.fixture(scope="module")
+def lora_closed_form(setup, pair_rows):
+    """The same loss where the reference is the policy itself (LoRA's base without adapters, at B = 0):
+    the logged values and every weight's gradient, the reference's log-probabilities detached."""
+    model = _hf_model(setup / "policy")
+    policy, counts = _hf_sequence_logps(model, pair_rows)
+    loss, values = _dpo_objective(policy, policy.detach(), counts)
+    loss.backward()
+    return values, {name: p.grad for name, p in model.named_parameters()}
 
 
 def test_first_step_equals_dpo_closed_form_from_transformers(closed_form, runs):
@@ -233,6 +270,67 @@ def test_first_step_gradients_equal_dpo_closed_form_from_transformers(setup, clo
         assert want.norm() > 0, name
         gap = float((got - want).norm() / want.norm())
         assert gap <= 1e-5, (name, gap, float(want.norm()))
+
+
+# the Megatron linear whose adapter each Hugging Face projection's lora_A is (q/k/v and gate/up share theirs)
+LINEAR_OF = {"self_attn.q_proj": "self_attention.linear_qkv", "self_attn.k_proj": "self_attention.linear_qkv",
+             "self_attn.v_proj": "self_attention.linear_qkv", "self_attn.o_proj": "self_attention.linear_proj",
+             "mlp.gate_proj": "mlp.linear_fc1", "mlp.up_proj": "mlp.linear_fc1", "mlp.down_proj": "mlp.linear_fc2"}
+LAYER = re.compile(r"model\.layers\.(\d+)\.(.+)$")
+
+
+def _starting_lora_a(module: str, fan_in: int) -> torch.Tensor:
+    """lora_A of ``module`` (``model.layers.N.self_attn.q_proj``) as the run drew it before its step
+    (adaptor.lora.model.initialize_adapters): PEFT's kaiming-uniform from a CPU generator keyed by --seed
+    and the Megatron linear's layer-numbered name."""
+    layer, projection = LAYER.match(module).groups()
+    key = f"{SEED}:decoder.layers.layer{int(layer) + 1}.{LINEAR_OF[projection]}"
+    generator = torch.Generator().manual_seed(int.from_bytes(hashlib.sha256(key.encode()).digest()[:8], "little"))
+    a = torch.empty(LORA_R, fan_in)
+    torch.nn.init.kaiming_uniform_(a, a=math.sqrt(5), generator=generator)
+    return a
+
+
+def test_lora_first_step_is_full_dpo_restricted_to_the_adapters(setup, lora_closed_form, runs):
+    """B0 = 0: A gets no gradient and B gets s G_W A0^T, G_W the full weight's gradient (module doc)."""
+    from adaptor.convert.lora import PeftAdapter
+
+    expected, grads = lora_closed_form
+    first = runs["lora_closed_form"][1]
+    assert abs(first["dpo loss"] - math.log(2)) <= 1e-6 and first["rewards/margins"] == 0, first
+    assert first["sft loss"] == pytest.approx(expected["sft loss"], rel=1e-5), (first, expected)
+    adapter = PeftAdapter(setup / "lora_after_one_step")
+    modules = sorted({name.rsplit(".lora_", 1)[0].removeprefix("base_model.model.") for name in adapter.names})
+    layers = json.loads((setup / "policy" / "config.json").read_text())["num_hidden_layers"]
+    assert len(modules) == layers * len(LINEAR_OF) and len(adapter.names) == 2 * len(modules), modules
+    scale = LORA_ALPHA / LORA_R
+    for module in modules:
+        a1 = adapter.get(f"base_model.model.{module}.lora_A.weight")
+        b1 = adapter.get(f"base_model.model.{module}.lora_B.weight")
+        assert torch.equal(a1, _starting_lora_a(module, a1.shape[1])), module  # no gradient reached A
+        grad_w = grads[f"{module}.weight"].double()
+        want = -STEP * scale * grad_w @ a1.double().t()
+        assert want.norm() > 0, module
+        gap = float((b1.double() - want).norm() / want.norm())
+        assert gap <= 1e-5, (module, gap, float(want.norm()))
+
+
+def test_lora_dpo_export_loads_in_peft(setup, pair_rows, runs):
+    from peft import PeftModel
+
+    from adaptor.convert.lora import PeftAdapter
+
+    base = _hf_model(setup / "policy")
+    with torch.no_grad():
+        before = base(input_ids=pair_rows["tokens"], position_ids=pair_rows["position_ids"]).logits
+    model = PeftModel.from_pretrained(base, str(setup / "lora_after_one_step")).eval()
+    adapter = PeftAdapter(setup / "lora_after_one_step")
+    loaded = {n.replace(".default", ""): p for n, p in model.named_parameters() if "lora_" in n}
+    assert sorted(loaded) == sorted(adapter.names)
+    assert all(torch.equal(loaded[n], adapter.get(n)) for n in loaded)
+    with torch.no_grad():
+        after = model(input_ids=pair_rows["tokens"], position_ids=pair_rows["position_ids"]).logits
+    assert torch.isfinite(after).all() and float((after - before).abs().max()) > 1e-2
 
 
 def test_pipeline_stages_record_the_same_reference_values(setup, runs):

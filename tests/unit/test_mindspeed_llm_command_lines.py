@@ -4,7 +4,8 @@
 back bit-exact, and so do ``examples/mcore/mixtral/ckpt_convert_mixtral_hf2mcore.sh``'s (Qwen2.5's:
 tests/unit/test_convert_llama_qwen2.py); ``data_convert_qwen3_instruction.sh``'s flags build a fine-tuning dataset with
 tools/preprocess_data.py (details: tests/e2e/test_instruction_data.py). MindSpeed-LLM's pretrain
-scripts against our own flags, in training runs: tests/e2e/test_mindspeed_llm_command_lines.py.
+scripts against our own flags, in training runs: tests/e2e/test_mindspeed_llm_command_lines.py; its DPO scripts
+through parsing and validation: tests/unit/test_mindspeed_llm_dpo_scripts.py.
 """
 from __future__ import annotations
 
@@ -138,11 +139,14 @@ def test_mindspeed_context_parallel_switches_become_megatrons():
     assert value(r.argv, "--cp-comm-type") == "a2a+p2p"
     assert value(r.argv, "--hierarchical-context-parallel-sizes") == ["2", "2"]
     assert "--ulysses-degree-in-cp" not in r.argv and "--cp-attention-mask-type" not in r.argv
+    r = rewrite("--context-parallel-algo", "megatron_cp_algo", "--cp-attention-mask-type", "general")
+    assert r.refused == [] and "--cp-attention-mask-type" not in r.argv, r
+    assert any(n.startswith("--cp-attention-mask-type general: ") for n in r.notes), r.notes
     for flags, words in (
         (("--context-parallel-algo", "hybrid_cp_algo"), "needs --ulysses-degree-in-cp K"),
         (("--context-parallel-algo", "hybrid_cp_algo", "--ulysses-degree-in-cp", "3"), "dividing --context-parallel-size 4"),
         (("--context-parallel-algo", "ring_algo"), "is not one of megatron_cp_algo"),
-        (("--context-parallel-algo", "megatron_cp_algo", "--cp-attention-mask-type", "general"), "use causal"),
+        (("--context-parallel-algo", "megatron_cp_algo", "--cp-attention-mask-type", "band"), "causal, general"),
         (("--ulysses-degree-in-cp", "2"), "needs --context-parallel-algo hybrid_cp_algo"),
     ):
         r = rewrite(*flags)
