@@ -36,6 +36,9 @@ their order.
   that run's curve within the same tolerance (measured: equal to the printed 7 digits at every step).
   The file's refusals (another dataset or ``--seq-length``, a truncated file, ``--ref-model``) are
   checked in-process (tests/unit/test_dpo.py).
+* ``--variable-seq-lengths`` on one stage: rows built 96 wide and cut after each micro-batch's last
+  position in the loss reproduce the 64-wide run's curve within the same tolerance (a cut 8 positions
+  short moves the second loss by 1e-2).
 * Bad input is one line: an instruction dataset with --stage dpo (tests/e2e/test_finetune.py's
   ``other_stage`` case); the other refusals are checked in-process (tests/unit/test_dpo.py).
 """
@@ -141,6 +144,8 @@ LAYOUTS = {
     "lora": (1, ITERS, LORA),
     "closed_form": (1, 1, ["--ref-model", "reference", *ONE_SGD_STEP, "--hf-save-dir", "after_one_step"]),
     "lora_closed_form": (1, 1, [*LORA, *ONE_SGD_STEP, "--hf-save-dir", "lora_after_one_step"]),
+    # rows built 96 wide and cut back: the cut drops padding the 64-wide run never had
+    "variable_seq_lengths": (1, ITERS, ["--seq-length", str(SEQ + 32), "--variable-seq-lengths"]),
 }
 PATHS = ("reference", "ref.logps", "pp2.logps", "after_one_step", "lora_after_one_step")
 
@@ -178,6 +183,21 @@ def test_parallel_dpo_reproduces_the_single_process_curve(runs, layout):
             # rewards are beta times differences of sequence log-probabilities of ~100 each: their error
             # is absolute (~1e-6 measured at step 3), hence the atol beside the relative tolerance
             assert abs(got - want) <= RTOL * (abs(want) + 1), (layout, step, key, got, want)
+
+
+def test_rows_cut_after_the_last_position_in_the_loss_train_the_same_curve(setup, runs):
+    """--variable-seq-lengths on one stage, rows built SEQ + 32 wide: every micro-batch is cut (its last
+    position in the loss lies well before that), and the curve is the SEQ-wide run's: the tokens cut reach
+    no loss under a causal mask."""
+    from adaptor.preference.pairwise_dataset import PairwiseLowLevel, build_pair
+
+    low = PairwiseLowLevel(str(setup / "pairs"))
+    last = max(int(build_pair(low, i, SEQ, 0)["loss_mask"].nonzero()[:, 1].max()) + 1 for i in range(PAIRS))
+    assert -(-last // 8) * 8 < SEQ + 32, last
+    for step in range(1, ITERS + 1):
+        for key in ("dpo loss", "rewards/chosen", "rewards/rejected"):
+            got, want = runs["variable_seq_lengths"][step][key], runs["full"][step][key]
+            assert abs(got - want) <= RTOL * (abs(want) + 1), (step, key, got, want)
 
 
 def _hf_sequence_logps(model, rows):
