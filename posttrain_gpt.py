@@ -54,7 +54,6 @@ from pretrain_gpt import broadcast_from_tp_rank_0, gpt_dataset_config, is_datase
 
 PAIR_DTYPES = {"tokens": torch.int64, "labels": torch.int64, "loss_mask": torch.float32, "position_ids": torch.int64}
 _reference: FrozenReference | None = None
-_reference_pass: ReferencePass | None = None
 _stored: torch.Tensor | None = None  # --ref-logps: [pairs, 4] float64, stored_reference.COLUMNS
 _recorder: stored_reference.Recorder | None = None  # --precompute-ref-logps
 
@@ -77,13 +76,12 @@ def get_pair_batch(data_iterator):
     shape = (args.micro_batch_size, 2, args.seq_length)
     rows = tuple(rows_of_pairs(broadcast_from_tp_rank_0(raw.get(k), shape, PAIR_DTYPES[k])) for k in KEYS)
     pairs = broadcast_from_tp_rank_0(raw.get(PAIR_INDEX), (args.micro_batch_size,), torch.int64)
+    batch = dict(zip(KEYS, rows))
     if variable_lengths(args):  # one pipeline stage (validated): no fixed shape to exchange
-        rows = tuple(cut_after_last_loss(dict(zip(KEYS, rows)), args)[k] for k in KEYS)
+        batch = cut_after_last_loss(batch, args)
     if args.context_parallel_size > 1:  # this rank's share of every row's positions
-        batch = get_batch_on_this_cp_rank(dict(zip(KEYS, rows)), is_hybrid_cp=False,
-                                          cp_group=mpu.get_context_parallel_group())
-        rows = tuple(batch[k] for k in KEYS)
-    return rows, pairs
+        batch = get_batch_on_this_cp_rank(batch, is_hybrid_cp=False, cp_group=mpu.get_context_parallel_group())
+    return tuple(batch[k] for k in KEYS), pairs
 
 
 def row_logps(token_logps, loss_mask, average=False):
@@ -122,7 +120,7 @@ def reference_logps(pairs):
     """The reference's sequence log-probabilities [2b] (chosen rows, then rejected rows) of the policy's
     current micro-batch: read from --ref-logps, or the reference pass's next values."""
     if _stored is None:
-        return _reference_pass.pop()
+        return dpo_forward_step.reference_pass.pop()
     row = _stored[pairs.cpu()]
     picked = row[:, 2:] if averages_logps(get_args().dpo_loss_type) else row[:, :2]
     return picked.t().reshape(-1).to(device=pairs.device, dtype=torch.float32)
@@ -202,7 +200,7 @@ def build_reference(config):
 
 def choose_steps(args):
     """DPO's forward step and dataset provider for ``--stage dpo``; None (pretrain_gpt.py's) otherwise."""
-    global _reference, _reference_pass, _stored, _recorder
+    global _reference, _stored, _recorder
     if args.stage != "dpo":
         return None
     dpo_forward_step.reference_pass = None
@@ -215,7 +213,7 @@ def choose_steps(args):
         _recorder = stored_reference.Recorder(args.precompute_ref_logps, header)
     loader = checkpoint_loader(args.ref_model, args.refer_model_iter) if args.ref_model else None
     _reference = FrozenReference(build_reference, loader)
-    _reference_pass = dpo_forward_step.reference_pass = ReferencePass(reference_forward_step, reference_models)
+    dpo_forward_step.reference_pass = ReferencePass(reference_forward_step, reference_models)
     return dpo_forward_step, pairwise_datasets_provider
 
 

@@ -34,14 +34,16 @@ def sequence_logps(token_logps: torch.Tensor, loss_mask: torch.Tensor, average: 
     the data- and context-parallel ranks (sum, divided by their number) gives the gradient of one loss."""
     mask = loss_mask.float()
     total = (token_logps.float() * mask).sum(-1)
-    count = mask.sum(-1)
     if group is not None:
         from torch.distributed.nn.functional import all_reduce
 
         total = all_reduce(total, group=group)
-        count = count.clone()
+    if not average:
+        return total
+    count = mask.sum(-1)
+    if group is not None:
         torch.distributed.all_reduce(count, group=group)
-    return total / count.clamp(min=1) if average else total
+    return total / count.clamp(min=1)
 
 
 def dpo_loss(policy_chosen: torch.Tensor, policy_rejected: torch.Tensor, reference_chosen: torch.Tensor,

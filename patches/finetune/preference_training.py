@@ -163,12 +163,6 @@ class PreferenceTraining(Feature):
                                 "--num-layers-per-virtual-pipeline-stage / --num-virtual-stages-per-pipeline-rank")
         if getattr(args, "mtp_num_layers", None):
             raise ArgumentError("--stage dpo does not train MTP layers; drop --mtp-num-layers")
-        if getattr(args, "variable_seq_lengths_sft", False) and args.pipeline_model_parallel_size > 1:
-            from adaptor.log import notice_once
-
-            notice_once("--variable-seq-lengths: pipeline stages exchange fixed shapes, so pairs stay padded to "
-                        "--seq-length")
-            args.variable_seq_lengths_sft = False
         self._check_datasets(args)
         self._check_stored_reference(args)
 

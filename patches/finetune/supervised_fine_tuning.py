@@ -92,20 +92,23 @@ class SupervisedFineTuning(Feature):
         if stage == "sft" and not (instruction or args.sft):
             notice_once("--stage sft without --is-instruction-dataset: --data-path is pretraining text, so every "
                         "token is in the loss")
-        if not (instruction or args.sft):
-            if args.variable_seq_lengths_sft and stage != "dpo":  # DPO's pairs: the preference feature's
+        pairs = stage == "dpo" and not (instruction or args.sft)  # DPO's pairs: the preference feature checks them
+        if not (instruction or args.sft or pairs):
+            if args.variable_seq_lengths_sft:
                 raise ArgumentError("--variable-seq-lengths applies to fine-tuning data (--is-instruction-dataset, "
                                     "--sft or --stage dpo's pairs); pretraining samples fill --seq-length")
             return
         pp, cp = args.pipeline_model_parallel_size, args.context_parallel_size or 1
-        if pp > 1 and cp > 1:
-            raise ArgumentError("fine-tuning with context parallelism needs --pipeline-model-parallel-size 1: "
-                                "conversation boundaries reach context-parallel attention as THD, which pipeline "
-                                "stages do not receive")
         if args.variable_seq_lengths_sft and pp > 1:
             notice_once("--variable-seq-lengths: pipeline stages exchange fixed shapes, so micro-batches stay "
                         "padded to --seq-length")
             args.variable_seq_lengths_sft = False
+        if pairs:
+            return
+        if pp > 1 and cp > 1:
+            raise ArgumentError("fine-tuning with context parallelism needs --pipeline-model-parallel-size 1: "
+                                "conversation boundaries reach context-parallel attention as THD, which pipeline "
+                                "stages do not receive")
         if instruction:
             self._check_datasets(args, pp)
 
