@@ -43,16 +43,19 @@ from megatron.training import get_args, get_timers, print_rank_0
 from megatron.core.utils import get_batch_on_this_cp_rank
 from megatron.training.utils import is_first_or_last_pipeline_stage
 
-from adaptor.finetune.batches import cut_after_last_loss, variable_lengths
+from adaptor.batch_format import batch_format
+from adaptor.finetune.batches import MODEL_KEYS, cut_after_last_loss, finetune_rows, variable_lengths
 from adaptor.preference.losses import averages_logps, dpo_loss, sequence_logps
 from adaptor.preference.metrics import dpo_report
-from adaptor.preference.pairwise_dataset import KEYS, PAIR_INDEX, PairwiseDataset, PairwiseLowLevel, rows_of_pairs
+from adaptor.preference.pairwise_dataset import (PAIR_INDEX, PAIR_SLOT, PairwiseDataset, PairwiseLowLevel, max_pairs,
+                                                 rows_of_pairs)
 from adaptor.preference.reference import FrozenReference, adapters_disabled, checkpoint_loader
 from adaptor.preference.reference_pass import VALUES, ReferencePass
 from adaptor.preference import stored_reference
 from pretrain_gpt import broadcast_from_tp_rank_0, gpt_dataset_config, is_dataset_built_on_rank, main, model_provider
 
-PAIR_DTYPES = {"tokens": torch.int64, "labels": torch.int64, "loss_mask": torch.float32, "position_ids": torch.int64}
+PAIR_DTYPES = {"tokens": torch.int64, "labels": torch.int64, "loss_mask": torch.float32, "position_ids": torch.int64,
+               PAIR_SLOT: torch.int64}
 _reference: FrozenReference | None = None
 _stored: torch.Tensor | None = None  # --ref-logps: [pairs, 4] float64, stored_reference.COLUMNS
 _recorder: stored_reference.Recorder | None = None  # --precompute-ref-logps
@@ -65,65 +68,99 @@ def _default_stage(argv: list[str]) -> list[str]:
     return [*argv, "--stage", "sft"]
 
 
+class PairBatch:
+    """A DPO micro-batch on this rank: the model's inputs (``MODEL_KEYS``), each token's sequence
+    (``slots``: chosen sequences first, then the rejected ones, ``num_slots`` in all) and the pairs'
+    dataset indices (``pairs`` [num_slots / 2], -1 where a slot holds no pair)."""
+
+    def __init__(self, rows: dict, pairs: torch.Tensor) -> None:
+        self.inputs = {k: rows.get(k) for k in MODEL_KEYS}
+        self.slots = rows.get(PAIR_SLOT)
+        self.pairs = pairs.reshape(-1)
+        self.num_slots = 2 * self.pairs.numel()
+        self.valid = self.pairs >= 0
+        self.count = int(self.valid.sum())
+
+    def logps(self, token_logps: torch.Tensor, average: bool = False):
+        """(chosen, rejected) [count] sequence log-probabilities; with context parallelism, over every
+        rank's share of the sequences' tokens."""
+        group = mpu.get_context_parallel_group() if mpu.get_context_parallel_world_size() > 1 else None
+        sums = sequence_logps(token_logps, self.inputs["loss_mask"], average, group=group, slots=self.slots,
+                              num_slots=self.num_slots)
+        half = self.num_slots // 2
+        return sums[:half][self.valid], sums[half:][self.valid]
+
+    def model_outputs(self, model):
+        x = self.inputs
+        return model(x["tokens"], x["position_ids"], x["attention_mask"], labels=x["labels"],
+                     packed_seq_params=x["packed_seq_params"])
+
+
 def get_pair_batch(data_iterator):
-    """(tokens, labels, loss_mask, position_ids), each [2b, s]: the b chosen rows, then the b rejected
-    rows, and the pairs' dataset indices [b]. Read on TP rank 0 and broadcast over the TP group; a pipeline
-    stage between the first and the last reads nothing (None)."""
+    """This micro-batch's :class:`PairBatch`: [2b, s] rows, the b chosen rows then the b rejected rows,
+    read on TP rank 0 and broadcast over the TP group; a pipeline stage between the first and the last
+    reads nothing (None).
+
+    Unpacked rows (one pair each) need only the causal mask. Rows packing several pairs, and every row
+    where attention takes THD, go through the fine-tuning batch (:func:`adaptor.finetune.batches.finetune_rows`):
+    a dense mask causal inside each pair's sequence, or one THD stream with the sequences' boundaries."""
     args = get_args()
     if not is_first_or_last_pipeline_stage(None):
-        return (None,) * len(KEYS), None
+        return None
     raw = next(data_iterator) if mpu.get_tensor_model_parallel_rank() == 0 else {}
-    shape = (args.micro_batch_size, 2, args.seq_length)
-    rows = tuple(rows_of_pairs(broadcast_from_tp_rank_0(raw.get(k), shape, PAIR_DTYPES[k])) for k in KEYS)
-    pairs = broadcast_from_tp_rank_0(raw.get(PAIR_INDEX), (args.micro_batch_size,), torch.int64)
-    batch = dict(zip(KEYS, rows))
+    b, s, m = args.micro_batch_size, args.seq_length, max_pairs(args.seq_length)
+    rows = {k: rows_of_pairs(broadcast_from_tp_rank_0(raw.get(k), (b, 2, s), PAIR_DTYPES[k])) for k in PAIR_DTYPES}
+    cu_seqlens = rows_of_pairs(broadcast_from_tp_rank_0(raw.get("cu_seqlens"), (b, 2, s + 1), torch.int32))
+    num_tokens = rows_of_pairs(broadcast_from_tp_rank_0(raw.get("num_tokens"), (b, 2), torch.int64))
+    pairs = broadcast_from_tp_rank_0(raw.get(PAIR_INDEX), (b, m), torch.int64)
+    # row r's pair k is sequence r * m + k: chosen sequences in [0, b m), rejected ones in [b m, 2 b m)
+    rows[PAIR_SLOT] = rows[PAIR_SLOT] + m * torch.arange(2 * b, device=rows[PAIR_SLOT].device)[:, None]
+    packed = bool((pairs[:, 1:] >= 0).any())
+    if packed or batch_format(args).thd:
+        rows = finetune_rows(rows, cu_seqlens, num_tokens, args, cp_rank=mpu.get_context_parallel_rank(),
+                             cp_group=mpu.get_context_parallel_group(), carry=(PAIR_SLOT,))
+        return PairBatch(rows, pairs)
     if variable_lengths(args):  # one pipeline stage (validated): no fixed shape to exchange
-        batch = cut_after_last_loss(batch, args)
+        rows = cut_after_last_loss(rows, args)
     if args.context_parallel_size > 1:  # this rank's share of every row's positions
-        batch = get_batch_on_this_cp_rank(batch, is_hybrid_cp=False, cp_group=mpu.get_context_parallel_group())
-    return tuple(batch[k] for k in KEYS), pairs
-
-
-def row_logps(token_logps, loss_mask, average=False):
-    """Each row's summed (or mean) log-probability; with context parallelism, over every rank's share."""
-    group = mpu.get_context_parallel_group() if mpu.get_context_parallel_world_size() > 1 else None
-    return sequence_logps(token_logps, loss_mask, average, group=group)
+        rows = get_batch_on_this_cp_rank(rows, is_hybrid_cp=False, cp_group=mpu.get_context_parallel_group())
+    return PairBatch(rows, pairs)
 
 
 def reference_forward_step(data_iterator, model):
     """The reference pass's forward step: the same rows through the reference, no graph."""
-    (tokens, labels, loss_mask, position_ids), pairs = get_pair_batch(data_iterator)
-    output = model(tokens, position_ids, None, labels=labels)
-    return output, partial(reference_loss_func, loss_mask, pairs)
+    batch = get_pair_batch(data_iterator)
+    output = batch.model_outputs(model) if batch is not None else model(None, None, None)
+    return output, partial(reference_loss_func, batch)
 
 
-def reference_loss_func(loss_mask, pairs, output_tensor):
-    """The reference's sequence log-probabilities [2b], handed back through the schedule's reduced items
-    (and recorded for --precompute-ref-logps); the loss itself is zero."""
+def reference_loss_func(batch, output_tensor):
+    """The reference's sequence log-probabilities [2 pairs] (chosen, then rejected), handed back through the
+    schedule's reduced items (and recorded for --precompute-ref-logps); the loss itself is zero."""
     token_logps = -output_tensor.float()
     if _recorder is not None:
-        b = pairs.numel()
-        sums = row_logps(token_logps, loss_mask).double()
-        means = row_logps(token_logps, loss_mask, average=True).double()
-        rows = torch.stack([sums[:b], sums[b:], means[:b], means[b:]], dim=1)
+        sums, means = batch.logps(token_logps), batch.logps(token_logps, average=True)
+        rows = torch.stack([sums[0], sums[1], means[0], means[1]], dim=1).double()
         first = mpu.get_tensor_model_parallel_rank() == 0 and mpu.get_context_parallel_rank() == 0
-        written = _recorder.record(pairs.cpu().numpy(), rows.cpu().numpy()) if first else None
+        written = _recorder.record(batch.pairs[batch.valid].cpu().numpy(), rows.cpu().numpy()) if first else None
         if written:
             print(f"> wrote the reference's log-probabilities of {len(_recorder.values)} pairs to {written}",
                   flush=True)
-    values = row_logps(token_logps, loss_mask, averages_logps(get_args().dpo_loss_type))
-    count = torch.tensor(pairs.numel(), dtype=torch.int, device=values.device)
+    values = torch.cat(batch.logps(token_logps, averages_logps(get_args().dpo_loss_type)))
+    count = torch.tensor(batch.count, dtype=torch.int, device=values.device)
     return values.sum() * 0, count, {VALUES: values}
 
 
-def reference_logps(pairs):
-    """The reference's sequence log-probabilities [2b] (chosen rows, then rejected rows) of the policy's
-    current micro-batch: read from --ref-logps, or the reference pass's next values."""
+def reference_logps(batch):
+    """The reference's sequence log-probabilities (chosen, rejected) [pairs] of the policy's current
+    micro-batch: read from --ref-logps, or the reference pass's next values."""
     if _stored is None:
-        return dpo_forward_step.reference_pass.pop()
-    row = _stored[pairs.cpu()]
-    picked = row[:, 2:] if averages_logps(get_args().dpo_loss_type) else row[:, :2]
-    return picked.t().reshape(-1).to(device=pairs.device, dtype=torch.float32)
+        values = dpo_forward_step.reference_pass.pop()
+    else:
+        row = _stored[batch.pairs[batch.valid].cpu()]
+        picked = row[:, 2:] if averages_logps(get_args().dpo_loss_type) else row[:, :2]
+        values = picked.t().reshape(-1).to(device=batch.pairs.device, dtype=torch.float32)
+    return values[:batch.count], values[batch.count:]
 
 
 @contextlib.contextmanager
@@ -139,32 +176,30 @@ def reference_models(policy):
         yield [_reference.get(chunk) for chunk in policy]
 
 
-def dpo_loss_func(loss_mask, pairs, output_tensor):
+def dpo_loss_func(batch, output_tensor):
     """The micro-batch's summed DPO loss, its number of pairs (Megatron divides by it) and the report."""
     args = get_args()
-    pairs_count = loss_mask.shape[0] // 2
-    reference = reference_logps(pairs)
-    average = averages_logps(args.dpo_loss_type)
-    policy = row_logps(-output_tensor.float(), loss_mask, average)
-    losses, chosen, rejected = dpo_loss(policy[:pairs_count], policy[pairs_count:], reference[:pairs_count],
-                                        reference[pairs_count:], args.dpo_beta, args.dpo_loss_type,
-                                        args.dpo_label_smoothing)
+    reference_chosen, reference_rejected = reference_logps(batch)
+    token_logps = -output_tensor.float()
+    chosen, rejected = batch.logps(token_logps, averages_logps(args.dpo_loss_type))
+    losses, chosen_rewards, rejected_rewards = dpo_loss(chosen, rejected, reference_chosen, reference_rejected,
+                                                        args.dpo_beta, args.dpo_loss_type, args.dpo_label_smoothing)
     sft = None
     total = losses
     if args.pref_ftx:
-        sft = -row_logps(-output_tensor[:pairs_count].float(), loss_mask[:pairs_count], average=True)
+        sft = -batch.logps(token_logps, average=True)[0]
         total = losses + args.pref_ftx * sft
-    count = torch.tensor(pairs_count, dtype=torch.int, device=losses.device)
-    return total.sum(), count, dpo_report(losses, chosen, rejected, sft)
+    count = torch.tensor(batch.count, dtype=torch.int, device=losses.device)
+    return total.sum(), count, dpo_report(losses, chosen_rewards, rejected_rewards, sft)
 
 
 def dpo_forward_step(data_iterator, model):
     timers = get_timers()
     timers("batch-generator", log_level=2).start()
-    (tokens, labels, loss_mask, position_ids), pairs = get_pair_batch(data_iterator)
+    batch = get_pair_batch(data_iterator)
     timers("batch-generator").stop()
-    output = model(tokens, position_ids, None, labels=labels)
-    return output, partial(dpo_loss_func, loss_mask, pairs)
+    output = batch.model_outputs(model) if batch is not None else model(None, None, None)
+    return output, partial(dpo_loss_func, batch)
 
 
 dpo_forward_step.rows_per_sample = reference_forward_step.rows_per_sample = 2  # chosen and rejected

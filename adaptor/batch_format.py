@@ -16,7 +16,7 @@ class Boundaries(enum.Enum):
     NONE = "none"                    # one causal sequence per row
     EOD = "eod"                      # a document ends after each EOD token (--reset-attention-mask)
     DOCUMENTS = "documents"          # GPTDataset's cu_seqlens rows (--dataloader-inter-document-masking)
-    CONVERSATIONS = "conversations"  # fine-tuning data's cu_seqlens (--is-instruction-dataset, --sft)
+    CONVERSATIONS = "conversations"  # fine-tuning data's cu_seqlens (--is-instruction-dataset, --sft, pairs)
 
 
 @dataclass(frozen=True)
@@ -38,13 +38,13 @@ class BatchFormat:
 def batch_format(args) -> BatchFormat:
     """The boundaries this run's batches carry and whether attention takes them as THD.
 
-    Fine-tuning data always carries conversation boundaries. Pretraining documents reach attention
+    Fine-tuning data (conversations, DPO's pairs) always carries conversation boundaries. Pretraining documents reach attention
     as THD with the adaptor's core attention; inter-document masking swaps that attention in, so it
     is always THD without Transformer Engine. With Transformer Engine nothing is packed: the
     dataset's dense ``--reset-attention-mask`` mask is all attention gets (inter-document masking
     is refused there by the packed_sequences feature).
     """
-    if _on(args, "sft") or _on(args, "is_instruction_dataset"):
+    if _on(args, "sft") or _on(args, "is_instruction_dataset") or _on(args, "is_pairwise_dataset"):
         return BatchFormat(Boundaries.CONVERSATIONS, thd=_thd_attention(args))
     inter_document = _on(args, "dataloader_inter_document_masking")
     if _transformer_engine(args):

@@ -11,7 +11,7 @@ tensors and the ``PackedSeqParams`` for attention and RoPE.
 from __future__ import annotations
 
 import itertools
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Optional, Sequence
 
 import torch
@@ -26,6 +26,7 @@ class PackedBatch:
     loss_mask: Optional[torch.Tensor]
     position_ids: Optional[torch.Tensor]
     params: PackedSeqParams
+    others: dict = field(default_factory=dict)  # the ``carry`` tensors of the batch, laid out the same way
 
 
 def lengths_from_eod(tokens: torch.Tensor, eod: int) -> list[list[int]]:
@@ -53,8 +54,9 @@ def _round_up(n: int, unit: int) -> int:
 
 
 def pack(batch: dict, row_lengths: Sequence[Sequence[int]], *, cp_size: int = 1, cp_rank: int = 0,
-         cp_group=None, tp_multiple: int = 1) -> PackedBatch:
-    """``batch`` ([b, s] tensors, or None) -> this CP rank's THD stream and its PackedSeqParams."""
+         cp_group=None, tp_multiple: int = 1, carry: Sequence[str] = ()) -> PackedBatch:
+    """``batch`` ([b, s] tensors, or None) -> this CP rank's THD stream and its PackedSeqParams; the
+    ``carry`` keys (other per-token [b, s] tensors) come back in ``others``, pads 0."""
     unit = 2 * cp_size if cp_size > 1 else 1
     real = [n for row in row_lengths for n in row]
     padded = [_round_up(n, unit) for n in real]
@@ -104,4 +106,5 @@ def pack(batch: dict, row_lengths: Sequence[Sequence[int]], *, cp_size: int = 1,
         loss_mask=gather(batch.get("loss_mask"), 0.0),
         position_ids=gather(batch.get("position_ids"), 0),
         params=params,
+        others={k: gather(batch.get(k), 0) for k in carry},
     )

@@ -314,16 +314,19 @@ def chunk_records(chunk: Chunk):
 @dataclass
 class _Open:
     order: int
-    used: int
+    used: tuple
     items: list
 
 
 class Packer:
-    """Whole conversations into samples of at most ``capacity`` tokens (best fit, ``max_open`` open samples).
+    """Whole items into samples of at most ``capacity`` tokens (best fit, ``max_open`` open samples).
 
-    ``add(item, length)`` returns the samples it completed (each a list of items, in the order
-    they were added); ``flush()`` returns the rest, oldest first. A sample is closed as soon as
-    it is full, and when more than ``max_open`` are open the fullest one is closed.
+    An item's length is an int, or a tuple of ints for items laid out in several parallel rows (a DPO
+    pair: its chosen and its rejected side, each row holding the same items in the same order); each
+    row then has ``capacity`` tokens. ``add(item, length)`` returns the samples it completed (each a
+    list of items, in the order they were added); ``flush()`` returns the rest, oldest first. A sample
+    is closed as soon as one of its rows is full (no item fits any more), and when more than
+    ``max_open`` are open the fullest one is closed.
     """
 
     def __init__(self, capacity: int, max_open: int = 64) -> None:
@@ -331,24 +334,29 @@ class Packer:
         self._open: list = []
         self._count = 0
 
-    def add(self, item, length: int) -> list:
-        if length > self.capacity:
-            raise ValueError(f"an item of {length} tokens does not fit a sample of {self.capacity}")
-        fits = [b for b in self._open if b.used + length <= self.capacity]
+    def add(self, item, length) -> list:
+        lengths = tuple(length) if isinstance(length, (tuple, list)) else (length,)
+        if max(lengths) > self.capacity:
+            raise ValueError(f"an item of {max(lengths)} tokens does not fit a sample of {self.capacity}")
+
+        def left(b):  # tokens free in the sample's rows after this item
+            return sum(self.capacity - u - n for u, n in zip(b.used, lengths))
+
+        fits = [b for b in self._open if all(u + n <= self.capacity for u, n in zip(b.used, lengths))]
         if fits:
-            target = min(fits, key=lambda b: (self.capacity - b.used - length, b.order))
+            target = min(fits, key=lambda b: (left(b), b.order))
         else:
-            target = _Open(self._count, 0, [])
+            target = _Open(self._count, (0,) * len(lengths), [])
             self._count += 1
             self._open.append(target)
         target.items.append(item)
-        target.used += length
+        target.used = tuple(u + n for u, n in zip(target.used, lengths))
         done = []
-        if target.used == self.capacity:
+        if max(target.used) == self.capacity:
             self._open.remove(target)
             done.append(target.items)
         while len(self._open) > self.max_open:
-            fullest = max(self._open, key=lambda b: (b.used, -b.order))
+            fullest = max(self._open, key=lambda b: (sum(b.used), -b.order))
             self._open.remove(fullest)
             done.append(fullest.items)
         return done

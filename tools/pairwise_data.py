@@ -10,7 +10,10 @@
 
 Each side is rendered exactly as the supervised fine-tuning path renders a conversation (the same
 :class:`chat_template.ChatRenderer`), then the labels keep only the final response: MindSpeed-LLM's
-layout, ``PREFIX_packed_{chosen,rejected}_{input_ids,labels}_document``, ``-100`` outside the response.
+layout, ``PREFIX_packed_{chosen,rejected}_{input_ids,labels}_document``, ``-100`` outside the response,
+plus ``PREFIX_packed_{chosen,rejected}_attention_mask_document``: each token's pair within its sample.
+With ``--pack`` a sample holds several whole pairs, the k-th pair being the k-th segment of the chosen
+row and of the rejected row, so a pair is never split between samples.
 """
 from __future__ import annotations
 
@@ -23,6 +26,9 @@ ALPACA = "AlpacaStylePairwiseHandler"
 SHAREGPT = "SharegptStylePairwiseHandler"
 HANDLERS = (ALPACA, SHAREGPT)
 FIELDS = ("chosen_input_ids", "chosen_labels", "rejected_input_ids", "rejected_labels")
+# Each side's 1-based pair index per token: with --pack a sample holds several pairs, pair k being the k-th
+# run of both sides (MindSpeed-LLM's instruction attention_mask, per side).
+SEGMENT_FIELDS = ("chosen_attention_mask", "rejected_attention_mask")
 # The instruction handler whose columns and conversion a pairwise handler reuses for the prompt.
 PROMPT_HANDLER = {ALPACA: instruction_data.ALPACA, SHAREGPT: instruction_data.SHAREGPT}
 RESPONSE_KEYS = {"chosen": "chosen", "rejected": "rejected"}

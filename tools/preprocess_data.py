@@ -122,7 +122,8 @@ def add_tool_args(parser: argparse.ArgumentParser, required: bool = True) -> arg
                        help="column names and tags, MindSpeed-LLM's --map-keys, e.g. "
                             "'{\"prompt\": \"question\", \"query\": \"\", \"response\": \"answer\"}'")
     group.add_argument("--pack", action="store_true",
-                       help="put several whole conversations in one sample of at most --seq-length tokens")
+                       help="put several whole conversations in one sample of at most --seq-length tokens (pairwise "
+                            "handlers: several whole pairs, each side of a sample at most --seq-length tokens)")
     group.add_argument("--neat-pack", action="store_true",
                        help="the same as --pack: conversation boundaries are always kept (attention_mask)")
     group.add_argument("--seq-length", type=_positive, metavar="N",
@@ -189,7 +190,9 @@ ALL_HANDLERS = (*instruction_data.HANDLERS, *pairwise_data.HANDLERS)
 
 def handler_fields(handler: str) -> tuple:
     """The datasets a handler writes (PREFIX_packed_{field}_document)."""
-    return pairwise_data.FIELDS if handler in pairwise_data.HANDLERS else instruction_data.FIELDS
+    if handler in pairwise_data.HANDLERS:
+        return pairwise_data.FIELDS + pairwise_data.SEGMENT_FIELDS
+    return instruction_data.FIELDS
 
 
 def instruction_settings(opts: argparse.Namespace):
@@ -221,9 +224,6 @@ def instruction_settings(opts: argparse.Namespace):
     else:
         keys = instruction_data.parse_map_keys(opts.map_keys, opts.handler_name)
     pack = bool(opts.pack or opts.neat_pack)
-    if pack and pairwise:
-        raise ToolError(f"{'--pack' if opts.pack else '--neat-pack'}: {opts.handler_name} writes one pair per "
-                        f"sample (DPO compares the two sides of each pair); drop it")
     if pack and opts.seq_length is None:
         raise ToolError(f"{'--pack' if opts.pack else '--neat-pack'} needs --seq-length N (the sample length "
                         f"conversations are packed into)")
@@ -770,7 +770,8 @@ def run_instruction(args: argparse.Namespace, settings, files: list) -> None:
     seq_length = settings.seq_length
     layout = f"packed into samples of at most {seq_length} tokens" if settings.pack else "one conversation per sample"
     if pairwise:
-        layout = "one chosen/rejected pair per sample"
+        layout = (f"whole chosen/rejected pairs packed into samples of at most {seq_length} tokens a side"
+                  if settings.pack else "one chosen/rejected pair per sample")
     thinking = "not passed" if settings.enable_thinking is None else str(settings.enable_thinking).lower()
     _say(f"{len(files)} input file(s); {settings.handler}, --prompt-type {settings.kind.name}, chat template "
          f"{chat_template.describe(renderer)}, enable_thinking {thinking}, {layout}; tokenizer vocabulary "
@@ -797,24 +798,33 @@ def run_instruction(args: argparse.Namespace, settings, files: list) -> None:
         counts["tokens"] += int(ids.size)
         counts["loss_tokens"] += int(np.count_nonzero(labels != chat_template.IGNORE_INDEX))
 
-    def write_pairs(pairs: list) -> None:
-        """Pairs (chosen ids, chosen labels, rejected ids, rejected labels) into the four datasets, one document
-        each; a pair with a side longer than --seq-length is skipped whole."""
+    def keep_pairs(pairs: list) -> list:
+        """Pairs (chosen ids, chosen labels, rejected ids, rejected labels) that fit: a pair with a side
+        longer than --seq-length is skipped whole."""
         if seq_length is not None:
             long = [p for p in pairs if max(len(p[0]), len(p[2])) > seq_length]
             counts["too_long_skipped"] += len(long)
             pairs = [p for p in pairs if max(len(p[0]), len(p[2])) <= seq_length]
-        if not pairs:
+        counts["conversations"] += len(pairs)
+        return pairs
+
+    def write_pairs(samples: list) -> None:
+        """Samples (lists of pairs, one pair each unless --pack) into the six datasets, one document each."""
+        if not samples:
             return
         for k, field in enumerate(pairwise_data.FIELDS):
-            values = np.concatenate([p[k] for p in pairs])
+            values = np.concatenate([p[k] for sample in samples for p in sample])
             if values.size and field.endswith("input_ids") and int(values.max()) >= limit:
                 raise ToolError(f"the tokenizer produced token id {int(values.max())}, which {dtype.name} cannot "
                                 f"hold; use --dtype int32")
             kind = dtype if field.endswith("input_ids") else np.int32
-            writers[field].add_documents(values.astype(kind), [len(p[k]) for p in pairs])
-        counts["conversations"] += len(pairs)
-        counts["samples"] += len(pairs)
+            writers[field].add_documents(values.astype(kind), [sum(len(p[k]) for p in one) for one in samples])
+        for side, field in zip((0, 2), pairwise_data.SEGMENT_FIELDS):
+            pair_of_token = np.concatenate([np.full(len(p[side]), j, dtype=np.int32)
+                                            for sample in samples for j, p in enumerate(sample, 1)])
+            writers[field].add_documents(pair_of_token, [sum(len(p[side]) for p in one) for one in samples])
+        pairs = [p for sample in samples for p in sample]
+        counts["samples"] += len(samples)
         counts["tokens"] += sum(len(p[0]) + len(p[2]) for p in pairs)
         counts["loss_tokens"] += sum(int(np.count_nonzero(p[k] != chat_template.IGNORE_INDEX))
                                      for p in pairs for k in (1, 3))
@@ -834,7 +844,11 @@ def run_instruction(args: argparse.Namespace, settings, files: list) -> None:
             nbytes += result["bytes"]
             counts["bad_records_skipped"] += result["bad"]
             if pairwise:
-                write_pairs(result["pairs"])
+                kept = keep_pairs(result["pairs"])
+                if packer is None:
+                    write_pairs([[p] for p in kept])
+                else:
+                    write_pairs([one for p in kept for one in packer.add(p, (len(p[0]), len(p[2])))])
                 continue
             if result["ids"].size and int(result["ids"].max()) >= limit:
                 raise ToolError(f"the tokenizer produced token id {int(result['ids'].max())}, which "
@@ -856,7 +870,7 @@ def run_instruction(args: argparse.Namespace, settings, files: list) -> None:
                      f"conversations/s, {_human(_rate(counts['tokens'], seconds))} tokens/s")
                 next_log = (counts["conversations"] // args.log_interval + 1) * args.log_interval
         if packer is not None:
-            write(packer.flush())
+            (write_pairs if pairwise else write)(packer.flush())
         if counts["samples"] == 0:
             raise ToolError(f"no conversations to write: {counts['too_long_skipped']} longer than --seq-length "
                             f"{seq_length}, {counts['bad_records_skipped']} bad records skipped (input: "

@@ -35,6 +35,9 @@ def _round_up(n: int, unit: int) -> int:
     return -(-n // unit) * unit
 
 
+MODEL_KEYS = ("tokens", "labels", "loss_mask", "attention_mask", "position_ids", "packed_seq_params")
+
+
 def finetune_batch(batch: dict, cu_seqlens: torch.Tensor, num_tokens: torch.Tensor | None, args, *,
                    cp_rank: int = 0, cp_group=None):
     """(tokens, labels, loss_mask, attention_mask, position_ids, packed_seq_params) of one micro-batch.
@@ -42,11 +45,19 @@ def finetune_batch(batch: dict, cu_seqlens: torch.Tensor, num_tokens: torch.Tens
     ``batch`` holds [b, s] tensors (None for keys this stage does not need); ``num_tokens`` the real
     length of each row (None: unknown, nothing is cut).
     """
+    rows = finetune_rows(batch, cu_seqlens, num_tokens, args, cp_rank=cp_rank, cp_group=cp_group)
+    return tuple(rows.get(k) for k in MODEL_KEYS)
+
+
+def finetune_rows(batch: dict, cu_seqlens: torch.Tensor, num_tokens: torch.Tensor | None, args, *,
+                  cp_rank: int = 0, cp_group=None, carry: tuple = ()) -> dict:
+    """:func:`finetune_batch` as a dict: ``MODEL_KEYS``, and the ``carry`` keys of ``batch`` (other
+    per-token [b, s] tensors, such as DPO's pair slots) laid out as the tokens are."""
     seq = args.seq_length
     loss_mask = batch.get("loss_mask")
     if batch.get("labels") is not None and loss_mask is not None:
         # labels under a zero mask may be -100 (SFTDataset); the loss must not read them
-        batch["labels"] = torch.where(loss_mask.bool(), batch["labels"], torch.zeros_like(batch["labels"]))
+        batch = dict(batch, labels=torch.where(loss_mask.bool(), batch["labels"], torch.zeros_like(batch["labels"])))
     tp_multiple = args.tensor_model_parallel_size if args.sequence_parallel else 1
     cut = variable_lengths(args) and num_tokens is not None
     if batch_format(args).thd:
@@ -55,15 +66,18 @@ def finetune_batch(batch: dict, cu_seqlens: torch.Tensor, num_tokens: torch.Tens
             rows = [_real_documents(r, int(n)) for r, n in zip(rows, num_tokens.tolist())]
             batch = {k: (None if v is None else _select_rows(v, rows, seq)) for k, v in batch.items()}
         packed = pack(batch, rows, cp_size=args.context_parallel_size, cp_rank=cp_rank, cp_group=cp_group,
-                      tp_multiple=tp_multiple)
-        return packed.tokens, packed.labels, packed.loss_mask, None, packed.position_ids, packed.params
+                      tp_multiple=tp_multiple, carry=carry)
+        return {"tokens": packed.tokens, "labels": packed.labels, "loss_mask": packed.loss_mask,
+                "attention_mask": None, "position_ids": packed.position_ids, "packed_seq_params": packed.params,
+                **packed.others}
     mask = dense_mask_from_cu_seqlens(cu_seqlens, seq)
     if cut:
         length = min(seq, _round_up(max(int(num_tokens.max()), 1), PAD_MULTIPLE * tp_multiple))
         batch = {k: (None if v is None else v[:, :length]) for k, v in batch.items()}
         mask = mask[:, :, :length, :length]
-    return (batch.get("tokens"), batch.get("labels"), batch.get("loss_mask"), mask,
-            batch.get("position_ids"), None)
+    return {"tokens": batch.get("tokens"), "labels": batch.get("labels"), "loss_mask": batch.get("loss_mask"),
+            "attention_mask": mask, "position_ids": batch.get("position_ids"), "packed_seq_params": None,
+            **{k: batch.get(k) for k in carry}}
 
 
 def cut_after_last_loss(rows: dict, args) -> dict:

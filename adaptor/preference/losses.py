@@ -25,22 +25,29 @@ def averages_logps(loss_type: str) -> bool:
 
 
 def sequence_logps(token_logps: torch.Tensor, loss_mask: torch.Tensor, average: bool = False,
-                   group=None) -> torch.Tensor:
-    """[rows] sum (or mean) of ``token_logps`` [rows, s] over the response tokens ``loss_mask`` marks.
+                   group=None, slots: torch.Tensor | None = None, num_slots: int | None = None) -> torch.Tensor:
+    """Sum (or mean) of ``token_logps`` over the response tokens ``loss_mask`` marks: per row ([rows] from
+    [rows, s]), or with ``slots`` (each token's sequence, any layout: rows, packed rows, a THD stream)
+    per sequence ([num_slots]).
 
-    ``group``: the context-parallel group when each rank holds a share of every row's tokens. The sums
-    are added over it with an all-reduce whose backward adds the ranks' gradients too: every rank then
+    ``group``: the context-parallel group when each rank holds a share of every sequence's tokens. The
+    sums are added over it with an all-reduce whose backward adds the ranks' gradients too: every rank then
     computes the same loss, each gradient reaches the tokens of every rank, and Megatron's reduction over
     the data- and context-parallel ranks (sum, divided by their number) gives the gradient of one loss."""
     mask = loss_mask.float()
-    total = (token_logps.float() * mask).sum(-1)
+    if slots is None:
+        total, count = (token_logps.float() * mask).sum(-1), mask.sum(-1)
+    else:  # added one by one, so in float64: float32 would lose ~1e-6 of a sum of ~100 values
+        where = slots.reshape(-1).long()
+        zeros = torch.zeros(num_slots, dtype=torch.float64, device=token_logps.device)
+        total = zeros.index_add(0, where, (token_logps.double() * mask.double()).reshape(-1)).float()
+        count = zeros.index_add(0, where, mask.double().reshape(-1)).float()
     if group is not None:
         from torch.distributed.nn.functional import all_reduce
 
         total = all_reduce(total, group=group)
     if not average:
         return total
-    count = mask.sum(-1)
     if group is not None:
         torch.distributed.all_reduce(count, group=group)
     return total / count.clamp(min=1)

@@ -7,7 +7,8 @@ and writes the file once every pair has been seen), and any number of later runs
 (``--ref-logps FILE``) instead of evaluating a second model.
 
 File layout: one line of JSON (the header), then ``pairs x 4`` little-endian float64 values, row ``i``
-being pair ``i`` of the dataset as stored (not as shuffled): chosen sum, rejected sum, chosen per-token
+being pair ``i`` of the dataset as stored (not as shuffled; with packed samples, counted through the
+samples in order): chosen sum, rejected sum, chosen per-token
 mean, rejected per-token mean. Sums serve the sigmoid and hinge losses, means IPO's, so one file serves
 every ``--dpo-loss-type``. The header names the dataset (its prefix, number of pairs and a digest of
 its sides' lengths) and the sequence length, which decides where long responses are cut; a run whose
@@ -42,7 +43,7 @@ def dataset_digest(low) -> str:
 
 
 def header_for(low, seq_length: int) -> dict:
-    return {"format": FORMAT, "prefix": os.path.abspath(low.prefix), "pairs": len(low),
+    return {"format": FORMAT, "prefix": os.path.abspath(low.prefix), "pairs": low.num_pairs,
             "digest": dataset_digest(low), "seq_length": int(seq_length), "columns": list(COLUMNS)}
 
 

@@ -21,7 +21,9 @@ Upstream changes, DPO runs only:
 ``posttrain_gpt.py`` holds the DPO forward steps and dataset provider, :mod:`adaptor.preference` the
 losses, data, reference and metrics. This feature registers the flags and refuses, in one line, the runs
 DPO cannot do here: no pairwise data, no reference to compare with, virtual pipeline stages (the
-reference pass replays one data iterator), MTP layers. With context parallelism each rank holds a share
+reference pass replays one data iterator), MTP layers, and pairs packed several per sample where their
+boundaries cannot reach attention (middle pipeline stages; context parallelism across pipeline stages) or
+where ``--seq-length`` would cut a packed sample's last pairs. With context parallelism each rank holds a share
 of every row's positions, and the rows' log-probabilities are added over the context-parallel group
 (:func:`adaptor.preference.losses.sequence_logps`). ``--precompute-ref-logps`` / ``--ref-logps`` store the reference's values once and read them
 back (:mod:`adaptor.preference.stored_reference`); a file made for another dataset or sequence length
@@ -192,7 +194,8 @@ class PreferenceTraining(Feature):
                                     f"--split 100,0,0 so that all {len(low)} pairs are among them")
             seen = (args.train_iters or 0) * args.global_batch_size
             if seen < len(low):
-                raise ArgumentError(f"--precompute-ref-logps sees {seen} pairs in {args.train_iters} iterations "
+                what = "samples" if low.packed else "pairs"
+                raise ArgumentError(f"--precompute-ref-logps sees {seen} {what} in {args.train_iters} iterations "
                                     f"of {args.global_batch_size}, fewer than the dataset's {len(low)}: raise "
                                     f"--train-iters")
             world = getattr(args, "world_size", None) or int(os.environ.get("WORLD_SIZE", "1"))
@@ -221,10 +224,30 @@ class PreferenceTraining(Feature):
                     check_prefix(prefix)
                 except InstructionDataError as exc:
                     raise ArgumentError(f"--stage dpo: {exc}") from None
-                built = (read_meta(prefix) or {}).get("prompt_type")
+                meta = read_meta(prefix) or {}
+                built = meta.get("prompt_type")
                 if args.prompt_type and built and built != args.prompt_type:
                     raise ArgumentError(f"--prompt-type {args.prompt_type}: {flag} {prefix} was built with "
                                         f"--prompt-type {built}; preprocess it again or pass --prompt-type {built}")
+                if meta.get("pack"):
+                    _check_packed_pairs(args, flag, prefix, meta)
+
+
+def _check_packed_pairs(args, flag: str, prefix: str, meta: dict) -> None:
+    """Samples that pack several pairs: each pair's sequences must stay whole and apart on every stage."""
+    pp, cp = args.pipeline_model_parallel_size, args.context_parallel_size or 1
+    packed_for = meta.get("seq_length")
+    if packed_for and packed_for > args.seq_length + 1:
+        raise ArgumentError(f"{flag} {prefix} packs pairs into samples of up to {packed_for} tokens, longer than "
+                            f"--seq-length {args.seq_length} + 1 (the last pairs would lose a side): train with "
+                            f"--seq-length {packed_for - 1} or more, or preprocess with --seq-length {args.seq_length + 1}")
+    if pp > 2:
+        raise ArgumentError(f"{flag} {prefix} packs several pairs per sample, and middle pipeline stages receive "
+                            f"no batch to keep them apart; use --pipeline-model-parallel-size 2 or less, or "
+                            f"preprocess without --pack")
+    if pp > 1 and cp > 1:
+        raise ArgumentError(f"{flag} {prefix} packs several pairs per sample: with context parallelism their "
+                            f"boundaries reach attention as THD, which needs --pipeline-model-parallel-size 1")
 
 
 def _resumed_iteration(args) -> int:

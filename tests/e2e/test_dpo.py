@@ -39,6 +39,13 @@ their order.
 * ``--variable-seq-lengths`` on one stage: rows built 96 wide and cut after each micro-batch's last
   position in the loss reproduce the 64-wide run's curve within the same tolerance (a cut 8 positions
   short moves the second loss by 1e-2).
+* Packed pairs: the same four pairs preprocessed with ``--pack`` (two whole pairs per sample, each the
+  same segment of the chosen and the rejected row) reproduce the single-process curve within the same
+  tolerance, on one process (a dense mask per pair) and at CP2 (one THD stream with the pairs'
+  boundaries, split over two ranks); with ``--calculate-per-token-loss`` Megatron divides the step's
+  summed loss by its pairs, as the unpacked run's equal micro-batches average it (measured: within
+  1.3e-6). Attention across the pairs of a sample moves the second loss by 1e-2. The packed run's
+  ``--precompute-ref-logps`` file holds, pair by pair, the unpacked run's values.
 * Bad input is one line: an instruction dataset with --stage dpo (tests/e2e/test_finetune.py's
   ``other_stage`` case); the other refusals are checked in-process (tests/unit/test_dpo.py).
 """
@@ -60,6 +67,7 @@ from helpers.paths import EXAMPLES, ROOT, SAMPLE_TOKENIZER, TESTS, TOOLS
 from helpers.prefetch import prefetched
 
 SEQ, PAIRS, ITERS, RTOL = 64, 4, 3, 1e-5
+PACKED_SEQ = 2 * SEQ + 4  # two pairs fit a sample (each side at most SEQ + 1 tokens); CP2 needs a multiple of 4
 BETA, SMOOTHING, FTX = 0.1, 0.1, 0.5
 STEP = 100.0  # the closed-form run's SGD learning rate: (w0 - w1) / STEP is Megatron's gradient
 LORA_R, LORA_ALPHA, SEED = 8, 16, 1234
@@ -90,9 +98,11 @@ for line in open({str(EXAMPLES / "data" / "sample_pairs.jsonl")!r}):
     if short and "history" not in record and "system" not in record and len(kept) < {PAIRS}:
         kept.append(line)
 open(root + "/pairs.jsonl", "w").write("".join(kept))
-sys.exit(preprocess_data.main(["--input", root + "/pairs.jsonl", "--output-prefix", root + "/pairs",
-    "--handler-name", "AlpacaStylePairwiseHandler", "--prompt-type", "qwen3", "--seq-length", "{SEQ + 1}",
-    "--tokenizer-type", "HuggingFaceTokenizer", "--tokenizer-model", {str(SAMPLE_TOKENIZER)!r}]))
+common = ["--input", root + "/pairs.jsonl", "--handler-name", "AlpacaStylePairwiseHandler", "--prompt-type", "qwen3",
+    "--tokenizer-type", "HuggingFaceTokenizer", "--tokenizer-model", {str(SAMPLE_TOKENIZER)!r}]
+assert preprocess_data.main([*common, "--output-prefix", root + "/pairs", "--seq-length", "{SEQ + 1}"]) == 0
+sys.exit(preprocess_data.main([*common, "--output-prefix", root + "/packed", "--seq-length", "{PACKED_SEQ + 1}",
+    "--pack"]))
 """
 
 
@@ -135,6 +145,10 @@ def train(root, nproc=1, iters=ITERS, extra=()):
     return steps
 
 
+# Two packed samples hold the four pairs; Megatron divides the summed loss by the pairs of the step
+# (--calculate-per-token-loss), as the unpacked run's equal micro-batches average it.
+PACKED = ["--data-path", "packed", "--seq-length", str(PACKED_SEQ), "--global-batch-size", "2",
+          "--calculate-per-token-loss"]
 LAYOUTS = {
     "full": (1, ITERS, ["--precompute-ref-logps", "ref.logps"]),
     "tp2": (2, ITERS, ["--tensor-model-parallel-size", "2"]),
@@ -146,8 +160,11 @@ LAYOUTS = {
     "lora_closed_form": (1, 1, [*LORA, *ONE_SGD_STEP, "--hf-save-dir", "lora_after_one_step"]),
     # rows built 96 wide and cut back: the cut drops padding the 64-wide run never had
     "variable_seq_lengths": (1, ITERS, ["--seq-length", str(SEQ + 32), "--variable-seq-lengths"]),
+    # the same four pairs packed two to a sample: a dense mask per pair, then THD split over two CP ranks
+    "packed": (1, ITERS, [*PACKED, "--micro-batch-size", "2", "--precompute-ref-logps", "packed.logps"]),
+    "packed_cp2": (2, ITERS, [*PACKED, "--micro-batch-size", "1", "--context-parallel-size", "2"]),
 }
-PATHS = ("reference", "ref.logps", "pp2.logps", "after_one_step", "lora_after_one_step")
+PATHS = ("reference", "ref.logps", "pp2.logps", "after_one_step", "lora_after_one_step", "packed", "packed.logps")
 
 
 @prefetched
@@ -183,6 +200,43 @@ def test_parallel_dpo_reproduces_the_single_process_curve(runs, layout):
             # rewards are beta times differences of sequence log-probabilities of ~100 each: their error
             # is absolute (~1e-6 measured at step 3), hence the atol beside the relative tolerance
             assert abs(got - want) <= RTOL * (abs(want) + 1), (layout, step, key, got, want)
+
+
+@pytest.mark.parametrize("layout", ["packed", "packed_cp2"])
+def test_packed_pairs_reproduce_the_unpacked_curve(setup, runs, layout):
+    """Pairs packed two to a sample train the curve of one pair per row: each pair's sequences attend only
+    to themselves (a dense mask per pair; THD with CP) and their log-probabilities are summed per pair.
+    Attention across the pairs of a sample moves the second loss by 1e-2 (measured)."""
+    from adaptor.preference.pairwise_dataset import PairwiseLowLevel
+
+    packed = PairwiseLowLevel(str(setup / "packed"))
+    assert len(packed) == 2 and packed.pairs_per_sample.tolist() == [2, 2], packed.pairs_per_sample
+    for step in range(1, ITERS + 1):
+        for key in ("dpo loss", "rewards/chosen", "rewards/rejected", "rewards/accuracies"):
+            got, want = runs[layout][step][key], runs["full"][step][key]
+            assert abs(got - want) <= RTOL * (abs(want) + 1), (layout, step, key, got, want)
+
+
+def test_packed_pairs_record_each_pairs_reference_values(setup, runs):
+    """--precompute-ref-logps on packed samples stores pair by pair, in the packed dataset's numbering, the
+    values the unpacked run stored for the same pair (found by its tokens)."""
+    from adaptor.preference import stored_reference
+    from adaptor.preference.pairwise_dataset import PairwiseLowLevel
+
+    def pairs_of(low):
+        found = []
+        for i in range(len(low)):
+            sides = [low.side(i, side) for side in ("chosen", "rejected")]
+            for k in range(int(low.pairs_per_sample[i])):
+                found.append(tuple(tuple(ids[seg == k + 1]) for ids, _, seg in sides))
+        return found
+
+    alone = {pair: i for i, pair in enumerate(pairs_of(PairwiseLowLevel(str(setup / "pairs"))))}
+    packed = pairs_of(PairwiseLowLevel(str(setup / "packed")))
+    header, values = stored_reference.read(str(setup / "packed.logps"))
+    _, want = stored_reference.read(str(setup / "ref.logps"))
+    assert header["pairs"] == len(packed) == PAIRS and sorted(alone[p] for p in packed) == list(range(PAIRS))
+    np.testing.assert_allclose(values, want[[alone[p] for p in packed]], rtol=RTOL)
 
 
 def test_rows_cut_after_the_last_position_in_the_loss_train_the_same_curve(setup, runs):

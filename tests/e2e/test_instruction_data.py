@@ -378,8 +378,8 @@ def test_bad_input_needing_the_tokenizer_is_one_line(runs, name, needles):
 @pytest.mark.parametrize("args, needle", [
     (["--handler-name", "R1AlpacaStyleInstructionHandler", "--prompt-type", "qwen3"],
      "--handler-name R1AlpacaStyleInstructionHandler (MindSpeed-LLM): not built by this tool"),
-    (["--handler-name", "AlpacaStylePairwiseHandler", "--prompt-type", "qwen3", "--pack", "--seq-length", "64"],
-     "--pack: AlpacaStylePairwiseHandler writes one pair per sample"),
+    (["--handler-name", "AlpacaStylePairwiseHandler", "--prompt-type", "qwen3", "--neat-pack"],
+     "--neat-pack needs --seq-length N"),
     (["--handler-name", "AlpacaStyleInstructionHandler", "--prompt-type", "qwen2"],
      "--prompt-type qwen2: not one of qwen3, qwen, chatml, deepseek3, llama3"),
     (["--handler-name", "AlpacaStyleInstructionHandler", "--prompt-type", "qwen3", "--map-keys", "{prompt: x"],

@@ -302,3 +302,22 @@ def test_packer_keeps_conversations_whole():
     assert sum(lengths) / (64 * len(samples)) > 0.9
     with pytest.raises(ValueError):
         packer.add(0, 65)
+
+
+def test_packer_keeps_pairs_whole_with_both_sides_within_the_capacity():
+    """DPO pairs pack by both sides' lengths: every pair once, each row of a sample within the capacity."""
+    import random
+
+    rng = random.Random(1)
+    pairs = [(rng.randint(2, 64), rng.randint(2, 64)) for _ in range(500)]
+    packer = instruction_data.Packer(64, max_open=8)
+    samples = []
+    for i, lengths in enumerate(pairs):
+        samples += packer.add(i, lengths)
+    samples += packer.flush()
+    assert sorted(i for s in samples for i in s) == list(range(500))
+    for side in (0, 1):
+        assert all(sum(pairs[i][side] for i in s) <= 64 for s in samples)
+    assert max(len(s) for s in samples) > 1 and len(samples) < 500
+    with pytest.raises(ValueError):
+        packer.add(0, (3, 65))

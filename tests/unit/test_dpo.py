@@ -9,6 +9,10 @@ supervised fine-tuning renderer.
   conversation; the labels keep only the final response (history turns, which SFT trains on, drop
   out); the written datasets read back (adaptor/preference/pairwise_dataset.py) as [2, seq] rows whose
   loss mask covers the response tokens; an empty response or two different prompts is one line.
+* Packed pairs (``--pack``): every pair lands whole in one sample, chosen and rejected as the same
+  segment of the two rows; a packed sample's per-pair sequence log-probabilities (by ``pair_slot``,
+  positions restarting per pair) equal those of the same pairs stored one per sample; its ``pair_index``
+  numbers every pair of the dataset once (the stored reference's rows).
 """
 from __future__ import annotations
 
@@ -132,7 +136,7 @@ def test_the_tool_writes_pairs_that_the_dataset_reads_back(tmp_path, capsys):
     assert preprocess.main([*common, "--output-prefix", str(tmp_path / "out")]) == 0
     low = PairwiseLowLevel(str(tmp_path / "out"))
     assert len(low) == 3
-    ids, labels = low.side(1, "chosen")
+    ids, labels, _ = low.side(1, "chosen")
     pair = build_pair(low, 1, 96, 0)
     assert pair["tokens"].shape == (2, 96)
     n = len(ids) - 1
@@ -144,6 +148,52 @@ def test_the_tool_writes_pairs_that_the_dataset_reads_back(tmp_path, capsys):
     assert preprocess.main([*common, "--output-prefix", str(tmp_path / "bad")]) == 1
     err = capsys.readouterr().err.strip().splitlines()
     assert err[-1].startswith("preprocess_data.py: error:") and "chosen response is empty" in err[-1], err
+
+
+def _token_logps(sample: dict) -> torch.Tensor:
+    """A stand-in for a model's per-token log-probabilities: a function of the target token and of the
+    position within its sequence only, as a causal model's output is when sequences attend only to
+    themselves (which the run's masks and THD boundaries ensure)."""
+    return -torch.sin(sample["labels"].double() * 0.37 + sample["position_ids"].double() * 0.11).abs() - 0.01
+
+
+def test_packed_pairs_stay_whole_and_give_each_pair_its_own_logps(tmp_path):
+    from adaptor.preference.pairwise_dataset import PAIR_INDEX, PAIR_SLOT, PairwiseLowLevel, build_pair, max_pairs
+
+    from helpers.paths import EXAMPLES
+
+    preprocess = import_tool("preprocess_data")
+    common = ["--input", str(EXAMPLES / "data" / "sample_pairs.jsonl"), "--handler-name", "AlpacaStylePairwiseHandler",
+              "--prompt-type", "qwen3", "--tokenizer-type", "HuggingFaceTokenizer", "--tokenizer-model",
+              str(SAMPLE_TOKENIZER), "--seq-length", "300"]
+    assert preprocess.main([*common, "--output-prefix", str(tmp_path / "one")]) == 0
+    assert preprocess.main([*common, "--output-prefix", str(tmp_path / "packed"), "--pack"]) == 0
+    one, packed = PairwiseLowLevel(str(tmp_path / "one")), PairwiseLowLevel(str(tmp_path / "packed"))
+    assert not one.packed and packed.packed and packed.num_pairs == one.num_pairs == len(one) > 2 * len(packed)
+    def whole(low, i, k=None):  # pair k of sample i (its only pair without k), as (chosen ids, rejected ids)
+        sides = [low.side(i, side) for side in ("chosen", "rejected")]
+        return tuple(tuple(ids[seg == k + 1] if k is not None else ids) for ids, _, seg in sides)
+
+    alone_at = {whole(one, i): i for i in range(len(one))}
+    seq, seen = 299, []
+    for i in range(len(packed)):
+        sample = build_pair(packed, i, seq, 0)
+        count = int(packed.pairs_per_sample[i])
+        assert sample[PAIR_INDEX].shape == (max_pairs(seq),) and (sample[PAIR_INDEX][count:] == -1).all()
+        seen += sample[PAIR_INDEX][:count].tolist()
+        logps = sequence_logps(_token_logps(sample), sample["loss_mask"], slots=sample[PAIR_SLOT]
+                               + torch.tensor([[0], [count]]), num_slots=2 * count)
+        for side, row in (("chosen", 0), ("rejected", 1)):
+            ids, _, seg = packed.side(i, side)
+            assert seg.tolist() == sorted(seg.tolist()) and seg[-1] == count  # k-th run of each row is pair k
+            for k in range(count):
+                alone = alone_at[whole(packed, i, k)]
+                assert ids[seg == k + 1].tolist() == one.side(alone, side)[0].tolist()
+                reference = build_pair(one, alone, seq, 0)
+                want = sequence_logps(_token_logps(reference), reference["loss_mask"])[row]
+                # the same ~100 values summed in another order, rounded to float32; a token of another pair moves it 1e-2
+                assert float(logps[row * count + k]) == pytest.approx(float(want), rel=1e-6)
+    assert sorted(seen) == list(range(packed.num_pairs))
 
 
 def _validate(tmp_path, **given):
@@ -194,6 +244,24 @@ def test_a_complete_dpo_command_line_passes(tmp_path):
     assert _validate(tmp_path, pipeline_model_parallel_size=2, context_parallel_size=2).stage == "dpo"
 
 
+@pytest.mark.parametrize("given,named", [
+    ({"seq_length": 64}, "train with --seq-length 129 or more"),
+    ({"pipeline_model_parallel_size": 4}, "middle pipeline stages receive no batch"),
+    ({"pipeline_model_parallel_size": 2, "context_parallel_size": 2}, "needs --pipeline-model-parallel-size 1"),
+])
+def test_packed_pairs_refusals_are_one_sentence(tmp_path, given, named):
+    """Samples packing several pairs (their summary says --pack, 130 tokens): a --seq-length that would cut
+    the last pairs, and layouts where the pairs' boundaries cannot reach attention, are refused."""
+    from adaptor.features import ArgumentError
+
+    (tmp_path / "pairs_packed_meta.json").write_text(json.dumps({"pack": True, "seq_length": 130}))
+    assert _validate(tmp_path, seq_length=129, pipeline_model_parallel_size=2).stage == "dpo"
+    with pytest.raises(ArgumentError) as caught:
+        _validate(tmp_path, **{"seq_length": 129, **given})
+    message = str(caught.value)
+    assert named in message and "\n" not in message, message
+
+
 def test_resuming_dpo_needs_the_starting_model_as_reference(tmp_path):
     """A resumed policy is not the model the run started from: without --ref-model the reference would be
     the resumed weights, so the run is refused; --finetune (a new run) and --ref-model are accepted."""
@@ -240,7 +308,8 @@ def test_stored_reference_file_round_trip_and_refusals(tmp_path):
     dataset.dataset, dataset.indices, dataset._epochs, dataset._pad = low, np.arange(3), {}, 0
     dataset.config = type("C", (), {"random_seed": 5, "sequence_length": 96})()
     for idx in range(6):
-        assert int(dataset[idx]["pair_index"]) == int(dataset._order(idx // 3)[idx % 3])
+        index = dataset[idx]["pair_index"]
+        assert int(index[0]) == int(dataset._order(idx // 3)[idx % 3]) and (index[1:] == -1).all()
 
     base = dict(data_path=[str(tmp_path / "out")], seq_length=96, split="100,0,0", train_iters=3,
                 global_batch_size=1, tensor_model_parallel_size=1)
