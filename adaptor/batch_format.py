@@ -38,8 +38,8 @@ class BatchFormat:
 def batch_format(args) -> BatchFormat:
     """The boundaries this run's batches carry and whether attention takes them as THD.
 
-    Fine-tuning data (conversations, DPO's pairs) always carries conversation boundaries. Pretraining documents reach attention
-    as THD with the adaptor's core attention; inter-document masking swaps that attention in, so it
+    Fine-tuning data (conversations, DPO's pairs) always carries conversation boundaries. Pretraining
+    documents reach attention as THD with the adaptor's core attention; inter-document masking swaps that attention in, so it
     is always THD without Transformer Engine. With Transformer Engine nothing is packed: the
     dataset's dense ``--reset-attention-mask`` mask is all attention gets (inter-document masking
     is refused there by the packed_sequences feature).

@@ -240,7 +240,8 @@ def _check_packed_pairs(args, flag: str, prefix: str, meta: dict) -> None:
     if packed_for and packed_for > args.seq_length + 1:
         raise ArgumentError(f"{flag} {prefix} packs pairs into samples of up to {packed_for} tokens, longer than "
                             f"--seq-length {args.seq_length} + 1 (the last pairs would lose a side): train with "
-                            f"--seq-length {packed_for - 1} or more, or preprocess with --seq-length {args.seq_length + 1}")
+                            f"--seq-length {packed_for - 1} or more, or preprocess with --seq-length "
+                            f"{args.seq_length + 1}")
     if pp > 2:
         raise ArgumentError(f"{flag} {prefix} packs several pairs per sample, and middle pipeline stages receive "
                             f"no batch to keep them apart; use --pipeline-model-parallel-size 2 or less, or "

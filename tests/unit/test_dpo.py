@@ -191,7 +191,8 @@ def test_packed_pairs_stay_whole_and_give_each_pair_its_own_logps(tmp_path):
                 assert ids[seg == k + 1].tolist() == one.side(alone, side)[0].tolist()
                 reference = build_pair(one, alone, seq, 0)
                 want = sequence_logps(_token_logps(reference), reference["loss_mask"])[row]
-                # the same ~100 values summed in another order, rounded to float32; a token of another pair moves it 1e-2
+                # the same ~100 values summed in another order, rounded to float32; a token of another
+                # pair moves it by 1e-2
                 assert float(logps[row * count + k]) == pytest.approx(float(want), rel=1e-6)
     assert sorted(seen) == list(range(packed.num_pairs))
 
