@@ -4,6 +4,7 @@
 #
 #   bash examples/qwen3/dpo.sh                       # tiny model, every weight, on examples/data/sample_pairs.jsonl
 #   METHOD=lora bash examples/qwen3/dpo.sh           # LoRA adapters only
+#   PACK=1 bash examples/qwen3/dpo.sh                # several whole pairs per sample of SEQ_LEN tokens
 #   MODEL_SIZE=8b NPROC=8 TP=8 HF_LOAD=/models/Qwen3-8B DATA_PATH=/data/pairs bash examples/qwen3/dpo.sh
 #
 # Environment overrides (defaults in brackets):
@@ -15,11 +16,11 @@
 #   REF_MODEL a reference other than the starting model (a Megatron checkpoint or a Hugging Face directory)
 #   DATA_PATH a pairwise dataset prefix from tools/preprocess_data.py --handler-name AlpacaStylePairwiseHandler;
 #     unset: examples/data/sample_pairs.jsonl (tools/make_sample_pairs.py) rendered with PROMPT_TYPE [qwen3],
-#     tokenized once into DATA_CACHE [<repo>/.cache/data]
-#   SAVE [<repo>/.cache/qwen3-<size>-dpo-<method>]  MODEL_SIZE tiny|0.6b|8b|32b [tiny]  NPROC [1]  TP [1]
+#     tokenized once into DATA_CACHE [<repo>/.cache/data]; PACK=1 packs whole pairs into samples (GBS then
+#     counts samples, and the loss is averaged over the step's pairs: --calculate-per-token-loss)
+#   SAVE [<repo>/.cache/qwen3-<size>-dpo-<method>]  MODEL_SIZE tiny|0.6b|8b|32b [tiny]  NPROC [1]  TP [1]  PP [1]
 #   SEQ_LEN  MBS  GBS  TRAIN_ITERS  LR  PRECISION, and the layout variables of examples/qwen3/pretrain.sh.
-# DPO runs with one pipeline stage (tensor and data parallelism only). Anything after the script's name is
-# passed to posttrain_gpt.py verbatim and wins.
+# Anything after the script's name is passed to posttrain_gpt.py verbatim and wins.
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
@@ -30,7 +31,8 @@ PYTHON="${PYTHON:-python}"
 MODEL_SIZE="${MODEL_SIZE:-tiny}"
 METHOD="${METHOD:-full}"
 case "$METHOD" in lora|full) ;; *) die "METHOD must be full or lora (got '$METHOD')" ;; esac
-[ "${PP:-1}" = 1 ] || die "DPO runs with one pipeline stage: use TP and data parallelism (got PP=$PP)"
+PACK="${PACK:-0}"
+case "$PACK" in 0|1) ;; *) die "PACK must be 0 or 1 (got '$PACK')" ;; esac
 
 qwen3_shape
 # DPO schedules: short, with a small learning rate (the policy must stay near its reference).
@@ -38,7 +40,7 @@ case "$MODEL_SIZE" in
   tiny) DEF_ITERS=30; DEF_GBS=16; DEF_LR=$([ "$METHOD" = lora ] && echo 1e-3 || echo 2e-4) ;;
   *)    DEF_ITERS=1000; DEF_GBS=64; DEF_LR=$([ "$METHOD" = lora ] && echo 5e-5 || echo 5e-7) ;;
 esac
-NPROC="${NPROC:-1}"; TP="${TP:-1}"; PP=1
+NPROC="${NPROC:-1}"; TP="${TP:-1}"; PP="${PP:-1}"
 SEQ_LEN="${SEQ_LEN:-$DEF_SEQ}"; MBS="${MBS:-$DEF_MBS}"; GBS="${GBS:-$DEF_GBS}"
 TRAIN_ITERS="${TRAIN_ITERS:-$DEF_ITERS}"; LR="${LR:-$DEF_LR}"
 PRECISION="${PRECISION:-$DEF_PREC}"
@@ -61,7 +63,7 @@ if [ -z "${HF_LOAD:-}" ]; then
   BASE_ARGS=(--load "$BASE" --finetune --no-load-optim --no-load-rng)
 fi
 
-# The pairs: the sample set, rendered with the tokenizer's chat template, one pair per sample.
+# The pairs: the sample set, rendered with the tokenizer's chat template, one pair per sample (PACK=1: several).
 PROMPT_TYPE="${PROMPT_TYPE:-qwen3}"
 if [ -z "${DATA_PATH:-}" ]; then
   TOKENIZER_MODEL="${TOKENIZER_MODEL:-$ROOT/examples/data/tokenizer}"
@@ -69,11 +71,13 @@ if [ -z "${DATA_PATH:-}" ]; then
   key=$(cat "$SAMPLES" "$TOKENIZER_MODEL"/tokenizer*.json "$ROOT"/tools/{preprocess_data,pairwise_data,instruction_data,chat_template,indexed_writer,text_readers}.py \
         | { cat; echo "$PROMPT_TYPE $SEQ_LEN"; } | sha256sum | cut -c1-12)
   DATA_CACHE="${DATA_CACHE:-$ROOT/.cache/data}"
-  DATA_PATH="$DATA_CACHE/sample_pairs-$key"
+  DATA_PATH="$DATA_CACHE/sample_pairs-$([ "$PACK" = 1 ] && echo packed-)$key"
+  PACK_ARGS=()
+  if [ "$PACK" = 1 ]; then PACK_ARGS=(--pack); fi
   if [ ! -f "${DATA_PATH}_packed_chosen_input_ids_document.idx" ]; then
     mkdir -p "$DATA_CACHE"
     "$PYTHON" "$ROOT/tools/preprocess_data.py" --input "$SAMPLES" --output-prefix "$DATA_PATH" \
-      --handler-name AlpacaStylePairwiseHandler --prompt-type "$PROMPT_TYPE" \
+      --handler-name AlpacaStylePairwiseHandler --prompt-type "$PROMPT_TYPE" "${PACK_ARGS[@]}" \
       --tokenizer-type PretrainedFromHF --tokenizer-name-or-path "$TOKENIZER_MODEL" --seq-length "$((SEQ_LEN + 1))"
   fi
 fi
@@ -92,7 +96,7 @@ fi
 
 SAVE="${SAVE:-$ROOT/.cache/qwen3-$MODEL_SIZE-dpo-$METHOD}"
 TRAIN_ARGS=(
-  --tensor-model-parallel-size "$TP" --pipeline-model-parallel-size 1
+  --tensor-model-parallel-size "$TP" --pipeline-model-parallel-size "$PP"
   --micro-batch-size "$MBS" --global-batch-size "$GBS" --train-iters "$TRAIN_ITERS"
   --lr "$LR" --min-lr "$MIN_LR" --lr-decay-style cosine --lr-warmup-iters "$WARMUP"
   --weight-decay 0.0 --adam-beta1 0.9 --adam-beta2 0.95 --clip-grad 1.0
@@ -101,6 +105,7 @@ TRAIN_ARGS=(
 )
 precision_args TRAIN_ARGS
 if [ "$NPROC" -gt 1 ] || [ "$NNODES" -gt 1 ]; then TRAIN_ARGS+=(--use-distributed-optimizer); fi
+if [ "$PACK" = 1 ]; then TRAIN_ARGS+=(--calculate-per-token-loss); fi
 
 launch "$ROOT/posttrain_gpt.py" "${MODEL_ARGS[@]}" "${BASE_ARGS[@]}" "${DATA_ARGS[@]}" "${TUNE_ARGS[@]}" \
   "${TRAIN_ARGS[@]}" "$@"
