@@ -40,7 +40,7 @@ import torch
 from megatron.core import mpu
 from megatron.core.datasets.blended_megatron_dataset_builder import BlendedMegatronDatasetBuilder
 from megatron.training import get_args, get_timers, print_rank_0
-from megatron.core.utils import get_batch_on_this_cp_rank
+from megatron.core.utils import get_attr_wrapped_model, get_batch_on_this_cp_rank
 from megatron.training.utils import is_first_or_last_pipeline_stage
 
 from adaptor.batch_format import batch_format
@@ -96,16 +96,16 @@ class PairBatch:
                      packed_seq_params=x["packed_seq_params"])
 
 
-def get_pair_batch(data_iterator):
+def get_pair_batch(data_iterator, vp_stage=None):
     """This micro-batch's :class:`PairBatch`: [2b, s] rows, the b chosen rows then the b rejected rows,
     read on TP rank 0 and broadcast over the TP group; a pipeline stage between the first and the last
-    reads nothing (None).
+    reads nothing (None); with virtual pipeline stages, a model chunk between the first and the last.
 
     Unpacked rows (one pair each) need only the causal mask. Rows packing several pairs, and every row
     where attention takes THD, go through the fine-tuning batch (:func:`adaptor.finetune.batches.finetune_rows`):
     a dense mask causal inside each pair's sequence, or one THD stream with the sequences' boundaries."""
     args = get_args()
-    if not is_first_or_last_pipeline_stage(None):
+    if not is_first_or_last_pipeline_stage(vp_stage):
         return None
     raw = next(data_iterator) if mpu.get_tensor_model_parallel_rank() == 0 else {}
     b, s, m = args.micro_batch_size, args.seq_length, max_pairs(args.seq_length)
@@ -129,7 +129,7 @@ def get_pair_batch(data_iterator):
 
 def reference_forward_step(data_iterator, model):
     """The reference pass's forward step: the same rows through the reference, no graph."""
-    batch = get_pair_batch(data_iterator)
+    batch = get_pair_batch(data_iterator, get_attr_wrapped_model(model, "vp_stage"))
     output = batch.model_outputs(model) if batch is not None else model(None, None, None)
     return output, partial(reference_loss_func, batch)
 
@@ -173,7 +173,7 @@ def reference_models(policy):
                 stack.enter_context(adapters_disabled(chunk))
             yield policy
     else:
-        yield [_reference.get(chunk) for chunk in policy]
+        yield _reference.get(policy)
 
 
 def dpo_loss_func(batch, output_tensor):
@@ -196,7 +196,7 @@ def dpo_loss_func(batch, output_tensor):
 def dpo_forward_step(data_iterator, model):
     timers = get_timers()
     timers("batch-generator", log_level=2).start()
-    batch = get_pair_batch(data_iterator)
+    batch = get_pair_batch(data_iterator, get_attr_wrapped_model(model, "vp_stage"))
     timers("batch-generator").stop()
     output = batch.model_outputs(model) if batch is not None else model(None, None, None)
     return output, partial(dpo_loss_func, batch)
@@ -220,11 +220,13 @@ def pairwise_datasets_provider(train_val_test_num_samples, vp_stage=None):
 pairwise_datasets_provider.is_distributed = True
 
 
-def build_reference(config):
-    """A model of the policy's layout (this pipeline stage's share), wrapped as Megatron wraps the policy
-    for --fp16/--bf16."""
+def build_reference(config, vp_stage=None):
+    """A model chunk of the policy's layout (this pipeline stage's share; with virtual pipeline stages,
+    chunk ``vp_stage``), wrapped as Megatron wraps the policy for --fp16/--bf16."""
     args = get_args()
-    module = model_provider(pre_process=mpu.is_pipeline_first_stage(), post_process=mpu.is_pipeline_last_stage(),
+    ignore_virtual = vp_stage is None
+    module = model_provider(pre_process=mpu.is_pipeline_first_stage(ignore_virtual, vp_stage),
+                            post_process=mpu.is_pipeline_last_stage(ignore_virtual, vp_stage), vp_stage=vp_stage,
                             config=config)
     if args.fp16 or args.bf16:
         from megatron.core.transformer.module import Float16Module

@@ -1,8 +1,9 @@
 """DPO's reference model: the policy's starting weights, frozen, evaluated under ``no_grad``.
 
 * Full fine-tuning: :class:`FrozenReference` builds a second model of the same layout with the entry
-  file's model provider (so it is split over TP ranks and pipeline stages exactly like the policy) and copies the policy's
-  weights into it before the first optimizer step, or loads ``--ref-model``. It is a plain module: not
+  file's model provider (so it is split over TP ranks, pipeline stages and virtual stages exactly like
+  the policy, one chunk per policy chunk) and copies the policy's weights into it before the first
+  optimizer step, or loads ``--ref-model``. It is a plain module: not
   wrapped by DDP, absent from the optimizer, so data parallelism and the distributed optimizer never see
   it; every rank holds the same share of it as of the policy.
 * LoRA: the reference is the policy with its adapters switched off (:func:`adapters_disabled`), which
@@ -41,35 +42,42 @@ def adapters_disabled(model) -> Iterator[None]:
 
 
 class FrozenReference:
-    """A frozen copy of the policy, made on first use (see module doc)."""
+    """A frozen copy of the policy's model chunks, made on first use (see module doc)."""
 
-    def __init__(self, build: Callable[[object], torch.nn.Module], load: Optional[Callable] = None) -> None:
-        """``build(config)`` returns a fresh model of the policy's layout; ``load(module)`` fills it from
-        ``--ref-model`` (None: copy the policy)."""
+    def __init__(self, build: Callable[[object, Optional[int]], torch.nn.Module],
+                 load: Optional[Callable] = None) -> None:
+        """``build(config, vp_stage)`` returns a fresh model chunk of the policy's layout; ``load(modules)``
+        fills the chunks from ``--ref-model`` (None: copy the policy)."""
         self._build, self._load = build, load
-        self.module: Optional[torch.nn.Module] = None
+        self.modules: Optional[list] = None
 
-    def get(self, policy) -> torch.nn.Module:
-        if self.module is None:
-            self.module = self._make(bare(policy))
-        return self.module
+    def get(self, policy: list) -> list:
+        """The reference's chunks, one per chunk of ``policy`` (a list of model chunks)."""
+        if self.modules is None:
+            self.modules = self._make([bare(chunk) for chunk in policy])
+        return self.modules
 
-    def _make(self, policy: torch.nn.Module) -> torch.nn.Module:
-        config = copy.copy(policy.config)
-        config.perform_initialization = False  # every weight is overwritten below
-        module = self._build(config)
-        module.to(device=next(policy.parameters()).device)
+    def _make(self, policy: list) -> list:
+        modules = []
+        for chunk in policy:
+            config = copy.copy(chunk.config)
+            config.perform_initialization = False  # every weight is overwritten below
+            module = self._build(config, getattr(chunk, "vp_stage", None))
+            module.to(device=next(chunk.parameters()).device)
+            modules.append(module)
         if self._load is not None:
-            self._load(module)
+            self._load(modules)
         else:
-            missing, unexpected = bare(module).load_state_dict(policy.state_dict(), strict=False)
-            missing = [k for k in missing if not k.endswith("_extra_state")]
-            if missing or unexpected:
-                raise RuntimeError(f"the reference model does not match the policy: missing {missing[:3]}, "
-                                   f"unexpected {unexpected[:3]}")
-        module.requires_grad_(False)
-        module.eval()
-        return module
+            for chunk, module in zip(policy, modules):
+                missing, unexpected = bare(module).load_state_dict(chunk.state_dict(), strict=False)
+                missing = [k for k in missing if not k.endswith("_extra_state")]
+                if missing or unexpected:
+                    raise RuntimeError(f"the reference model does not match the policy: missing {missing[:3]}, "
+                                       f"unexpected {unexpected[:3]}")
+        for module in modules:
+            module.requires_grad_(False)
+            module.eval()
+        return modules
 
 
 def is_hf_directory(path: str) -> bool:
@@ -77,25 +85,25 @@ def is_hf_directory(path: str) -> bool:
 
 
 def checkpoint_loader(path: str, iteration: Optional[int] = None) -> Callable[[torch.nn.Module], None]:
-    """``load(module)`` for ``--ref-model path``: a Hugging Face directory (config.json and safetensors,
+    """``load(modules)`` for ``--ref-model path`` (the reference's model chunks): a Hugging Face directory (config.json and safetensors,
     converted on the fly as ``--hf-load-dir`` is) or a Megatron checkpoint (``load_checkpoint``, weights
     only, ``iteration`` or its latest). The run's arguments are restored afterwards, so nothing of the
     policy's own loading (iteration, consumed samples) changes."""
 
-    def load(module: torch.nn.Module) -> None:
+    def load(modules: list) -> None:
         from megatron.training import get_args
 
         args = get_args()
         saved = dict(vars(args))
         try:
             if is_hf_directory(path):
-                _load_hf(module, path, args)
+                _load_hf(modules, path, args)
             else:
                 from megatron.training.checkpointing import load_checkpoint
 
                 args.load, args.finetune, args.no_load_optim, args.no_load_rng = path, True, True, True
                 args.ckpt_step = iteration
-                load_checkpoint([module], None, None, strict=True)
+                load_checkpoint(modules, None, None, strict=True)
         finally:
             vars(args).clear()
             vars(args).update(saved)
@@ -103,10 +111,10 @@ def checkpoint_loader(path: str, iteration: Optional[int] = None) -> Callable[[t
     return load
 
 
-def _load_hf(module: torch.nn.Module, path: str, args) -> None:
+def _load_hf(modules: list, path: str, args) -> None:
     from adaptor.convert.config_check import hf_model_type, read_hf_config
     from adaptor.convert.online import load_hf_weights
 
     args.model_type_hf = hf_model_type(read_hf_config(path, "--ref-model"), args.model_type_hf, "--ref-model")
     args.hf_load_dir = path
-    load_hf_weights([module], args)
+    load_hf_weights(modules, args)

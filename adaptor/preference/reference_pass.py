@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import collections
 import functools
-from typing import Callable, ContextManager, Iterable, Optional
+from typing import Callable, ContextManager, Optional
 
 import torch
 
@@ -54,16 +54,25 @@ class ReferencePass:
         return self.values.popleft()
 
 
-def take(data_iterator, count: int) -> Optional[list]:
-    """The next ``count`` items of ``data_iterator`` (None where this rank reads no data)."""
+class PerChunk(list):
+    """What :func:`take` read from Megatron's list of per-chunk iterators: one entry per model chunk."""
+
+
+def take(data_iterator, count: int):
+    """The next ``count`` items of ``data_iterator`` (None where this rank reads no data). With virtual
+    pipeline stages Megatron gives one iterator per model chunk (None for chunks that read no data), each
+    over the same samples: every one is read ``count`` times, as the chunks' forward steps would."""
+    if isinstance(data_iterator, list):
+        return PerChunk(take(one, count) for one in data_iterator)
     if data_iterator is None:
         return None
-    if isinstance(data_iterator, list):
-        raise ValueError("DPO's reference pass reads one data iterator (no virtual pipeline stages)")
     return [next(data_iterator) for _ in range(count)]  # Megatron's RerunDataIterator has no __iter__
 
 
-def replay(items: Optional[Iterable]):
+def replay(items):
+    """Iterators over what :func:`take` read, in its shape (one, or one per model chunk)."""
+    if isinstance(items, PerChunk):
+        return [replay(one) for one in items]
     return None if items is None else iter(items)
 
 

@@ -20,14 +20,16 @@ Upstream changes, DPO runs only:
 
 ``posttrain_gpt.py`` holds the DPO forward steps and dataset provider, :mod:`adaptor.preference` the
 losses, data, reference and metrics. This feature registers the flags and refuses, in one line, the runs
-DPO cannot do here: no pairwise data, no reference to compare with, virtual pipeline stages (the
-reference pass replays one data iterator), MTP layers, and pairs packed several per sample where their
-boundaries cannot reach attention (middle pipeline stages; context parallelism across pipeline stages) or
-where ``--seq-length`` would cut a packed sample's last pairs. With context parallelism each rank holds a share
-of every row's positions, and the rows' log-probabilities are added over the context-parallel group
-(:func:`adaptor.preference.losses.sequence_logps`). ``--precompute-ref-logps`` / ``--ref-logps`` store the reference's values once and read them
-back (:mod:`adaptor.preference.stored_reference`); a file made for another dataset or sequence length
-is refused.
+DPO cannot do here: no pairwise data, no reference to compare with, MTP layers, and pairs packed several
+per sample where their boundaries cannot reach attention (middle pipeline stages or virtual stages;
+context parallelism across pipeline stages) or where ``--seq-length`` would cut a packed sample's last
+pairs. With context parallelism each rank holds a share of every row's positions, and the rows'
+log-probabilities are added over the context-parallel group
+(:func:`adaptor.preference.losses.sequence_logps`). With virtual pipeline stages the reference is one
+chunk per policy chunk, and the reference pass replays every chunk's data iterator.
+``--precompute-ref-logps`` / ``--ref-logps`` store the reference's values once and read them back
+(:mod:`adaptor.preference.stored_reference`); a file made for another dataset or sequence length is
+refused.
 """
 from __future__ import annotations
 
@@ -160,9 +162,6 @@ class PreferenceTraining(Feature):
                                 f"{args.dpo_loss_type}")
         if args.pref_ftx < 0:
             raise ArgumentError(f"--pref-ftx {args.pref_ftx:g}: must be 0 or more")
-        if getattr(args, "virtual_pipeline_model_parallel_size", None):
-            raise ArgumentError("--stage dpo runs without virtual pipeline stages: drop "
-                                "--num-layers-per-virtual-pipeline-stage / --num-virtual-stages-per-pipeline-rank")
         if getattr(args, "mtp_num_layers", None):
             raise ArgumentError("--stage dpo does not train MTP layers; drop --mtp-num-layers")
         self._check_datasets(args)
@@ -242,10 +241,11 @@ def _check_packed_pairs(args, flag: str, prefix: str, meta: dict) -> None:
                             f"--seq-length {args.seq_length} + 1 (the last pairs would lose a side): train with "
                             f"--seq-length {packed_for - 1} or more, or preprocess with --seq-length "
                             f"{args.seq_length + 1}")
-    if pp > 2:
-        raise ArgumentError(f"{flag} {prefix} packs several pairs per sample, and middle pipeline stages receive "
-                            f"no batch to keep them apart; use --pipeline-model-parallel-size 2 or less, or "
-                            f"preprocess without --pack")
+    if pp > 2 or getattr(args, "virtual_pipeline_model_parallel_size", None):
+        raise ArgumentError(f"{flag} {prefix} packs several pairs per sample, and middle pipeline stages (and "
+                            f"virtual stages) receive no batch to keep them apart; use "
+                            f"--pipeline-model-parallel-size 2 or less without virtual stages, or preprocess "
+                            f"without --pack")
     if pp > 1 and cp > 1:
         raise ArgumentError(f"{flag} {prefix} packs several pairs per sample: with context parallelism their "
                             f"boundaries reach attention as THD, which needs --pipeline-model-parallel-size 1")

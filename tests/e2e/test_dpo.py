@@ -31,6 +31,10 @@ their order.
   single-process run's within 1e-5 relative. CP2 splits every row's positions over two ranks and adds
   the rows' log-probabilities over them: the same sums in another order (measured: within 1.1e-6),
   where one rank's share of a row alone would leave out about half of each reward.
+* Virtual pipeline stages (PP2, two model chunks per rank, Megatron's interleaved schedule): the curve
+  is the single-process one within the same tolerance, and with ``--ref-model`` (the reference built and
+  loaded chunk by chunk) the closed-form run's first step, loss, rewards and every gradient, equals
+  transformers' closed form as the one-process run does.
 * Stored reference: the single-process run also writes its reference's log-probabilities of every pair
   (``--precompute-ref-logps``); a run that reads them (``--ref-logps``, no reference model) reproduces
   that run's curve within the same tolerance (measured: equal to the printed 7 digits at every step).
@@ -149,22 +153,29 @@ def train(root, nproc=1, iters=ITERS, extra=()):
 # (--calculate-per-token-loss), as the unpacked run's equal micro-batches average it.
 PACKED = ["--data-path", "packed", "--seq-length", str(PACKED_SEQ), "--global-batch-size", "2",
           "--calculate-per-token-loss"]
+# two pipeline stages of two virtual stages each: one of the 4 layers per model chunk, interleaved schedule
+VIRTUAL = ["--pipeline-model-parallel-size", "2", "--num-layers-per-virtual-pipeline-stage", "1"]
 LAYOUTS = {
     "full": (1, ITERS, ["--precompute-ref-logps", "ref.logps"]),
     "tp2": (2, ITERS, ["--tensor-model-parallel-size", "2"]),
     "pp2": (2, ITERS, ["--pipeline-model-parallel-size", "2", "--precompute-ref-logps", "pp2.logps"]),
     "cp2": (2, ITERS, ["--context-parallel-size", "2"]),
     "dp2": (2, ITERS, ["--use-distributed-optimizer"]),
+    "pp2_vp2": (2, ITERS, VIRTUAL),
     "lora": (1, ITERS, LORA),
     "closed_form": (1, 1, ["--ref-model", "reference", *ONE_SGD_STEP, "--hf-save-dir", "after_one_step"]),
     "lora_closed_form": (1, 1, [*LORA, *ONE_SGD_STEP, "--hf-save-dir", "lora_after_one_step"]),
+    # virtual stages: the reference loaded chunk by chunk, every chunk's gradient
+    "vp_closed_form": (2, 1, [*VIRTUAL, "--ref-model", "reference", *ONE_SGD_STEP, "--hf-save-dir",
+                              "vp_after_one_step"]),
     # rows built 96 wide and cut back: the cut drops padding the 64-wide run never had
     "variable_seq_lengths": (1, ITERS, ["--seq-length", str(SEQ + 32), "--variable-seq-lengths"]),
     # the same four pairs packed two to a sample: a dense mask per pair, then THD split over two CP ranks
     "packed": (1, ITERS, [*PACKED, "--micro-batch-size", "2", "--precompute-ref-logps", "packed.logps"]),
     "packed_cp2": (2, ITERS, [*PACKED, "--micro-batch-size", "1", "--context-parallel-size", "2"]),
 }
-PATHS = ("reference", "ref.logps", "pp2.logps", "after_one_step", "lora_after_one_step", "packed", "packed.logps")
+PATHS = ("reference", "ref.logps", "pp2.logps", "after_one_step", "lora_after_one_step", "vp_after_one_step", "packed",
+         "packed.logps")
 
 
 @prefetched
@@ -192,7 +203,7 @@ def test_lora_trains_differently_from_full_dpo(runs):
     assert runs["lora"][ITERS]["dpo loss"] != pytest.approx(runs["full"][ITERS]["dpo loss"], rel=1e-4)
 
 
-@pytest.mark.parametrize("layout", ["tp2", "pp2", "cp2", "dp2"])
+@pytest.mark.parametrize("layout", ["tp2", "pp2", "cp2", "dp2", "pp2_vp2"])
 def test_parallel_dpo_reproduces_the_single_process_curve(runs, layout):
     for step in range(1, ITERS + 1):
         for key in ("dpo loss", "rewards/chosen", "rewards/rejected"):
@@ -318,15 +329,17 @@ def lora_closed_form(setup, pair_rows):
     return values, {name: p.grad for name, p in model.named_parameters()}
 
 
-def test_first_step_equals_dpo_closed_form_from_transformers(closed_form, runs):
+@pytest.mark.parametrize("run", ["closed_form", "vp_closed_form"])
+def test_first_step_equals_dpo_closed_form_from_transformers(closed_form, runs, run):
     expected = closed_form[0]
-    first = runs["closed_form"][1]
+    first = runs[run][1]
     for key in ("dpo loss", "rewards/chosen", "rewards/rejected", "sft loss"):
         assert first[key] == pytest.approx(expected[key], rel=1e-5), (key, first, expected)
     assert first["rewards/margins"] == pytest.approx(expected["rewards/margins"], rel=1e-5, abs=1e-6)
 
 
-def test_first_step_gradients_equal_dpo_closed_form_from_transformers(setup, closed_form, runs):
+@pytest.mark.parametrize("saved", ["after_one_step", "vp_after_one_step"])
+def test_first_step_gradients_equal_dpo_closed_form_from_transformers(setup, closed_form, runs, saved):
     """The run's one plain SGD step (no momentum yet, no clipping or decay) at learning rate STEP moved each
     weight by STEP times Megatron's gradient: (w0 - w1) / STEP, read from --hf-save-dir, equals transformers'
     autograd gradient of the same loss on the same pairs, tensor by tensor."""
@@ -334,7 +347,7 @@ def test_first_step_gradients_equal_dpo_closed_form_from_transformers(setup, clo
 
     _, before, grads = closed_form
     after = {}
-    for part in sorted((setup / "after_one_step").glob("*.safetensors")):
+    for part in sorted((setup / saved).glob("*.safetensors")):
         after.update(load_file(str(part)))
     assert sorted(after) == sorted(grads), (sorted(after)[:4], sorted(grads)[:4])
     for name, want in grads.items():

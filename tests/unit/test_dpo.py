@@ -226,7 +226,6 @@ def _validate(tmp_path, **given):
     ({"is_pairwise_dataset": False}, "--stage dpo trains on preference pairs"),
     ({"is_instruction_dataset": True}, "--stage dpo trains on preference pairs"),
     ({"data_path": ["/nonexistent/corpus"]}, "not a pairwise dataset"),
-    ({"pipeline_model_parallel_size": 2, "virtual_pipeline_model_parallel_size": 2}, "without virtual pipeline"),
     ({"refer_model_iter": 3}, "--refer-model-iter"),
     ({"dpo_label_smoothing": 0.1, "dpo_loss_type": "ipo"}, "--dpo-label-smoothing applies"),
 ])
@@ -247,7 +246,8 @@ def test_a_complete_dpo_command_line_passes(tmp_path):
 
 @pytest.mark.parametrize("given,named", [
     ({"seq_length": 64}, "train with --seq-length 129 or more"),
-    ({"pipeline_model_parallel_size": 4}, "middle pipeline stages receive no batch"),
+    ({"pipeline_model_parallel_size": 4}, "middle pipeline stages (and virtual stages) receive no batch"),
+    ({"pipeline_model_parallel_size": 2, "virtual_pipeline_model_parallel_size": 2}, "virtual stages) receive"),
     ({"pipeline_model_parallel_size": 2, "context_parallel_size": 2}, "needs --pipeline-model-parallel-size 1"),
 ])
 def test_packed_pairs_refusals_are_one_sentence(tmp_path, given, named):
