@@ -23,8 +23,10 @@ rows, then rejected rows). Before each step's policy pass a frozen reference
 is DPO's (:mod:`adaptor.preference.losses`). With context parallelism each rank holds a share of every
 row and the rows' log-probabilities are added over the context-parallel group. With
 ``--ref-logps`` the reference's sequence log-probabilities are read from a file instead, by each pair's
-index in the dataset, and no reference model is built; ``--precompute-ref-logps`` writes that file from
-the run's own reference (:mod:`adaptor.preference.stored_reference`). The
+index in the dataset, and no reference model is built; ``--precompute-ref-logps`` computes that file
+before the first step (:mod:`adaptor.preference.precompute`: the reference over every pair, on the
+starting policy itself where that is the reference) and trains against it
+(:mod:`adaptor.preference.stored_reference`). The
 rewards reach the log line and TensorBoard through Megatron's loss dict (:mod:`adaptor.preference.metrics`).
 Other MindSpeed-LLM stages are refused in one line.
 """
@@ -39,19 +41,20 @@ import torch
 
 from megatron.core import mpu
 from megatron.core.datasets.blended_megatron_dataset_builder import BlendedMegatronDatasetBuilder
-from megatron.training import get_args, get_timers, print_rank_0
+from megatron.training import get_args, get_timers, get_tokenizer, print_rank_0
 from megatron.core.utils import get_attr_wrapped_model, get_batch_on_this_cp_rank
 from megatron.training.utils import is_first_or_last_pipeline_stage
 
 from adaptor.batch_format import batch_format
 from adaptor.finetune.batches import MODEL_KEYS, cut_after_last_loss, finetune_rows, variable_lengths
+from adaptor.log import every_rank
 from adaptor.preference.losses import averages_logps, dpo_loss, sequence_logps
 from adaptor.preference.metrics import dpo_report
 from adaptor.preference.pairwise_dataset import (PAIR_INDEX, PAIR_SLOT, PairwiseDataset, PairwiseLowLevel, max_pairs,
                                                  rows_of_pairs)
 from adaptor.preference.reference import FrozenReference, adapters_disabled, checkpoint_loader
 from adaptor.preference.reference_pass import VALUES, ReferencePass
-from adaptor.preference import stored_reference
+from adaptor.preference import precompute, stored_reference
 from pretrain_gpt import broadcast_from_tp_rank_0, gpt_dataset_config, is_dataset_built_on_rank, main, model_provider
 
 PAIR_DTYPES = {"tokens": torch.int64, "labels": torch.int64, "loss_mask": torch.float32, "position_ids": torch.int64,
@@ -141,11 +144,7 @@ def reference_loss_func(batch, output_tensor):
     if _recorder is not None:
         sums, means = batch.logps(token_logps), batch.logps(token_logps, average=True)
         rows = torch.stack([sums[0], sums[1], means[0], means[1]], dim=1).double()
-        first = mpu.get_tensor_model_parallel_rank() == 0 and mpu.get_context_parallel_rank() == 0
-        written = _recorder.record(batch.pairs[batch.valid].cpu().numpy(), rows.cpu().numpy()) if first else None
-        if written:
-            print(f"> wrote the reference's log-probabilities of {len(_recorder.values)} pairs to {written}",
-                  flush=True)
+        _recorder.record(batch.pairs[batch.valid].cpu().numpy(), rows.cpu().numpy())
     values = torch.cat(batch.logps(token_logps, averages_logps(get_args().dpo_loss_type)))
     count = torch.tensor(batch.count, dtype=torch.int, device=values.device)
     return values.sum() * 0, count, {VALUES: values}
@@ -161,6 +160,48 @@ def reference_logps(batch):
         picked = row[:, 2:] if averages_logps(get_args().dpo_loss_type) else row[:, :2]
         values = picked.t().reshape(-1).to(device=batch.pairs.device, dtype=torch.float32)
     return values[:batch.count], values[batch.count:]
+
+
+@contextlib.contextmanager
+def starting_policy(policy):
+    """The policy's chunks in eval mode: before its first step they are the reference."""
+    modes = [chunk.training for chunk in policy]
+    for chunk in policy:
+        chunk.eval()
+    try:
+        yield policy
+    finally:
+        for chunk, mode in zip(policy, modes):
+            chunk.train(mode)
+
+
+def precompute_reference(low, schedule, kwargs):
+    """--precompute-ref-logps, before the first step: the reference over every pair (on the policy itself
+    when the reference is its starting model), written to the file; the run then reads the values as a
+    --ref-logps run does and keeps no reference model."""
+    global _stored, _recorder
+    args = get_args()
+    pad = getattr(get_tokenizer(), "pad", None)
+    batches = precompute.micro_batches(low, args.seq_length, int(pad) if pad is not None and pad >= 0 else 0,
+                                       args.micro_batch_size, mpu.get_data_parallel_rank(),
+                                       mpu.get_data_parallel_world_size())
+    policy = kwargs["model"]
+    own = not (args.ref_model or getattr(args, "lora_r", None))
+    with torch.no_grad(), (starting_policy(policy) if own else reference_models(policy)) as models:
+        precompute.run(schedule, kwargs, reference_forward_step, models, batches)
+    _reference.modules = None  # a --ref-model copy is not needed any more
+    if mpu.is_pipeline_last_stage():
+        values = precompute.gather(_recorder.values, mpu.get_data_parallel_group())
+        _stored = torch.from_numpy(values)
+        first = (mpu.get_data_parallel_rank() == 0 and mpu.get_tensor_model_parallel_rank() == 0
+                 and mpu.get_context_parallel_rank() == 0)
+        if first:
+            stored_reference.write(_recorder.path, _recorder.header, values)
+            every_rank(f"--precompute-ref-logps: the reference's log-probabilities of {len(values)} pairs, computed "
+                       f"before the first step on {'the starting policy itself' if own else 'the reference model'}, "
+                       f"written to {_recorder.path}; training reads them")
+    _recorder = None
+    dpo_forward_step.reference_pass = None
 
 
 @contextlib.contextmanager
@@ -244,13 +285,15 @@ def choose_steps(args):
     if args.ref_logps:
         _stored = torch.from_numpy(stored_reference.read(args.ref_logps)[1].copy())
         return dpo_forward_step, pairwise_datasets_provider
-    elif args.precompute_ref_logps:
+    loader = checkpoint_loader(args.ref_model, args.refer_model_iter) if args.ref_model else None
+    _reference = FrozenReference(build_reference, loader)
+    first = None
+    if args.precompute_ref_logps:
         low = PairwiseLowLevel(args.data_path[-1])
         header = stored_reference.header_for(low, args.seq_length)
         _recorder = stored_reference.Recorder(args.precompute_ref_logps, header)
-    loader = checkpoint_loader(args.ref_model, args.refer_model_iter) if args.ref_model else None
-    _reference = FrozenReference(build_reference, loader)
-    dpo_forward_step.reference_pass = ReferencePass(reference_forward_step, reference_models)
+        first = partial(precompute_reference, low)
+    dpo_forward_step.reference_pass = ReferencePass(reference_forward_step, reference_models, first)
     return dpo_forward_step, pairwise_datasets_provider
 
 

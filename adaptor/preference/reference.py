@@ -77,6 +77,11 @@ class FrozenReference:
         for module in modules:
             module.requires_grad_(False)
             module.eval()
+        from adaptor.log import notice
+
+        source = "loaded from --ref-model" if self._load is not None else "copied from the policy's starting weights"
+        notice(f"DPO reference: a second model in memory, {sum(p.numel() for m in modules for p in m.parameters())} "
+               f"parameters on rank 0, {source} (--precompute-ref-logps / --ref-logps avoid the copy)")
         return modules
 
 

@@ -15,8 +15,10 @@ of that same function over the same micro-batches:
 
 A forward step opts in by carrying two attributes: ``rows_per_sample`` (a DPO sample is a chosen and a
 rejected row, so the tensors passed between stages hold twice ``--micro-batch-size`` rows) and
-``reference_pass`` (a :class:`ReferencePass`, absent when the values come from a file). Other forward
-steps run unchanged.
+``reference_pass`` (a :class:`ReferencePass`, absent when the values come from a file). A reference
+pass may carry ``before_first``, run once at the first call with Megatron's schedule and its arguments
+(``--precompute-ref-logps``, which may hand the run over to stored values). Other forward steps run
+unchanged.
 """
 from __future__ import annotations
 
@@ -32,11 +34,13 @@ VALUES = "reference logps"  # the reference loss function's key in the schedule'
 class ReferencePass:
     """Runs the reference over a step's micro-batches and queues its values for the policy's loss."""
 
-    def __init__(self, step: Callable, models: Callable[[list], ContextManager[list]]) -> None:
+    def __init__(self, step: Callable, models: Callable[[list], ContextManager[list]],
+                 before_first: Optional[Callable] = None) -> None:
         """``step`` is the reference's forward step (its loss function returns ``{VALUES: tensor}`` as the
         reduced item); ``models(policy)`` is a context manager giving the model chunks to run it on
-        (a frozen copy, or the policy itself with its adapters off)."""
-        self.step, self.models = step, models
+        (a frozen copy, or the policy itself with its adapters off); ``before_first(schedule, kwargs)``
+        runs once, before the first step's passes."""
+        self.step, self.models, self.before_first = step, models, before_first
         self.values: collections.deque = collections.deque()
 
     def run(self, schedule: Callable, kwargs: dict, items: Optional[list]) -> None:
@@ -87,6 +91,10 @@ def with_reference_pass(schedule: Callable) -> Callable:
         if rows != 1:
             kwargs = dict(kwargs, micro_batch_size=kwargs["micro_batch_size"] * rows)
         reference: Optional[ReferencePass] = getattr(step, "reference_pass", None)
+        if reference is not None and reference.before_first is not None:
+            first, reference.before_first = reference.before_first, None
+            first(schedule, kwargs)
+            reference = getattr(step, "reference_pass", None)  # it may have handed over to stored values
         if reference is None:
             return schedule(**kwargs)
         items = take(kwargs["data_iterator"], kwargs["num_microbatches"])

@@ -2,9 +2,9 @@
 file beside the pairwise dataset, so that later runs need no reference model in memory.
 
 The reference is frozen, so its log-probabilities of a pair never change: one run computes them
-(``--precompute-ref-logps FILE``: an ordinary DPO run, which records what its reference gives each pair
-and writes the file once every pair has been seen), and any number of later runs read them
-(``--ref-logps FILE``) instead of evaluating a second model.
+(``--precompute-ref-logps FILE``: a DPO run that evaluates its reference over every pair before its first
+step, :mod:`adaptor.preference.precompute`, writes the file and trains against it), and any number of
+later runs read them (``--ref-logps FILE``) instead of evaluating a second model.
 
 File layout: one line of JSON (the header), then ``pairs x 4`` little-endian float64 values, row ``i``
 being pair ``i`` of the dataset as stored (not as shuffled; with packed samples, counted through the
@@ -19,7 +19,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from typing import Optional
 
 import numpy as np
 
@@ -88,18 +87,12 @@ def check_matches(header: dict, expected: dict, path: str) -> None:
 
 
 class Recorder:
-    """Collects the reference's values pair by pair during a run and writes the file once all are known."""
+    """Collects the reference's values pair by pair (NaN until a pair is seen)."""
 
     def __init__(self, path: str, header: dict) -> None:
         self.path, self.header = path, header
         self.values = np.full((header["pairs"], len(COLUMNS)), np.nan)
-        self.written = False
 
-    def record(self, pairs: np.ndarray, rows: np.ndarray) -> Optional[str]:
-        """Store ``rows`` [b, 4] for pair indices ``pairs`` [b]; the file's path when this completed it."""
+    def record(self, pairs: np.ndarray, rows: np.ndarray) -> None:
+        """Store ``rows`` [b, 4] for pair indices ``pairs`` [b]."""
         self.values[pairs] = rows
-        if self.written or np.isnan(self.values).any():
-            return None
-        write(self.path, self.header, self.values)
-        self.written = True
-        return self.path

@@ -27,7 +27,8 @@ pairs. With context parallelism each rank holds a share of every row's positions
 log-probabilities are added over the context-parallel group
 (:func:`adaptor.preference.losses.sequence_logps`). With virtual pipeline stages the reference is one
 chunk per policy chunk, and the reference pass replays every chunk's data iterator.
-``--precompute-ref-logps`` / ``--ref-logps`` store the reference's values once and read them back
+``--precompute-ref-logps`` computes the reference's values before the first step
+(:mod:`adaptor.preference.precompute`) and stores them, ``--ref-logps`` reads them back
 (:mod:`adaptor.preference.stored_reference`); a file made for another dataset or sequence length is
 refused.
 """
@@ -99,9 +100,9 @@ class PreferenceTraining(Feature):
                            help="the reference model: a Megatron checkpoint or a Hugging Face directory (default: the policy as loaded, "
                                 "before its first step; with LoRA, the model without its adapters)")
         group.add_argument("--precompute-ref-logps", default=None, metavar="FILE",
-                           help="record the reference's log-probabilities of every pair of --data-path while "
-                                "this DPO run trains, and write them to FILE once every pair has been seen "
-                                "(for later runs' --ref-logps)")
+                           help="before the first step, compute the reference's log-probabilities of every pair "
+                                "of --data-path (on the starting policy itself when that is the reference: no "
+                                "copy), write them to FILE (for later runs' --ref-logps) and train against them")
         group.add_argument("--ref-logps", default=None, metavar="FILE",
                            help="read the reference's log-probabilities from FILE (written by "
                                 "--precompute-ref-logps) instead of keeping a reference model in memory")
@@ -187,22 +188,10 @@ class PreferenceTraining(Feature):
             raise ArgumentError(f"{flag} holds one value per pair of one dataset: give --data-path a single prefix")
         low = PairwiseLowLevel(prefixes[0], mmap=True)
         if record:
-            split = [float(x) for x in str(args.split or "").replace("/", ",").split(",") if x.strip()]
-            if len(split) > 1 and any(split[1:]):
-                raise ArgumentError(f"--precompute-ref-logps records the pairs this run trains on: give "
-                                    f"--split 100,0,0 so that all {len(low)} pairs are among them")
-            seen = (args.train_iters or 0) * args.global_batch_size
-            if seen < len(low):
-                what = "samples" if low.packed else "pairs"
-                raise ArgumentError(f"--precompute-ref-logps sees {seen} {what} in {args.train_iters} iterations "
-                                    f"of {args.global_batch_size}, fewer than the dataset's {len(low)}: raise "
-                                    f"--train-iters")
-            world = getattr(args, "world_size", None) or int(os.environ.get("WORLD_SIZE", "1"))
-            model_parallel = (max(1, args.tensor_model_parallel_size) * max(1, args.pipeline_model_parallel_size)
-                              * max(1, args.context_parallel_size or 1))
-            if world // model_parallel > 1:
-                raise ArgumentError("--precompute-ref-logps runs with one data-parallel rank (each rank would "
-                                    "see only its share of the pairs); use tensor, pipeline or context parallelism")
+            directory = os.path.dirname(os.path.abspath(record))
+            if not os.path.isdir(directory) or not os.access(directory, os.W_OK):
+                raise ArgumentError(f"--precompute-ref-logps {record}: directory {directory} does not exist or is "
+                                    f"not writable")
             return
         try:
             header, _ = stored_reference.read(stored)

@@ -19,25 +19,31 @@ their order.
   and dL/dB = s G_W A0^T (s = alpha / r, G_W the full weight's gradient, PEFT's W + s B A), so the PEFT
   export holds A1 = A0 bit for bit (A0 redrawn from --seed as the run drew it) and B1 = -lr s G_W A0^T
   for every q/k/v/o/gate/up/down projection, within 1e-5 relative (measured at most 1.3e-6), with G_W
-  transformers' autograd gradient of that loss (the reference's log-probabilities detached). peft loads the export onto the
-  transformers policy, holding the file's tensors, and its logits move away from the base's.
-* Layouts: TP2, PP2, CP2 and DP2 (distributed optimizer) reproduce the single-process DPO curve: loss
+  transformers' autograd gradient of that loss (the reference's log-probabilities detached). peft loads
+  the export onto the transformers policy, holding the file's tensors, and its logits move away from the
+  base's.
+* Layouts: TP2, PP2, CP2 and DP2 (distributed optimizer) reproduce the single-process DPO curve (TP2 and
+  CP2 with the in-memory reference, the others with the values they precomputed): loss
   and rewards within 1e-5 x (|value| + 1). fp32 reductions in another order move the loss by ~1e-7 and the
   rewards (beta times differences of sequence log-probabilities of ~100) by ~1e-6 in three steps, while
   a wrong gradient, reward or pair order moves them by more than 1e-2 (the loss falls 0.69 -> 0.36 in
   those steps). PP2 runs the same layers on two ranks (the reference's activations cross the stages
   like the policy's), so the same tolerance holds (measured: within 8e-7 of the single-process values).
-  Its run also records the reference's values (``--precompute-ref-logps``), which equal the
-  single-process run's within 1e-5 relative. CP2 splits every row's positions over two ranks and adds
+  CP2 splits every row's positions over two ranks and adds
   the rows' log-probabilities over them: the same sums in another order (measured: within 1.1e-6),
   where one rank's share of a row alone would leave out about half of each reward.
 * Virtual pipeline stages (PP2, two model chunks per rank, Megatron's interleaved schedule): the curve
   is the single-process one within the same tolerance, and with ``--ref-model`` (the reference built and
   loaded chunk by chunk) the closed-form run's first step, loss, rewards and every gradient, equals
   transformers' closed form as the one-process run does.
-* Stored reference: the single-process run also writes its reference's log-probabilities of every pair
-  (``--precompute-ref-logps``); a run that reads them (``--ref-logps``, no reference model) reproduces
-  that run's curve within the same tolerance (measured: equal to the printed 7 digits at every step).
+* Precomputed reference (``--precompute-ref-logps``): the single-process, PP2 (values on the last stage
+  only), DP2 (each rank half the pairs, added over the group) and LoRA (adapters off) runs compute the
+  reference's log-probabilities of every pair before their first step; the files agree within 1e-5
+  relative. Those runs hold no second model: the full run evaluates the starting policy itself, and
+  only the closed-form run (``--ref-model``) loads one, for the pass, while its first step still equals
+  the closed form; a run with the in-memory reference (TP2) announces its copy. A run that reads the
+  file (``--ref-logps``, no reference model) reproduces the precomputing run's curve within the same
+  tolerance (measured: equal to the printed 7 digits at every step).
   The file's refusals (another dataset or ``--seq-length``, a truncated file, ``--ref-model``) are
   checked in-process (tests/unit/test_dpo.py).
 * ``--variable-seq-lengths`` on one stage: rows built 96 wide and cut after each micro-batch's last
@@ -141,11 +147,18 @@ def logged(output: str) -> dict[int, dict[str, float]]:
     return found
 
 
+class Steps(dict):
+    """Iteration -> logged values, and the run's whole output."""
+
+    output = ""
+
+
 def train(root, nproc=1, iters=ITERS, extra=()):
     run = run_pretrain(dpo_args(root, "--train-iters", str(iters), *extra), nproc=nproc, script="posttrain_gpt.py")
     assert run.returncode == 0, tail(run.output)
-    steps = logged(run.output)
+    steps = Steps(logged(run.output))
     assert sorted(steps) == list(range(1, iters + 1)), tail(run.output)
+    steps.output = run.output
     return steps
 
 
@@ -160,10 +173,11 @@ LAYOUTS = {
     "tp2": (2, ITERS, ["--tensor-model-parallel-size", "2"]),
     "pp2": (2, ITERS, ["--pipeline-model-parallel-size", "2", "--precompute-ref-logps", "pp2.logps"]),
     "cp2": (2, ITERS, ["--context-parallel-size", "2"]),
-    "dp2": (2, ITERS, ["--use-distributed-optimizer"]),
+    "dp2": (2, ITERS, ["--use-distributed-optimizer", "--precompute-ref-logps", "dp2.logps"]),
     "pp2_vp2": (2, ITERS, VIRTUAL),
-    "lora": (1, ITERS, LORA),
-    "closed_form": (1, 1, ["--ref-model", "reference", *ONE_SGD_STEP, "--hf-save-dir", "after_one_step"]),
+    "lora": (1, ITERS, [*LORA, "--precompute-ref-logps", "lora.logps"]),
+    "closed_form": (1, 1, ["--ref-model", "reference", *ONE_SGD_STEP, "--hf-save-dir", "after_one_step",
+                           "--precompute-ref-logps", "closed_form.logps"]),
     "lora_closed_form": (1, 1, [*LORA, *ONE_SGD_STEP, "--hf-save-dir", "lora_after_one_step"]),
     # virtual stages: the reference loaded chunk by chunk, every chunk's gradient
     "vp_closed_form": (2, 1, [*VIRTUAL, "--ref-model", "reference", *ONE_SGD_STEP, "--hf-save-dir",
@@ -174,7 +188,7 @@ LAYOUTS = {
     "packed": (1, ITERS, [*PACKED, "--micro-batch-size", "2", "--precompute-ref-logps", "packed.logps"]),
     "packed_cp2": (2, ITERS, [*PACKED, "--micro-batch-size", "1", "--context-parallel-size", "2"]),
 }
-PATHS = ("reference", "ref.logps", "pp2.logps", "after_one_step", "lora_after_one_step", "vp_after_one_step", "packed",
+PATHS = ("reference", "ref.logps", "pp2.logps", "dp2.logps", "lora.logps", "closed_form.logps", "after_one_step", "lora_after_one_step", "vp_after_one_step", "packed",
          "packed.logps")
 
 
@@ -420,18 +434,32 @@ def test_lora_dpo_export_loads_in_peft(setup, pair_rows, runs):
     assert torch.isfinite(after).all() and float((after - before).abs().max()) > 1e-2
 
 
-def test_pipeline_stages_record_the_same_reference_values(setup, runs):
-    """At PP2 the reference's values exist on the last stage only, after crossing both stages: its file
-    holds what the single-process run's does."""
+@pytest.mark.parametrize("name", ["pp2", "dp2", "lora"])
+def test_every_layout_precomputes_the_same_reference_values(setup, runs, name):
+    """--precompute-ref-logps before the first step: at PP2 the values exist on the last stage only, after
+    crossing both stages; at DP2 each rank computes half of the pairs and the halves are added; with LoRA
+    the pass runs with the adapters off. Each file holds what the single-process run's does."""
     from adaptor.preference import stored_reference
 
     header, values = stored_reference.read(str(setup / "ref.logps"))
-    header_pp2, values_pp2 = stored_reference.read(str(setup / "pp2.logps"))
-    assert header_pp2 == header and values.shape == (PAIRS, 4)
-    assert np.allclose(values_pp2, values, rtol=RTOL, atol=0), (values_pp2, values)
+    header_other, values_other = stored_reference.read(str(setup / f"{name}.logps"))
+    assert header_other == header and values.shape == (PAIRS, 4) and not np.isnan(values).any()
+    assert np.allclose(values_other, values, rtol=RTOL, atol=0), (values_other, values)
 
 
-def test_stored_reference_reproduces_the_in_memory_reference_curve(setup, runs):
+@pytest.mark.parametrize("name", ["full", "lora", "closed_form"])
+def test_precomputing_runs_keep_no_reference_copy(runs, name):
+    """The precomputing runs evaluate the reference before their first step and then train against the stored
+    values: the starting policy itself (full), the adapters off (LoRA) or a --ref-model loaded for the pass
+    only (closed form, whose first step still equals the closed form). Runs without it hold a copy."""
+    out = runs[name].output
+    assert "--precompute-ref-logps: the reference's log-probabilities of 4 pairs, computed before the first " \
+           "step" in out, tail(out)
+    assert ("DPO reference: a second model in memory" in out) == (name == "closed_form"), tail(out)
+    assert "DPO reference: a second model in memory" in runs["tp2"].output, tail(runs["tp2"].output)
+
+
+def test_stored_reference_reproduces_the_precomputing_runs_curve(setup, runs):
     """No reference model in this run: its reference values come from the full run's file."""
     stored = train(setup, extra=["--ref-logps", str(setup / "ref.logps")])
     for step in range(1, ITERS + 1):

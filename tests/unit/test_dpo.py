@@ -299,8 +299,12 @@ def test_stored_reference_file_round_trip_and_refusals(tmp_path):
     values = torch.randn(3, 4, generator=torch.Generator().manual_seed(0), dtype=torch.float64).numpy()
     path = str(tmp_path / "ref.logps")
     recorder = sr.Recorder(path, sr.header_for(low, 96))
-    assert recorder.record(np.array([2, 0]), values[[2, 0]]) is None and not (tmp_path / "ref.logps").exists()
-    assert recorder.record(np.array([1]), values[[1]]) == path
+    recorder.record(np.array([2, 0]), values[[2, 0]])
+    with pytest.raises(sr.StoredReferenceError, match="complete pairs expected"):
+        sr.write(path, recorder.header, recorder.values)  # pair 1 not seen yet: nothing written
+    assert not (tmp_path / "ref.logps").exists()
+    recorder.record(np.array([1]), values[[1]])
+    sr.write(path, recorder.header, recorder.values)
     assert [p.name for p in tmp_path.iterdir() if "tmp" in p.name] == []
     header, back = sr.read(path)
     assert header["pairs"] == 3 and header["seq_length"] == 96 and np.array_equal(back, values)
@@ -321,10 +325,11 @@ def test_stored_reference_file_round_trip_and_refusals(tmp_path):
         with pytest.raises(ArgumentError) as caught:
             _validate(tmp_path, ref_logps=path, **{**base, **given})
         assert named in str(caught.value) and "\n" not in str(caught.value), caught.value
-    for given, named in [({"split": "90,10,0"}, "--split 100,0,0"), ({"train_iters": 2}, "raise --train-iters")]:
-        with pytest.raises(ArgumentError) as caught:
-            _validate(tmp_path, precompute_ref_logps=path + "2", **{**base, **given})
-        assert named in str(caught.value), caught.value
+    # computed before the first step over every stored pair: any split or training length will do
+    assert _validate(tmp_path, precompute_ref_logps=path + "2", **{**base, "split": "90,10,0", "train_iters": 1})
+    with pytest.raises(ArgumentError) as caught:
+        _validate(tmp_path, precompute_ref_logps=str(tmp_path / "missing" / "ref.logps"), **base)
+    assert "does not exist or is not writable" in str(caught.value), caught.value
     with open(path, "r+b") as f:
         f.truncate(f.seek(0, 2) - 8)
     with pytest.raises(sr.StoredReferenceError, match="truncated"):
