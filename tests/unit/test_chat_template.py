@@ -286,16 +286,21 @@ def test_template_and_tokenizer_mismatches_are_one_line(library, tmp_path):
             [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "", "tool_calls": [{"name": "f"}]}])
 
 
+def _packed(packer, lengths: list) -> list:
+    """Every item i (of length ``lengths[i]``) through ``packer``: the samples, as lists of item numbers."""
+    samples = []
+    for i, n in enumerate(lengths):
+        samples += packer.add(i, n)
+    return samples + packer.flush()
+
+
 def test_packer_keeps_conversations_whole():
     import random
 
     rng = random.Random(0)
     lengths = [rng.randint(1, 64) for _ in range(500)]
     packer = instruction_data.Packer(64, max_open=8)
-    samples = []
-    for i, n in enumerate(lengths):
-        samples += packer.add(i, n)
-    samples += packer.flush()
+    samples = _packed(packer, lengths)
     assert sorted(i for s in samples for i in s) == list(range(500))
     assert all(sum(lengths[i] for i in s) <= 64 for s in samples)
     assert all(s == sorted(s) for s in samples)  # conversations keep their order inside a sample
@@ -311,10 +316,7 @@ def test_packer_keeps_pairs_whole_with_both_sides_within_the_capacity():
     rng = random.Random(1)
     pairs = [(rng.randint(2, 64), rng.randint(2, 64)) for _ in range(500)]
     packer = instruction_data.Packer(64, max_open=8)
-    samples = []
-    for i, lengths in enumerate(pairs):
-        samples += packer.add(i, lengths)
-    samples += packer.flush()
+    samples = _packed(packer, pairs)
     assert sorted(i for s in samples for i in s) == list(range(500))
     for side in (0, 1):
         assert all(sum(pairs[i][side] for i in s) <= 64 for s in samples)
