@@ -56,6 +56,8 @@ their order.
   summed loss by its pairs, as the unpacked run's equal micro-batches average it (measured: within
   1.3e-6). Attention across the pairs of a sample moves the second loss by 1e-2. The packed run's
   ``--precompute-ref-logps`` file holds, pair by pair, the unpacked run's values.
+* TensorBoard: the DP2 run's events hold the loss and the four reward values of every iteration, equal to
+  its log line (rewards below zero included, which Megatron's line leaves out).
 * Bad input is one line: an instruction dataset with --stage dpo (tests/e2e/test_finetune.py's
   ``other_stage`` case); the other refusals are checked in-process (tests/unit/test_dpo.py).
 """
@@ -173,7 +175,8 @@ LAYOUTS = {
     "tp2": (2, ITERS, ["--tensor-model-parallel-size", "2"]),
     "pp2": (2, ITERS, ["--pipeline-model-parallel-size", "2", "--precompute-ref-logps", "pp2.logps"]),
     "cp2": (2, ITERS, ["--context-parallel-size", "2"]),
-    "dp2": (2, ITERS, ["--use-distributed-optimizer", "--precompute-ref-logps", "dp2.logps"]),
+    "dp2": (2, ITERS, ["--use-distributed-optimizer", "--precompute-ref-logps", "dp2.logps", "--tensorboard-dir",
+                       "tb_dp2"]),
     "pp2_vp2": (2, ITERS, VIRTUAL),
     "lora": (1, ITERS, [*LORA, "--precompute-ref-logps", "lora.logps"]),
     "closed_form": (1, 1, ["--ref-model", "reference", *ONE_SGD_STEP, "--hf-save-dir", "after_one_step",
@@ -188,7 +191,7 @@ LAYOUTS = {
     "packed": (1, ITERS, [*PACKED, "--micro-batch-size", "2", "--precompute-ref-logps", "packed.logps"]),
     "packed_cp2": (2, ITERS, [*PACKED, "--micro-batch-size", "1", "--context-parallel-size", "2"]),
 }
-PATHS = ("reference", "ref.logps", "pp2.logps", "dp2.logps", "lora.logps", "closed_form.logps", "after_one_step", "lora_after_one_step", "vp_after_one_step", "packed",
+PATHS = ("reference", "tb_dp2", "ref.logps", "pp2.logps", "dp2.logps", "lora.logps", "closed_form.logps", "after_one_step", "lora_after_one_step", "vp_after_one_step", "packed",
          "packed.logps")
 
 
@@ -210,6 +213,24 @@ def test_first_step_against_the_starting_policy_is_ln2(runs, name):
     later = runs[name][ITERS]
     assert later["dpo loss"] < first["dpo loss"] and later["rewards/margins"] > 0, runs[name]
     assert 0 <= later["rewards/accuracies"] <= 1, later
+
+
+def test_rewards_reach_tensorboard(setup, runs):
+    """The DP2 run's TensorBoard events hold, per iteration, the values of its log line (both data-parallel
+    ranks' pairs averaged), rewards below zero included."""
+    pytest.importorskip("tensorboard")
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(setup / "tb_dp2"))
+    events.Reload()
+    keys = ("dpo loss", "rewards/chosen", "rewards/rejected", "rewards/margins", "rewards/accuracies")
+    assert set(keys) <= set(events.Tags()["scalars"]), events.Tags()["scalars"]
+    for key in keys:
+        written = {e.step: e.value for e in events.Scalars(key)}
+        assert sorted(written) == list(range(1, ITERS + 1)), (key, written)
+        for step, value in written.items():  # the log line prints 7 significant digits
+            assert value == pytest.approx(runs["dp2"][step][key], rel=1e-6, abs=1e-12), (key, step)
+    assert any(e.value < 0 for e in events.Scalars("rewards/rejected"))  # left off Megatron's line, not here
 
 
 def test_lora_trains_differently_from_full_dpo(runs):
