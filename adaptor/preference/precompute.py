@@ -15,6 +15,9 @@ shares over the data-parallel group.
 """
 from __future__ import annotations
 
+import itertools
+from typing import Iterator
+
 import numpy as np
 import torch
 
@@ -22,23 +25,26 @@ from adaptor.preference.pairwise_dataset import PAIR_INDEX, PairwiseLowLevel, bu
 
 
 def micro_batches(low: PairwiseLowLevel, seq_length: int, pad_id: int, micro_batch_size: int, part: int,
-                  parts: int) -> list[dict]:
-    """This data-parallel rank's (``part`` of ``parts``) micro-batches of the dataset's samples in stored
-    order, collated as Megatron's data loader collates them."""
+                  parts: int) -> tuple[int, Iterator[dict]]:
+    """(how many, the micro-batches) of this data-parallel rank's (``part`` of ``parts``) share of the
+    dataset's samples in stored order, collated as Megatron's data loader collates them; built as they are
+    read, so a large dataset is never held in memory."""
     from torch.utils.data import default_collate
 
     total = -(-len(low) // micro_batch_size)
     total = -(-total // parts) * parts  # every rank the same number
-    mine = []
-    for k in range(part, total, parts):
+    mine = range(part, total, parts)
+
+    def build(k: int) -> dict:
         samples = []
         for i in range(k * micro_batch_size, (k + 1) * micro_batch_size):
             sample = build_pair(low, min(i, len(low) - 1), seq_length, pad_id)
             if i >= len(low):
                 sample[PAIR_INDEX] = torch.full_like(sample[PAIR_INDEX], -1)  # padding: no pair of its own
             samples.append(sample)
-        mine.append(default_collate(samples))
-    return mine
+        return default_collate(samples)
+
+    return len(mine), (build(k) for k in mine)
 
 
 def shaped_like(data_iterator, items: list):
@@ -49,14 +55,24 @@ def shaped_like(data_iterator, items: list):
     return None if data_iterator is None else iter(items)
 
 
-def run(schedule, kwargs: dict, step, models: list, batches: list) -> None:
-    """``step`` (the reference's forward step, which records its values) over ``batches``, forward only,
-    a training step's worth of micro-batches per call of Megatron's ``schedule``."""
+def run(schedule, kwargs: dict, step, models: list, batches: tuple[int, Iterator[dict]]) -> None:
+    """``step`` (the reference's forward step, which records its values) over ``batches`` (as
+    :func:`micro_batches` gives them), forward only, a training step's worth of micro-batches per call of
+    Megatron's ``schedule``. Ranks that read no data build none."""
+    count, batches = batches
     per_call = kwargs["num_microbatches"]
-    for start in range(0, len(batches), per_call):
-        items = batches[start:start + per_call]
+    reads = _reads_data(kwargs["data_iterator"])
+    for start in range(0, count, per_call):
+        n = min(per_call, count - start)
+        items = list(itertools.islice(batches, n)) if reads else []
         schedule(**dict(kwargs, forward_step_func=step, data_iterator=shaped_like(kwargs["data_iterator"], items),
-                        model=models, forward_only=True, num_microbatches=len(items)))
+                        model=models, forward_only=True, num_microbatches=n))
+
+
+def _reads_data(data_iterator) -> bool:
+    if isinstance(data_iterator, list):
+        return any(_reads_data(one) for one in data_iterator)
+    return data_iterator is not None
 
 
 def gather(values: np.ndarray, group) -> np.ndarray:

@@ -51,8 +51,8 @@ their order.
   short moves the second loss by 1e-2).
 * Packed pairs: the same four pairs preprocessed with ``--pack`` (two whole pairs per sample, each the
   same segment of the chosen and the rejected row) reproduce the single-process curve within the same
-  tolerance, on one process (a dense mask per pair) and at CP2 (one THD stream with the pairs'
-  boundaries, split over two ranks); with ``--calculate-per-token-loss`` Megatron divides the step's
+  tolerance, on one process and at PP2 (a dense mask per pair, built on each stage) and at CP2 (one THD
+  stream with the pairs' boundaries, split over two ranks); with ``--calculate-per-token-loss`` Megatron divides the step's
   summed loss by its pairs, as the unpacked run's equal micro-batches average it (measured: within
   1.3e-6). Attention across the pairs of a sample moves the second loss by 1e-2. The packed run's
   ``--precompute-ref-logps`` file holds, pair by pair, the unpacked run's values.
@@ -187,9 +187,11 @@ LAYOUTS = {
                               "vp_after_one_step"]),
     # rows built 96 wide and cut back: the cut drops padding the 64-wide run never had
     "variable_seq_lengths": (1, ITERS, ["--seq-length", str(SEQ + 32), "--variable-seq-lengths"]),
-    # the same four pairs packed two to a sample: a dense mask per pair, then THD split over two CP ranks
+    # the same four pairs packed two to a sample: a dense mask per pair (one process, and on both of two
+    # pipeline stages), then THD split over two CP ranks
     "packed": (1, ITERS, [*PACKED, "--micro-batch-size", "2", "--precompute-ref-logps", "packed.logps"]),
     "packed_cp2": (2, ITERS, [*PACKED, "--micro-batch-size", "1", "--context-parallel-size", "2"]),
+    "packed_pp2": (2, ITERS, [*PACKED, "--micro-batch-size", "1", "--pipeline-model-parallel-size", "2"]),
 }
 PATHS = ("reference", "tb_dp2", "ref.logps", "pp2.logps", "dp2.logps", "lora.logps", "closed_form.logps", "after_one_step", "lora_after_one_step", "vp_after_one_step", "packed",
          "packed.logps")
@@ -248,7 +250,7 @@ def test_parallel_dpo_reproduces_the_single_process_curve(runs, layout):
             assert abs(got - want) <= RTOL * (abs(want) + 1), (layout, step, key, got, want)
 
 
-@pytest.mark.parametrize("layout", ["packed", "packed_cp2"])
+@pytest.mark.parametrize("layout", ["packed", "packed_cp2", "packed_pp2"])
 def test_packed_pairs_reproduce_the_unpacked_curve(setup, runs, layout):
     """Pairs packed two to a sample train the curve of one pair per row: each pair's sequences attend only
     to themselves (a dense mask per pair; THD with CP) and their log-probabilities are summed per pair.

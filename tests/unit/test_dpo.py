@@ -308,6 +308,16 @@ def test_stored_reference_file_round_trip_and_refusals(tmp_path):
     assert [p.name for p in tmp_path.iterdir() if "tmp" in p.name] == []
     header, back = sr.read(path)
     assert header["pairs"] == 3 and header["seq_length"] == 96 and np.array_equal(back, values)
+    # the precomputing pass: data-parallel ranks share the samples in stored order, each as many
+    # micro-batches, every pair exactly once (the padding sample's pairs marked absent)
+    from adaptor.preference.precompute import micro_batches
+
+    for mbs, parts in ((1, 1), (2, 2), (1, 2), (2, 3)):
+        shares = [micro_batches(low, 96, 0, mbs, part, parts) for part in range(parts)]
+        assert len({count for count, _ in shares}) == 1
+        index = torch.cat([b["pair_index"][:, 0] for _, batches in shares for b in batches])
+        assert sorted(i for i in index.tolist() if i >= 0) == [0, 1, 2], (mbs, parts, index)
+        assert len(index) == shares[0][0] * parts * mbs
     # the sample index the training reads the file by is the stored pair's, whatever the epoch's order
     dataset = PairwiseDataset.__new__(PairwiseDataset)
     dataset.dataset, dataset.indices, dataset._epochs, dataset._pad = low, np.arange(3), {}, 0
