@@ -71,9 +71,9 @@ if [ -z "${DATA_PATH:-}" ]; then
   key=$(cat "$SAMPLES" "$TOKENIZER_MODEL"/tokenizer*.json "$ROOT"/tools/{preprocess_data,pairwise_data,instruction_data,chat_template,indexed_writer,text_readers}.py \
         | { cat; echo "$PROMPT_TYPE $SEQ_LEN"; } | sha256sum | cut -c1-12)
   DATA_CACHE="${DATA_CACHE:-$ROOT/.cache/data}"
-  DATA_PATH="$DATA_CACHE/sample_pairs-$([ "$PACK" = 1 ] && echo packed-)$key"
+  DATA_PATH="$DATA_CACHE/sample_pairs-$key"
   PACK_ARGS=()
-  if [ "$PACK" = 1 ]; then PACK_ARGS=(--pack); fi
+  if [ "$PACK" = 1 ]; then PACK_ARGS=(--pack); DATA_PATH="$DATA_CACHE/sample_pairs-packed-$key"; fi
   if [ ! -f "${DATA_PATH}_packed_chosen_input_ids_document.idx" ]; then
     mkdir -p "$DATA_CACHE"
     "$PYTHON" "$ROOT/tools/preprocess_data.py" --input "$SAMPLES" --output-prefix "$DATA_PATH" \
