@@ -47,6 +47,7 @@ from megatron.training.utils import is_first_or_last_pipeline_stage
 
 from adaptor.batch_format import batch_format
 from adaptor.finetune.batches import MODEL_KEYS, cut_after_last_loss, finetune_rows, variable_lengths
+from adaptor.finetune.instruction_dataset import pad_id
 from adaptor.log import every_rank
 from adaptor.preference.losses import averages_logps, dpo_loss, sequence_logps
 from adaptor.preference.metrics import dpo_report
@@ -141,11 +142,14 @@ def reference_loss_func(batch, output_tensor):
     """The reference's sequence log-probabilities [2 pairs] (chosen, then rejected), handed back through the
     schedule's reduced items (and recorded for --precompute-ref-logps); the loss itself is zero."""
     token_logps = -output_tensor.float()
+    average = averages_logps(get_args().dpo_loss_type)
     if _recorder is not None:
         sums, means = batch.logps(token_logps), batch.logps(token_logps, average=True)
         rows = torch.stack([sums[0], sums[1], means[0], means[1]], dim=1).double()
         _recorder.record(batch.pairs[batch.valid].cpu().numpy(), rows.cpu().numpy())
-    values = torch.cat(batch.logps(token_logps, averages_logps(get_args().dpo_loss_type)))
+        values = torch.cat(means if average else sums)
+    else:
+        values = torch.cat(batch.logps(token_logps, average))
     count = torch.tensor(batch.count, dtype=torch.int, device=values.device)
     return values.sum() * 0, count, {VALUES: values}
 
@@ -181,15 +185,13 @@ def precompute_reference(low, schedule, kwargs):
     --ref-logps run does and keeps no reference model."""
     global _stored, _recorder
     args = get_args()
-    pad = getattr(get_tokenizer(), "pad", None)
-    batches = precompute.micro_batches(low, args.seq_length, int(pad) if pad is not None and pad >= 0 else 0,
-                                       args.micro_batch_size, mpu.get_data_parallel_rank(),
-                                       mpu.get_data_parallel_world_size())
+    batches = precompute.micro_batches(low, args.seq_length, pad_id(get_tokenizer()), args.micro_batch_size,
+                                       mpu.get_data_parallel_rank(), mpu.get_data_parallel_world_size())
     policy = kwargs["model"]
     own = not (args.ref_model or getattr(args, "lora_r", None))
     with torch.no_grad(), (starting_policy(policy) if own else reference_models(policy)) as models:
         precompute.run(schedule, kwargs, reference_forward_step, models, batches)
-    _reference.modules = None  # a --ref-model copy is not needed any more
+    _reference.release()  # a --ref-model copy is not needed any more
     if mpu.is_pipeline_last_stage():
         values = precompute.gather(_recorder.values, mpu.get_data_parallel_group())
         _stored = torch.from_numpy(values)

@@ -122,6 +122,13 @@ def build_sample(ids: np.ndarray, labels: np.ndarray, seg: np.ndarray, seq_lengt
     }
 
 
+def pad_id(tokenizer) -> int:
+    """The token padding is written with: the tokenizer's pad token, else 0 (padding is never in the loss
+    and comes after every real token, so any id gives the same loss)."""
+    pad = getattr(tokenizer, "pad", None) if tokenizer is not None else None
+    return int(pad) if pad is not None and pad >= 0 else 0
+
+
 class InstructionDataset(MegatronDataset):
     """Megatron dataset over :class:`InstructionLowLevel`: one sample per stored document, epochs reshuffled."""
 
@@ -132,8 +139,7 @@ class InstructionDataset(MegatronDataset):
         super().__init__(dataset, dataset_path, indices, num_samples, index_split, config)
         self.num_samples = len(indices) if num_samples is None else max(num_samples, len(indices))
         self._epochs: dict[int, np.ndarray] = {}
-        pad = getattr(config.tokenizer, "pad", None) if config.tokenizer is not None else None
-        self._pad = int(pad) if pad is not None and pad >= 0 else 0
+        self._pad = pad_id(config.tokenizer)
 
     @staticmethod
     def numel_low_level_dataset(low_level_dataset: InstructionLowLevel) -> int:

@@ -57,6 +57,10 @@ class FrozenReference:
             self.modules = self._make([bare(chunk) for chunk in policy])
         return self.modules
 
+    def release(self) -> None:
+        """Drop the copy (a later :meth:`get` would make it again)."""
+        self.modules = None
+
     def _make(self, policy: list) -> list:
         modules = []
         for chunk in policy:
