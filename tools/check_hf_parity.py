@@ -26,7 +26,6 @@ import argparse
 import json
 import math
 import os
-import socket
 import subprocess
 import sys
 import tempfile
@@ -64,12 +63,6 @@ def parse_args(argv=None):
     parser.add_argument("--timeout", type=int, default=900, help="seconds for the Megatron run")
     parser.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     return parser.parse_args(argv)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def layout_world_size(tp: int, pp: int, ep: int) -> int:
@@ -152,9 +145,10 @@ def lora_flags(lora_dir: str) -> list[str]:
 
 def run_megatron(spec: dict, nproc: int, timeout: int) -> str:
     from adaptor.env import torchrun_command
+    from adaptor.rendezvous import rendezvous_port
 
     cmd = [*torchrun_command(), f"--nproc_per_node={nproc}",
-           f"--master_port={free_port()}", str(Path(__file__).resolve()), "--hf-dir", spec["models"][0]["hf_dir"],
+           f"--master_port={rendezvous_port()}", str(Path(__file__).resolve()), "--hf-dir", spec["models"][0]["hf_dir"],
            "--worker", spec["spec_file"]]
     env = dict(os.environ, PYTHONUNBUFFERED="1", ADAPTOR_QUIET="1")
     env.setdefault("ADAPTOR_BACKEND", "cpu")

@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import subprocess
 import sys
 import tempfile
@@ -49,12 +48,6 @@ def parse_args(argv=None):
     parser.add_argument("--timeout", type=int, default=600, help="seconds for the Megatron run")
     parser.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     return parser.parse_args(argv)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def vision_encoder_keys(hf_dir: str, config: dict) -> dict:
@@ -176,9 +169,10 @@ def qwen_vl_main(opts, config: dict) -> int:
 
 def run_megatron(spec: dict, nproc: int, timeout: int, hf_dir: str | None = None) -> None:
     from adaptor.env import torchrun_command
+    from adaptor.rendezvous import rendezvous_port
 
     cmd = [*torchrun_command(), f"--nproc_per_node={nproc}",
-           f"--master_port={free_port()}", str(Path(__file__).resolve()), "--hf-dir", hf_dir or spec["vision"]["ckpt_path"],
+           f"--master_port={rendezvous_port()}", str(Path(__file__).resolve()), "--hf-dir", hf_dir or spec["vision"]["ckpt_path"],
            "--worker", spec["spec_file"]]
     env = dict(os.environ, PYTHONUNBUFFERED="1", ADAPTOR_QUIET="1")
     env.setdefault("ADAPTOR_BACKEND", "cpu")

@@ -179,9 +179,10 @@ def split(args, side: dict) -> Path:
             * layout.get("expert_model_parallel_size", 1)
         script = Path(recorded[0]) if Path(recorded[0]).is_file() else ROOT / "pretrain_gpt.py"
         from adaptor.env import torchrun_command
+        from adaptor.rendezvous import rendezvous_port
 
         cmd = [*torchrun_command(), f"--nproc_per_node={nproc}", "--master_port",
-               os.environ.get("MASTER_PORT", "29533"), str(script),
+               os.environ.get("MASTER_PORT") or str(rendezvous_port()), str(script),
                *replay_argv(recorded[1:], layout, release, work / "converted")]
         env = dict(os.environ, ADAPTOR_QUIET="1")
         proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True)

@@ -170,13 +170,8 @@ def launch(script, args=(), nproc: int = 1, env: dict | None = None, timeout: fl
     the user's command line (helpers/warm_launcher.py). A timeout kills every rank and fails the test.
     """
     script = script if script == "-c" else str(ROOT / script)
-    for _ in range(3):
-        run = finish(start(script, args, nproc=nproc, env=base_env(env), launcher=launcher, cwd=cwd, warm=warm,
-                           code=code, merge_stderr=merge_stderr), timeout)
-        # free_port() closes the port before rank 0 binds it; a run beside this one may take it first
-        if run.returncode == 0 or "EADDRINUSE" not in run.output:
-            return run
-    return run
+    return finish(start(script, args, nproc=nproc, env=base_env(env), launcher=launcher, cwd=cwd, warm=warm,
+                        code=code, merge_stderr=merge_stderr), timeout)
 
 
 def run_pretrain(args: list[str], nproc: int = 1, env: dict | None = None, timeout: int = 600,

@@ -4,7 +4,6 @@ from __future__ import annotations
 import importlib
 import json
 import os
-import socket
 import sys
 from pathlib import Path
 
@@ -14,9 +13,9 @@ LAUNCHER_VARIABLES = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "M
 
 
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A rendezvous port no other launch (in this suite, beside it, or the kernel) takes first."""
+    from adaptor.rendezvous import rendezvous_port
+    return rendezvous_port()
 
 
 def child_env(base: dict | None = None, **extra: str) -> dict:

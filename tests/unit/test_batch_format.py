@@ -22,6 +22,7 @@ import pytest
 
 from adaptor.batch_format import Boundaries, batch_format
 from helpers.prefetch import prefetched
+from helpers.processes import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 ANY = object()
@@ -197,7 +198,7 @@ for te, data, flash, reset, inter in itertools.product((False, True), ("pretrain
 
 @prefetched
 def get_batch_cases():
-    environ = dict(os.environ, ADAPTOR_QUIET="1", ADAPTOR_BACKEND="cpu", PORT=str(29700 + os.getpid() % 200))
+    environ = dict(os.environ, ADAPTOR_QUIET="1", ADAPTOR_BACKEND="cpu", PORT=str(free_port()))
     proc = subprocess.run([sys.executable, "-W", "ignore", "-c", CHILD], cwd=ROOT, env=environ,
                           capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]

@@ -338,9 +338,10 @@ def early_refusal(argv: list[str]) -> str | None:
 
 def torchrun(argv: list[str], timeout: float) -> tuple[int, str]:
     from adaptor.env import torchrun_command  # ADAPTOR_TORCHRUN, else this interpreter's torchrun
+    from adaptor.rendezvous import rendezvous_port
 
     command = [*torchrun_command(), "--nproc-per-node", "2", "--master-port",
-               str(_free_port()), str(ROOT / "pretrain_gpt.py"), *argv]
+               str(rendezvous_port()), str(ROOT / "pretrain_gpt.py"), *argv]
     # Output goes to a file, not a pipe: a process a rank leaves behind (a checkpoint worker, a
     # multiprocessing manager) would hold a pipe open and the read would never end. Every process of
     # the launch carries a token in its environment, and whatever is left is ended afterwards.
@@ -375,13 +376,6 @@ def _end_launch(proc: subprocess.Popen, token: str) -> None:
                     os.kill(int(entry.name), signal.SIGKILL)
             except (OSError, ProcessLookupError):
                 continue
-
-
-def _free_port() -> int:
-    import socket
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def losses(output: str) -> dict[int, float]:
