@@ -11,7 +11,7 @@ being pair ``i`` of the dataset as stored (not as shuffled; with packed samples,
 samples in order): chosen sum, rejected sum, chosen per-token
 mean, rejected per-token mean. Sums serve the sigmoid and hinge losses, means IPO's, so one file serves
 every ``--dpo-loss-type``. The header names the dataset (its prefix, number of pairs and a digest of
-its sides' lengths) and the sequence length, which decides where long responses are cut; a run whose
+its lengths, tokens and labels) and the sequence length, which decides where long responses are cut; a run whose
 data disagree is refused rather than trained against another dataset's numbers.
 """
 from __future__ import annotations
@@ -22,7 +22,7 @@ import os
 
 import numpy as np
 
-FORMAT = "dpo-reference-logps/1"
+FORMAT = "dpo-reference-logps/2"  # /1 digested the lengths only
 COLUMNS = ("chosen_sum", "rejected_sum", "chosen_mean", "rejected_mean")
 
 
@@ -30,14 +30,34 @@ class StoredReferenceError(ValueError):
     """A reference file that cannot serve this run (one line)."""
 
 
+# Datasets up to this size are hashed whole; larger ones by evenly spread blocks of it, so a
+# check at start reads at most this much per field whatever the dataset's size.
+_WHOLE_BYTES = 64 << 20
+_BLOCKS, _BLOCK_BYTES = 4096, 16 << 10
+
+
+def _content_digest(h, path: str) -> None:
+    size = os.path.getsize(path)
+    h.update(size.to_bytes(8, "little"))
+    with open(path, "rb") as f:
+        if size <= _WHOLE_BYTES:
+            h.update(f.read())
+            return
+        for k in range(_BLOCKS):
+            f.seek((size - _BLOCK_BYTES) * k // (_BLOCKS - 1))
+            h.update(f.read(_BLOCK_BYTES))
+
+
 def dataset_digest(low) -> str:
-    """A digest of a :class:`~adaptor.preference.pairwise_dataset.PairwiseLowLevel`'s sides' lengths:
-    another dataset, or the same one cut or rendered differently, almost surely gives another digest
-    (cheap: no token is read)."""
+    """A digest of a :class:`~adaptor.preference.pairwise_dataset.PairwiseLowLevel`'s fields: every
+    sample's length and the tokens and labels themselves (whole up to 64 MiB a field, else 64 MiB
+    of blocks spread evenly over it). Another dataset, or the same pairs tokenized, templated or cut
+    differently, gives another digest even where the lengths agree."""
     h = hashlib.sha256()
     for name in sorted(low.fields):
         h.update(name.encode())
         h.update(np.asarray(low.fields[name].sequence_lengths, dtype=np.int64).tobytes())
+        _content_digest(h, low.fields[name].path_prefix + ".bin")
     return h.hexdigest()[:16]
 
 
@@ -68,6 +88,9 @@ def read(path: str) -> tuple[dict, np.ndarray]:
         header = json.loads(first)
     except (OSError, ValueError) as exc:
         raise StoredReferenceError(f"--ref-logps {path}: not a reference file ({exc})") from None
+    if isinstance(header, dict) and header.get("format") == "dpo-reference-logps/1":
+        raise StoredReferenceError(f"--ref-logps {path}: written by an older version whose dataset check read "
+                                   f"only lengths; compute it again with --precompute-ref-logps")
     if not isinstance(header, dict) or header.get("format") != FORMAT:
         raise StoredReferenceError(f"--ref-logps {path}: not a reference file written by --precompute-ref-logps")
     values = np.frombuffer(body, dtype="<f8")

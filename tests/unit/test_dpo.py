@@ -279,7 +279,7 @@ def test_resuming_dpo_needs_the_starting_model_as_reference(tmp_path):
 
 
 
-def test_stored_reference_file_round_trip_and_refusals(tmp_path):
+def test_stored_reference_file_round_trip_and_refusals(tmp_path, monkeypatch):
     """--precompute-ref-logps's file reads back bit for bit, is written atomically, and a file made for
     another dataset or sequence length, a truncated one, or one given with --ref-model is refused."""
     from adaptor.features import ArgumentError
@@ -292,9 +292,15 @@ def test_stored_reference_file_round_trip_and_refusals(tmp_path):
     common = ["--input", str(data), "--handler-name", "AlpacaStylePairwiseHandler", "--prompt-type", "qwen3",
               "--tokenizer-type", "HuggingFaceTokenizer", "--tokenizer-model", str(SAMPLE_TOKENIZER)]
     assert preprocess.main([*common, "--output-prefix", str(tmp_path / "out")]) == 0
+    same_lengths = data.read_text().replace(" apples", " pears")  # other tokens, every length kept
     longer = json.dumps({**PAIR, "chosen": "many more apples than before", "rejected": "no"})
     data.write_text(longer + "\n" + data.read_text())
     assert preprocess.main([*common, "--output-prefix", str(tmp_path / "other")]) == 0
+    data.write_text(same_lengths)
+    assert preprocess.main([*common, "--output-prefix", str(tmp_path / "pears")]) == 0
+    pears = PairwiseLowLevel(str(tmp_path / "pears"))
+    assert all(np.array_equal(f.sequence_lengths, pears.fields[n].sequence_lengths)
+               for n, f in PairwiseLowLevel(str(tmp_path / "out")).fields.items()), "the test needs equal lengths"
     low = PairwiseLowLevel(str(tmp_path / "out"))
     values = torch.randn(3, 4, generator=torch.Generator().manual_seed(0), dtype=torch.float64).numpy()
     path = str(tmp_path / "ref.logps")
@@ -330,6 +336,7 @@ def test_stored_reference_file_round_trip_and_refusals(tmp_path):
                 global_batch_size=1, tensor_model_parallel_size=1)
     assert _validate(tmp_path, ref_logps=path, hf_load_dir=None, **base).ref_logps == path
     refused = [({"seq_length": 64}, "--seq-length 96"), ({"data_path": [str(tmp_path / "other")]}, "pairs 3"),
+               ({"data_path": [str(tmp_path / "pears")]}, "dataset digest"),
                ({"ref_model": str(tmp_path)}, "drop --ref-model")]
     for given, named in refused:
         with pytest.raises(ArgumentError) as caught:
@@ -340,6 +347,17 @@ def test_stored_reference_file_round_trip_and_refusals(tmp_path):
     with pytest.raises(ArgumentError) as caught:
         _validate(tmp_path, precompute_ref_logps=str(tmp_path / "missing" / "ref.logps"), **base)
     assert "does not exist or is not writable" in str(caught.value), caught.value
+    # a field larger than the whole-file bound is read in spread blocks, which still see other tokens
+    monkeypatch.setattr(sr, "_WHOLE_BYTES", 0)
+    monkeypatch.setattr(sr, "_BLOCK_BYTES", 8)
+    low_again = PairwiseLowLevel(str(tmp_path / "out"))
+    assert sr.dataset_digest(low_again) == sr.dataset_digest(PairwiseLowLevel(str(tmp_path / "out")))
+    assert sr.dataset_digest(low_again) != sr.dataset_digest(pears)
+    monkeypatch.undo()
+    older = tmp_path / "older.logps"
+    older.write_bytes(open(path, "rb").read().replace(sr.FORMAT.encode(), b"dpo-reference-logps/1"))
+    with pytest.raises(sr.StoredReferenceError, match="older version"):
+        sr.read(str(older))
     with open(path, "r+b") as f:
         f.truncate(f.seek(0, 2) - 8)
     with pytest.raises(sr.StoredReferenceError, match="truncated"):
