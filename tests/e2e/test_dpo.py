@@ -43,7 +43,9 @@ their order.
   only the closed-form run (``--ref-model``) loads one, for the pass, while its first step still equals
   the closed form; a run with the in-memory reference (TP2) announces its copy. A run that reads the
   file (``--ref-logps``, no reference model) reproduces the precomputing run's curve within the same
-  tolerance (measured: equal to the printed 7 digits at every step).
+  tolerance (measured: equal to the printed 7 digits at every step). The same file serves IPO (its
+  per-token means): an IPO run reading it reproduces the IPO run with the in-memory reference, whose
+  first loss is IPO's closed form at equal policy and reference, 1 / (4 beta^2), with margins 0.
   The file's refusals (another dataset or ``--seq-length``, a truncated file, ``--ref-model``) are
   checked in-process (tests/unit/test_dpo.py).
 * ``--variable-seq-lengths`` on one stage: rows built 96 wide and cut after each micro-batch's last
@@ -179,6 +181,7 @@ LAYOUTS = {
                        "tb_dp2"]),
     "pp2_vp2": (2, ITERS, VIRTUAL),
     "lora": (1, ITERS, [*LORA, "--precompute-ref-logps", "lora.logps"]),
+    "ipo": (1, ITERS, ["--dpo-loss-type", "ipo"]),
     "closed_form": (1, 1, ["--ref-model", "reference", *ONE_SGD_STEP, "--hf-save-dir", "after_one_step",
                            "--precompute-ref-logps", "closed_form.logps"]),
     "lora_closed_form": (1, 1, [*LORA, *ONE_SGD_STEP, "--hf-save-dir", "lora_after_one_step"]),
@@ -215,6 +218,14 @@ def test_first_step_against_the_starting_policy_is_ln2(runs, name):
     later = runs[name][ITERS]
     assert later["dpo loss"] < first["dpo loss"] and later["rewards/margins"] > 0, runs[name]
     assert 0 <= later["rewards/accuracies"] <= 1, later
+
+
+def test_first_ipo_step_against_the_starting_policy_is_its_target_squared(runs):
+    """IPO regresses the mean log-ratio margin h to 1 / (2 beta): at h = 0 the loss is 1 / (4 beta^2)."""
+    first, later = runs["ipo"][1], runs["ipo"][ITERS]
+    assert abs(first["dpo loss"] - 1 / (4 * BETA ** 2)) <= 1e-6 * first["dpo loss"], first
+    assert first["rewards/margins"] == 0, first
+    assert later["dpo loss"] < first["dpo loss"] and later["rewards/margins"] > 0, runs["ipo"]
 
 
 def test_rewards_reach_tensorboard(setup, runs):
@@ -483,9 +494,15 @@ def test_precomputing_runs_keep_no_reference_copy(runs, name):
 
 
 def test_stored_reference_reproduces_the_precomputing_runs_curve(setup, runs):
-    """No reference model in this run: its reference values come from the full run's file."""
-    stored = train(setup, extra=["--ref-logps", str(setup / "ref.logps")])
-    for step in range(1, ITERS + 1):
-        for key in ("dpo loss", "rewards/chosen", "rewards/rejected"):
-            got, want = stored[step][key], runs["full"][step][key]
-            assert abs(got - want) <= RTOL * (abs(want) + 1), (step, key, got, want)
+    """No reference model in these runs: their reference values come from the full (sigmoid) run's file,
+    whose sums serve the sigmoid loss and whose per-token means serve IPO, which reproduces the IPO
+    run with the in-memory reference."""
+    stored = str(setup / "ref.logps")
+    sigmoid, ipo = side_by_side(lambda: train(setup, extra=["--ref-logps", stored]),
+                                lambda: train(setup, extra=["--ref-logps", stored, "--dpo-loss-type", "ipo"]))
+    for run, want_run in ((sigmoid, runs["full"]), (ipo, runs["ipo"])):
+        assert "DPO reference: a second model in memory" not in run.output, tail(run.output)
+        for step in range(1, ITERS + 1):
+            for key in ("dpo loss", "rewards/chosen", "rewards/rejected"):
+                got, want = run[step][key], want_run[step][key]
+                assert abs(got - want) <= RTOL * (abs(want) + 1), (step, key, got, want)
