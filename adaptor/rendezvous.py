@@ -61,8 +61,18 @@ def _bindable(port: int) -> bool:
 
 
 def _reserve(port: int) -> bool:
-    _LOCK_DIR.mkdir(exist_ok=True)
-    fd = os.open(_LOCK_DIR / str(port), os.O_CREAT | os.O_RDWR, 0o666)
+    """Lock ``port``'s file for this process; False if another process holds it. The directory is shared
+    by every user, as /tmp is (sticky, world-writable), and a lock needs only read access to the file;
+    where neither works the port goes unreserved (still outside the kernel's range, still bind-checked)."""
+    try:
+        try:
+            _LOCK_DIR.mkdir()
+            os.chmod(_LOCK_DIR, 0o1777)
+        except FileExistsError:
+            pass
+        fd = os.open(_LOCK_DIR / str(port), os.O_CREAT | os.O_RDONLY, 0o644)
+    except OSError:
+        return True
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError:
