@@ -114,13 +114,13 @@ def get_pair_batch(data_iterator, vp_stage=None):
     raw = next(data_iterator) if mpu.get_tensor_model_parallel_rank() == 0 else {}
     b, s, m = args.micro_batch_size, args.seq_length, max_pairs(args.seq_length)
     rows = {k: rows_of_pairs(broadcast_from_tp_rank_0(raw.get(k), (b, 2, s), PAIR_DTYPES[k])) for k in PAIR_DTYPES}
-    cu_seqlens = rows_of_pairs(broadcast_from_tp_rank_0(raw.get("cu_seqlens"), (b, 2, s + 1), torch.int32))
-    num_tokens = rows_of_pairs(broadcast_from_tp_rank_0(raw.get("num_tokens"), (b, 2), torch.int64))
     pairs = broadcast_from_tp_rank_0(raw.get(PAIR_INDEX), (b, m), torch.int64)
     # row r's pair k is sequence r * m + k: chosen sequences in [0, b m), rejected ones in [b m, 2 b m)
     rows[PAIR_SLOT] = rows[PAIR_SLOT] + m * torch.arange(2 * b, device=rows[PAIR_SLOT].device)[:, None]
-    packed = bool((pairs[:, 1:] >= 0).any())
-    if packed or batch_format(args).thd:
+    packed = bool((pairs[:, 1:] >= 0).any())  # the same on every TP rank: pairs were broadcast
+    if packed or batch_format(args).thd:  # only these read the sequences' boundaries
+        cu_seqlens = rows_of_pairs(broadcast_from_tp_rank_0(raw.get("cu_seqlens"), (b, 2, s + 1), torch.int32))
+        num_tokens = rows_of_pairs(broadcast_from_tp_rank_0(raw.get("num_tokens"), (b, 2), torch.int64))
         rows = finetune_rows(rows, cu_seqlens, num_tokens, args, cp_rank=mpu.get_context_parallel_rank(),
                              cp_group=mpu.get_context_parallel_group(), carry=(PAIR_SLOT,))
         return PairBatch(rows, pairs)
