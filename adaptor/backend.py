@@ -3,11 +3,52 @@
 Detection order is NPU, then CUDA, then CPU: a machine with torch_npu and an
 Ascend device is an NPU machine even if it also sees a GPU. The environment
 variable ``ADAPTOR_BACKEND`` (``npu``, ``cuda`` or ``cpu``) overrides it, for
-example to train on CPU on a GPU host.
+example to train on CPU on a GPU host; then only the backend asked for is
+looked at (``ADAPTOR_BACKEND=cpu`` never imports torch_npu nor starts CUDA).
+
+The backend is what the machine has, or the run stops. An accelerator that is
+there but does not start is a broken environment, not a CPU machine: an 8-rank
+job that fell back to CPU over gloo would train for hours at a fraction of the
+speed, with one word in the banner to say so. So :class:`BackendError` (one
+line, status 2 through :func:`adaptor.errors.fail`) ends the run when
+
+- torch_npu is installed (``importlib.util.find_spec`` finds it) but importing
+  it raises (CANN's ``set_env.sh`` not sourced: ``libhccl.so``/``libascendcl.so``
+  cannot be opened; torch and torch_npu versions apart), or its device query
+  (``torch.npu.is_available()``/``device_count()``) raises (driver and CANN
+  versions apart);
+- torch is a CUDA build, the CUDA runtime counts no device, and yet the NVIDIA
+  driver shows that GPUs are there (below).
+
+When is a CUDA build without a usable device "no GPU" and when "a GPU CUDA
+cannot start"? ``torch.cuda.is_available()`` cannot tell: it asks the CUDA
+runtime (``cudaGetDeviceCount``), which answers 0 both when there is no driver
+and when the driver is there but fails, and it never raises (a failure is only
+a "CUDA initialization" warning). The criterion here asks the kernel driver
+instead, which exists only where NVIDIA hardware does:
+
+- NVML, the driver's own library, counts visible GPUs: ``torch.cuda.device_count()``
+  before CUDA is initialised is NVML's count (honouring ``CUDA_VISIBLE_DEVICES``)
+  whenever NVML loads and initialises, and the runtime's count otherwise; or
+- the kernel module's device nodes ``/dev/nvidia0``, ``/dev/nvidia1``, ... exist
+  and ``CUDA_VISIBLE_DEVICES`` does not hide every device (``""`` or ``-1``).
+
+Either, with the runtime counting none, is a GPU that CUDA cannot start; the
+line gives ``torch.cuda.init()``'s reason (the driver too old for this CUDA
+build, ``CUDA_VISIBLE_DEVICES`` naming no device, the library missing). Where
+neither holds (a CUDA wheel on a CPU machine or in a CPU container, even one
+that ships NVIDIA's user-space libraries, which cannot initialise without the
+kernel module), the run is a CPU run, quietly, as before. ``CUDA_VISIBLE_DEVICES``
+naming devices is not evidence on its own: scripts and schedulers set it
+whether or not a GPU exists.
 """
 from __future__ import annotations
 
+import glob
 import importlib
+import importlib.util
+import os
+import warnings
 from dataclasses import dataclass
 
 import torch
@@ -16,10 +57,16 @@ from adaptor import env as variables
 
 ENV_VAR = "ADAPTOR_BACKEND"
 BACKENDS = ("npu", "cuda", "cpu")
+#: The NVIDIA kernel module's per-GPU device nodes (``/dev/nvidiactl`` and friends do not match).
+NVIDIA_DEVICE_NODES = "/dev/nvidia[0-9]*"
+NPU_ADVICE = ("source CANN's set_env.sh (e.g. /usr/local/Ascend/ascend-toolkit/set_env.sh) and check that the "
+              f"Ascend driver, CANN, torch and torch_npu versions match, or set {ENV_VAR}=cpu to train on CPU")
+CUDA_ADVICE = ("check the NVIDIA driver against this torch's CUDA {cuda} (nvidia-smi) and CUDA_VISIBLE_DEVICES, "
+               f"or set {ENV_VAR}=cpu to train on CPU")
 
 
 class BackendError(RuntimeError):
-    """The requested backend is unknown or not usable here."""
+    """The requested backend is unknown or not usable here, or an accelerator is present but broken."""
 
 
 @dataclass(frozen=True)
@@ -41,23 +88,86 @@ class Backend:
 _DIST = {"npu": "hccl", "cuda": "nccl", "cpu": "gloo"}
 
 
-def _npu_usable() -> bool:
+def _reason(exc: BaseException) -> str:
+    text = " ".join(str(exc).split())
+    text = text if len(text) <= 300 else text[:297] + "..."
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+def _npu_devices() -> tuple[int, str]:
+    """``(count, why none)``: Ascend devices torch_npu sees; raises :class:`BackendError` when it is broken."""
+    spec = importlib.util.find_spec("torch_npu")
+    if spec is None:
+        return 0, "torch_npu is not installed"
+    where = os.path.dirname(spec.origin) if spec.origin else "torch_npu"
     try:
         torch_npu = importlib.import_module("torch_npu")
-    except Exception:
-        return False
+    except Exception as exc:
+        raise BackendError(f"torch_npu is installed ({where}) but failed to import: {_reason(exc)}; "
+                           f"{NPU_ADVICE}") from exc
     npu = getattr(torch, "npu", None) or getattr(torch_npu, "npu", None)
+    if npu is None:
+        raise BackendError(f"torch_npu imported from {where} but registered no torch.npu; {NPU_ADVICE}")
     try:
-        return bool(npu is not None and npu.is_available() and npu.device_count() > 0)
-    except Exception:
-        return False
+        count = int(npu.device_count()) if npu.is_available() else 0
+    except Exception as exc:
+        raise BackendError(f"torch_npu imported from {where} but its device query failed: {_reason(exc)}; "
+                           f"{NPU_ADVICE}") from exc
+    return count, "torch_npu sees no Ascend device"
 
 
-def _cuda_usable() -> bool:
-    try:
-        return torch.cuda.is_available() and torch.cuda.device_count() > 0
-    except Exception:
+def _cuda_hidden() -> bool:
+    """``CUDA_VISIBLE_DEVICES`` hides every device (``""``, ``-1``): a deliberate CPU run."""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is None:
         return False
+    first = visible.split(",")[0].strip()
+    return first == "" or first.startswith("-")
+
+
+def _nvidia_gpus_present() -> str:
+    """What shows that NVIDIA GPUs are here without the CUDA runtime, or ``""`` (see the module docstring)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # NVML missing or failing is the CPU machine's normal case
+        try:
+            count = torch.cuda.device_count()
+        except Exception:
+            count = 0
+    if count > 0:
+        return f"the NVIDIA driver (NVML) reports {count} visible GPU{'s' if count > 1 else ''}"
+    nodes = sorted(glob.glob(NVIDIA_DEVICE_NODES))
+    if nodes and not _cuda_hidden():
+        return f"{nodes[0]} exists"
+    return ""
+
+
+def _cuda_devices() -> tuple[int, str]:
+    """``(count, why none)``: CUDA devices this torch can use; raises :class:`BackendError` when GPUs are
+    present but CUDA cannot start (the criterion of the module docstring)."""
+    if not torch.backends.cuda.is_built():
+        return 0, "this torch is not built with CUDA"
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            available = torch.cuda.is_available()
+            failure = None
+        except Exception as exc:  # documented never to raise; a broken build might
+            available, failure = False, exc
+    if available:
+        return torch.cuda.device_count(), ""
+    evidence = _nvidia_gpus_present()
+    if failure is None and not evidence:
+        return 0, "torch sees no CUDA device (no NVIDIA GPU or driver here)"
+    if failure is None:
+        try:
+            torch.cuda.init()  # raises with the runtime's reason; only reached where GPUs are present
+        except Exception as exc:
+            failure = exc
+    reason = _reason(failure) if failure is not None else next(
+        (str(w.message) for w in caught if "CUDA initialization" in str(w.message)), "torch.cuda.is_available() is False")
+    found = f" although {evidence}" if evidence else ""
+    raise BackendError(f"CUDA cannot start{found}: {reason}; "
+                       + CUDA_ADVICE.format(cuda=torch.version.cuda or "build"))
 
 
 def detect_backend(env: dict | None = None) -> Backend:
@@ -67,13 +177,19 @@ def detect_backend(env: dict | None = None) -> Backend:
             raise BackendError(
                 f"{ENV_VAR}={requested!r} is not a backend; choose one of {', '.join(BACKENDS)}"
             )
-        if requested == "npu" and not _npu_usable():
-            raise BackendError(f"{ENV_VAR}=npu but torch_npu is not installed or sees no Ascend device")
-        if requested == "cuda" and not _cuda_usable():
-            raise BackendError(f"{ENV_VAR}=cuda but torch sees no CUDA device")
+        if requested == "npu":
+            count, why = _npu_devices()
+            if count <= 0:
+                raise BackendError(f"{ENV_VAR}=npu but {why}; install torch_npu with CANN on an Ascend host, "
+                                   f"or unset {ENV_VAR} to use the backend this machine has")
+        if requested == "cuda":
+            count, why = _cuda_devices()
+            if count <= 0:
+                raise BackendError(f"{ENV_VAR}=cuda but {why}; "
+                                   f"unset {ENV_VAR} to use the backend this machine has")
         return Backend(requested, _DIST[requested], ENV_VAR)
-    if _npu_usable():
+    if _npu_devices()[0] > 0:
         return Backend("npu", "hccl", "detected")
-    if _cuda_usable():
+    if _cuda_devices()[0] > 0:
         return Backend("cuda", "nccl", "detected")
     return Backend("cpu", "gloo", "detected")
