@@ -22,7 +22,9 @@ VARIABLES = {
     for v in (
         Variable("ADAPTOR_BACKEND", "",
                  "`npu`, `cuda` or `cpu`: train on this backend instead of the detected one "
-                 "(detection order: NPU, CUDA, CPU)."),
+                 "(detection order: NPU, CUDA, CPU); only that backend is looked at, so `cpu` trains on "
+                 "CPU on a host whose torch_npu or CUDA is installed but broken, which otherwise stops "
+                 "the run ([backends](backends.md))."),
         Variable("ADAPTOR_EARLY_CHECK", "1",
                  "`0`: an entry file's command line is checked only when Megatron parses it, after "
                  "the imports, instead of first from the parser's snapshot (the errors are the same "
