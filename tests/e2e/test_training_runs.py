@@ -29,7 +29,13 @@ def test_bf16_trains_on_cpu_and_tracks_fp32(shared_runs):
     assert all(math.isfinite(x) for x in b)
     assert b[-1] < b[0] - 0.05, b
     assert max(abs(x - y) / y for x, y in zip(b, f)) < 2e-2, (b, f)
-    assert "Float16OptimizerWithFloat16Params" not in bf16.output or "Error" not in bf16.output
+    # bf16 parameters under an fp32-main-parameter optimizer (Megatron's Float16OptimizerWithFloat16Params),
+    # as Megatron reports them, and numbers that differ from fp32's: --bf16 reached the model
+    assert "using torch.bfloat16 for parameters" in bf16.output, tail(bf16.output)
+    config = re.search(r"Setting up optimizer with config OptimizerConfig\((.*)\)$", bf16.output, re.MULTILINE)
+    assert config and "bf16=True" in config[1] and "main_params_dtype=torch.float32" in config[1], tail(bf16.output)
+    assert b != f, (b, f)
+    assert "Traceback" not in bf16.output, tail(bf16.output)
 
 
 DPO_ITERS = 4
