@@ -1,1 +1,2 @@
-"""Opt-in reports printed during a run (``ADAPTOR_REPORT_MEMORY``)."""
+"""What a run reports, and how a stalled one ends: memory, throughput and MFU, TensorBoard memory,
+profiler traces, CPU precision, collective timeouts."""
