@@ -15,8 +15,13 @@ line, status 2 through :func:`adaptor.errors.fail`) ends the run when
 - torch_npu is installed (``importlib.util.find_spec`` finds it) but importing
   it raises (CANN's ``set_env.sh`` not sourced: ``libhccl.so``/``libascendcl.so``
   cannot be opened; torch and torch_npu versions apart), or its device query
-  (``torch.npu.is_available()``/``device_count()``) raises (driver and CANN
-  versions apart);
+  (``torch.npu.is_available()``/``device_count()``) raises;
+- torch_npu imports and counts no device while the Ascend driver's per-NPU
+  device nodes ``/dev/davinci0``, ... exist (``ASCEND_RT_VISIBLE_DEVICES`` not
+  hiding every device). torch_npu's ``device_count()`` does not raise when
+  ``aclrtGetDeviceCount`` fails (driver and CANN versions apart): it logs and
+  answers 0, so the count alone cannot tell a broken host from a machine
+  without NPUs, and the nodes, which only the kernel driver creates, can;
 - torch is a CUDA build, the CUDA runtime counts no device, and yet the NVIDIA
   driver shows that GPUs are there (below).
 
@@ -38,7 +43,7 @@ line gives ``torch.cuda.init()``'s reason (the driver too old for this CUDA
 build, ``CUDA_VISIBLE_DEVICES`` naming no device, the library missing). Where
 neither holds (a CUDA wheel on a CPU machine or in a CPU container, even one
 that ships NVIDIA's user-space libraries, which cannot initialise without the
-kernel module), the run is a CPU run, quietly, as before. ``CUDA_VISIBLE_DEVICES``
+kernel module), the run is a CPU run, quietly. ``CUDA_VISIBLE_DEVICES``
 naming devices is not evidence on its own: scripts and schedulers set it
 whether or not a GPU exists.
 """
@@ -59,6 +64,8 @@ ENV_VAR = "ADAPTOR_BACKEND"
 BACKENDS = ("npu", "cuda", "cpu")
 #: The NVIDIA kernel module's per-GPU device nodes (``/dev/nvidiactl`` and friends do not match).
 NVIDIA_DEVICE_NODES = "/dev/nvidia[0-9]*"
+#: The Ascend driver's per-NPU device nodes (``/dev/davinci_manager`` does not match).
+ASCEND_DEVICE_NODES = "/dev/davinci[0-9]*"
 NPU_ADVICE = ("source CANN's set_env.sh (e.g. /usr/local/Ascend/ascend-toolkit/set_env.sh) and check that the "
               f"Ascend driver, CANN, torch and torch_npu versions match, or set {ENV_VAR}=cpu to train on CPU")
 CUDA_ADVICE = ("check the NVIDIA driver against this torch's CUDA {cuda} (nvidia-smi) and CUDA_VISIBLE_DEVICES, "
@@ -98,7 +105,7 @@ def _npu_devices() -> tuple[int, str]:
     """``(count, why none)``: Ascend devices torch_npu sees; raises :class:`BackendError` when it is broken."""
     spec = importlib.util.find_spec("torch_npu")
     if spec is None:
-        return 0, "torch_npu is not installed"
+        return 0, "torch_npu is not installed (install CANN and the torch_npu matching this torch on an Ascend host)"
     where = os.path.dirname(spec.origin) if spec.origin else "torch_npu"
     try:
         torch_npu = importlib.import_module("torch_npu")
@@ -113,12 +120,22 @@ def _npu_devices() -> tuple[int, str]:
     except Exception as exc:
         raise BackendError(f"torch_npu imported from {where} but its device query failed: {_reason(exc)}; "
                            f"{NPU_ADVICE}") from exc
-    return count, "torch_npu sees no Ascend device"
+    nodes = sorted(glob.glob(ASCEND_DEVICE_NODES))
+    if count <= 0 and nodes and not _hides_every_device("ASCEND_RT_VISIBLE_DEVICES"):
+        reason = ""
+        try:
+            getattr(npu, "init", lambda: None)()  # torch_npu's lazy init raises with the runtime's reason
+        except Exception as exc:
+            reason = f": {_reason(exc)}"
+        raise BackendError(f"torch_npu imported from {where} sees no Ascend device although {nodes[0]} "
+                           f"exists{reason}; {NPU_ADVICE}")
+    return count, ("torch_npu sees no Ascend device (`npu-smi info` lists the driver's; "
+                   "ASCEND_RT_VISIBLE_DEVICES chooses among them)")
 
 
-def _cuda_hidden() -> bool:
-    """``CUDA_VISIBLE_DEVICES`` hides every device (``""``, ``-1``): a deliberate CPU run."""
-    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+def _hides_every_device(variable: str) -> bool:
+    """``CUDA_VISIBLE_DEVICES`` (or Ascend's variable) hides every device (``""``, ``-1``): a deliberate CPU run."""
+    visible = os.environ.get(variable)
     if visible is None:
         return False
     first = visible.split(",")[0].strip()
@@ -136,7 +153,7 @@ def _nvidia_gpus_present() -> str:
     if count > 0:
         return f"the NVIDIA driver (NVML) reports {count} visible GPU{'s' if count > 1 else ''}"
     nodes = sorted(glob.glob(NVIDIA_DEVICE_NODES))
-    if nodes and not _cuda_hidden():
+    if nodes and not _hides_every_device("CUDA_VISIBLE_DEVICES"):
         return f"{nodes[0]} exists"
     return ""
 
@@ -157,6 +174,9 @@ def _cuda_devices() -> tuple[int, str]:
         return torch.cuda.device_count(), ""
     evidence = _nvidia_gpus_present()
     if failure is None and not evidence:
+        for caught_warning in caught:  # torch's own warnings still reach the user
+            warnings.warn_explicit(caught_warning.message, caught_warning.category, caught_warning.filename,
+                                   caught_warning.lineno)
         return 0, "torch sees no CUDA device (no NVIDIA GPU or driver here)"
     if failure is None:
         try:
@@ -180,8 +200,7 @@ def detect_backend(env: dict | None = None) -> Backend:
         if requested == "npu":
             count, why = _npu_devices()
             if count <= 0:
-                raise BackendError(f"{ENV_VAR}=npu but {why}; install torch_npu with CANN on an Ascend host, "
-                                   f"or unset {ENV_VAR} to use the backend this machine has")
+                raise BackendError(f"{ENV_VAR}=npu but {why}; unset {ENV_VAR} to use the backend this machine has")
         if requested == "cuda":
             count, why = _cuda_devices()
             if count <= 0:

@@ -9,6 +9,8 @@ of torch replaced:
 * :func:`torch_npu_failing_device_query`: a ``torch_npu`` that imports and registers ``torch.npu`` (and
   the ``npu`` device name), whose ``is_available()``/``device_count()`` raise ``RuntimeError`` as the
   runtime does when the Ascend driver and CANN versions do not match.
+* :func:`torch_npu_counting_no_device`: a ``torch_npu`` whose ``device_count()`` answers 0 without raising,
+  as torch_npu's does when ``aclrtGetDeviceCount`` fails, and whose ``torch.npu.init()`` raises.
 * :func:`nvml_reporting_one_gpu`: a ``libnvidia-ml.so.1`` (the NVIDIA driver's management library, which
   torch's ``device_count()`` asks before CUDA starts) reporting one GPU on a host without the CUDA
   driver ``libcuda.so.1``: a GPU the driver shows that CUDA cannot start. Put its directory on
@@ -27,6 +29,8 @@ from pathlib import Path
 MISSING_LIBHCCL = "libhccl.so: cannot open shared object file: No such file or directory"
 #: The device-query failure of :func:`torch_npu_failing_device_query`.
 DEVICE_QUERY_ERROR = "aclrtGetDeviceCount failed, error code 507033: the driver and CANN versions do not match"
+#: The ``torch.npu.init()`` failure of :func:`torch_npu_counting_no_device`.
+INIT_ERROR = "aclrtSetDevice failed, error code 507033: the driver and CANN versions do not match"
 
 
 def _cc() -> str:
@@ -71,6 +75,25 @@ def torch_npu_failing_device_query(root: Path) -> Path:
         "def _query(*args, **kwargs):\n"
         f"    raise RuntimeError({DEVICE_QUERY_ERROR!r})\n\n\n"
         "npu.is_available = npu.device_count = _query\n"
+        "sys.modules['torch_npu.npu'] = npu\n"
+        "torch.npu = npu\n"
+    )
+    return root
+
+
+def torch_npu_counting_no_device(root: Path) -> Path:
+    """``root/torch_npu`` that imports, counts no device and fails to initialise; returns ``root``."""
+    package = root / "torch_npu"
+    package.mkdir(parents=True)
+    (package / "__init__.py").write_text(
+        "import sys\nimport types\n\nimport torch\n\n"
+        "torch.utils.rename_privateuse1_backend('npu')\n"
+        "npu = types.ModuleType('torch_npu.npu')\n"
+        "npu.is_available = lambda: False\n"
+        "npu.device_count = lambda: 0\n\n\n"
+        "def init():\n"
+        f"    raise RuntimeError({INIT_ERROR!r})\n\n\n"
+        "npu.init = init\n"
         "sys.modules['torch_npu.npu'] = npu\n"
         "torch.npu = npu\n"
     )
