@@ -3,11 +3,12 @@
 It takes torch_npu's place on ``sys.path`` in test subprocesses so that the adaptor's NPU code
 paths, and whole training runs on the ``npu`` backend, run on a CPU. Every ``torch_npu.npu_*``
 operator the project calls is held to torch_npu's own contract, loaded from the files the pinned
-torch_npu wheel ships (``tests/helpers/npu_contract.py`` fetches them): the real schema, the real meta
-function (output shapes and dtypes), and the documented rules neither file states
-(``_rules``, each with its source). Only then does a CPU reference (``_reference``) compute the
-result. No Ascend kernel runs here: what passes proves the calls are ones torch_npu accepts and
-what they return is what it returns, not how fast or how exactly a device computes it.
+torch_npu wheel ships (kept in ``tests/npu_standin/contract``, checked by
+``tests/helpers/npu_contract.py``): the real schema, the real meta function (output shapes and
+dtypes), and the documented rules neither file states (``_rules``, each with its source). Only
+then does a CPU reference (``_reference``) compute the result. No Ascend kernel runs here: what
+passes proves the calls are ones torch_npu accepts and what they return is what it returns, not
+how fast or how exactly a device computes it.
 
 ``torch_npu.calls`` records every call as ``(name, args, kwargs)``, ``torch_npu.counts`` counts them.
 """

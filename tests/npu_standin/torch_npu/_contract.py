@@ -53,7 +53,7 @@ def contract_dir() -> Path:
         return Path(configured)
     from torch_npu import CONTRACT_VERSION
 
-    return Path(__file__).resolve().parents[3] / ".cache" / "torch_npu_contract" / CONTRACT_VERSION
+    return Path(__file__).resolve().parents[1] / "contract" / CONTRACT_VERSION  # tests/npu_standin/contract/<version>
 
 
 def _helper_modules() -> None:
@@ -90,7 +90,7 @@ def load() -> dict:
     if missing:
         raise ImportError(
             f"torch_npu stand-in: the torch_npu contract is missing under {directory} "
-            f"({', '.join(missing)}); run `python tests/helpers/npu_contract.py` to fetch it")
+            f"({', '.join(missing)}); `python tests/helpers/npu_contract.py --refresh` extracts it from the wheel")
     spec = yaml.safe_load((directory / SCHEMAS).read_text())
     lib = torch.library.Library("npu", "DEF")
     defined = skipped = 0
