@@ -1,7 +1,7 @@
 """The torch_npu contract harness: it catches what a real Ascend device would reject.
 
 One child process imports the torch_npu STAND-IN (tests/npu_standin), which loads torch_npu
-2.14.0's own schemas and meta shape rules from the pinned wheel (tests/npu_contract.py), and
+2.14.0's own schemas and meta shape rules (tests/npu_standin/contract, the pinned wheel's files), and
 tries calls that are wrong in each way the contract can see: an argument name, an argument type,
 an index dtype, an output shape (a reference that disagrees with torch_npu's meta function), and
 the unpermute call Megatron's dispatchers used to make. It also runs every operator the adaptor
