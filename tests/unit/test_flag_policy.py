@@ -3,7 +3,8 @@
 The walk covers megatron-core's whole parser, so a release that adds a flag fails here until the
 flag has a policy in adaptor/command_line/flag_table.py. For each refused or not-applied flag a non-default value
 is made from the parser's own type and choices, parsed by Megatron's parser, and judged as a run
-on the CPU backend would judge it. Honoured flags must at least be read by some code.
+on the CPU backend would judge it. Honoured flags must at least be read by some code: loads found
+in the syntax trees of Megatron's package and ours, never a name in a table, string or comment.
 """
 from __future__ import annotations
 
