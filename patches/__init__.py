@@ -22,6 +22,7 @@ def all_features():
     from patches.device.allow_no_cuda import AllowNoCuda
     from patches.device.cpu_device import CpuDevice
     from patches.device.device_agnostic_clip_grads import DeviceAgnosticClipGrads
+    from patches.device.elastic_restarts import ElasticRestarts
     from patches.device.gloo_uneven_collectives import GlooUnevenCollectives
     from patches.device.npu_device import NpuDevice
     from patches.device.optimizer_tensor_type_names import OptimizerTensorTypeNames
@@ -100,6 +101,7 @@ def all_features():
         OptimizerTensorTypeNames(),
         AllToAllSplitSizes(),
         GlooUnevenCollectives(),
+        ElasticRestarts(),
         # Data and tokenizers.
         PrebuiltDatasetHelpers(),
         TokenizerJsonSupport(),

@@ -6,6 +6,7 @@ the process-group timeout (``--distributed-timeout-minutes``, passed by Megatron
 long. ``--distributed-timeout-seconds S`` sets that timeout in seconds (small values for tests and
 fast-failing jobs), and ``megatron.training.training.pretrain`` is wrapped so a collective timeout is
 one line, status 1, naming the rank, the innermost ``torch.distributed`` call and its Megatron caller.
+A connection a peer refused or reset is a dead peer, not a timeout, and its line says so.
 """
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from adaptor.features import ArgumentError, Feature
 
 OWNER = __name__
 _TIMEOUT = re.compile(r"timed out|timeout|Timeout", re.IGNORECASE)
+_LOST_PEER = re.compile(r"Connection refused|Connection reset|Connection closed by peer|Broken pipe", re.IGNORECASE)
 _DIST = f"{os.sep}torch{os.sep}distributed{os.sep}"
 
 
@@ -46,17 +48,26 @@ def is_collective_timeout(exc: BaseException) -> bool:
     return isinstance(exc, RuntimeError) and bool(_TIMEOUT.search(str(exc)))
 
 
+def is_lost_peer(exc: BaseException) -> bool:
+    """A peer's connection refused or reset: it died, it did not wait out any timeout (gloo words a
+    refused connect as "timed out connecting" after a few quick retries)."""
+    return isinstance(exc, RuntimeError) and bool(_LOST_PEER.search(str(exc)))
+
+
 def _pretrain(wrapped, instance, call_args, kwargs):
     try:
         return wrapped(*call_args, **kwargs)
     except Exception as exc:  # noqa: BLE001  (only timeouts are turned into a line; the rest re-raise)
-        if not is_collective_timeout(exc):
+        if not is_collective_timeout(exc) and not is_lost_peer(exc):
             raise
         from megatron.training import get_args
 
         collective, caller = describe(exc)
         minutes = get_args().distributed_timeout_minutes
         who = "rank 0: " if os.environ.get("RANK", "0") == "0" else ""  # other ranks' lines carry it already
+        if is_lost_peer(exc):
+            fail(f"{who}{collective} in {caller} could not reach another rank, or lost it (the connection was refused "
+                 f"or reset: that rank died; its own output, or its node's, says why)", code=1)
         fail(f"{who}{collective} in {caller} timed out after {minutes * 60:g} s waiting for the other ranks "
              f"(one of them stalled or died; its own output says which); if a step can legitimately take longer, "
              f"raise --distributed-timeout-minutes", code=1)
