@@ -10,6 +10,7 @@ from __future__ import annotations
 
 def all_features():
     from patches.checkpoint.load_shape_check import LoadShapeCheck
+    from patches.checkpoint.optimizer_state_from_start import OptimizerStateFromStart
     from patches.checkpoint.safe_torch_load import SafeTorchLoad
     from patches.checkpoint.safetensors_format import SafetensorsFormat
     from patches.checkpoint.save_failures import SaveFailures
@@ -157,6 +158,8 @@ def all_features():
         ShardedCheckpoint(),
         ActivationOffload(),
         OptimizerOffload(),
+        # After every builder wrapper above (fused kernel, offload): the state follows their groups.
+        OptimizerStateFromStart(),
         Recompute(),
         MemoryReport(),
         CollectiveTimeouts(),
