@@ -317,12 +317,24 @@ class JsonTokenizer:
 
 def plain_tokenizer_json(args: argparse.Namespace) -> bool:
     """A HuggingFaceTokenizer from a tokenizer.json with no other tokenizer option: Megatron would build
-    exactly a TokenizerJson (patches/hf/tokenizer_json.py), which this tool can build itself."""
+    exactly a TokenizerJson (patches/hf/tokenizer_json.py), which this tool can build itself.
+
+    The training run's rule holds here too: a tokenizer.json that TokenizerJson does not tokenize as
+    transformers does (``unreproducible``) goes through Megatron's build, to upstream's wrapper, when
+    transformers is installed, and stops this tool naming the setting when it is not."""
     if getattr(args, "tokenizer_type", None) != "HuggingFaceTokenizer" or not args.tokenizer_model:
         return False
     if args.vocab_file or args.merge_file:
         return False
-    return _tokenizer_json_module().find_tokenizer_json(args.tokenizer_model) is not None
+    module = _tokenizer_json_module()
+    if module.find_tokenizer_json(args.tokenizer_model) is None:
+        return False
+    reason = module.unreproducible(args.tokenizer_model)
+    if reason is None:
+        return True
+    if importlib.util.find_spec("transformers") is None:
+        raise ToolError(module.refusal(reason))
+    return False
 
 
 def _tokenizer_json_module():

@@ -9,13 +9,18 @@ Hub that has a fast version ships a ``tokenizer.json``, which the
 ``--tokenizer-model`` names such a file, or a directory that holds one, we
 build :class:`adaptor.tokenizer_json.TokenizerJson` instead; anything else (a sentencepiece
 model, ``--vocab-file``/``--merge-file``) still goes to the original.
+
+TokenizerJson gives upstream's ids or is not used: a tokenizer whose transformers class it does not
+reproduce (``adaptor.tokenizer_json.unreproducible`` names the setting) goes to the original wrapper
+when transformers is installed, and stops the run at validation, naming the setting, when it is not.
+The patch can go when Megatron reads tokenizer.json without transformers itself.
 """
 from __future__ import annotations
 
 import os
 
 from adaptor.features import ArgumentError, Feature
-from adaptor.tokenizer_json import TOKENIZER_FILE, TokenizerJson, find_tokenizer_json
+from adaptor.tokenizer_json import TOKENIZER_FILE, TokenizerJson, find_tokenizer_json, refusal, unreproducible
 
 OWNER = __name__
 
@@ -23,7 +28,11 @@ OWNER = __name__
 def _restore_model(wrapped, instance, call_args, kwargs):
     if getattr(instance, "library", None) == "huggingface" and not kwargs.get("vocab_file"):
         if find_tokenizer_json(instance.path) is not None:
-            return TokenizerJson(instance.path, **kwargs)
+            reason = unreproducible(instance.path)
+            if reason is None:
+                return TokenizerJson(instance.path, **kwargs)
+            if not _transformers_available():  # validate() stops training first; other callers stop here
+                raise ArgumentError(refusal(reason))
     return wrapped(*call_args, **kwargs)
 
 
@@ -49,7 +58,12 @@ class TokenizerJsonSupport(Feature):
         if not path:
             raise ArgumentError("--tokenizer-type HuggingFaceTokenizer needs --tokenizer-model "
                                 "(a tokenizer.json file or a directory holding one)")
-        if find_tokenizer_json(path) is not None or args.vocab_file:
+        if args.vocab_file:
+            return
+        if find_tokenizer_json(path) is not None:
+            reason = unreproducible(path)
+            if reason is not None and not _transformers_available():
+                raise ArgumentError(refusal(reason))
             return
         if not os.path.exists(path) and "/" in path.strip("/") and path.count("/") == 1 and _transformers_available():
             return  # a Hub name such as Qwen/Qwen3-0.6B: transformers resolves it
