@@ -19,7 +19,11 @@ optimizer (chained or not, the host-offloading one included), creates the state 
 torch's scalar dtype on the CPU), ``exp_avg`` and ``exp_avg_sq`` ``zeros_like`` the parameter, and
 ``max_exp_avg_sq`` with ``amsgrad``. ``_init_group`` skips a parameter whose state is not empty, so
 the first real step reads these tensors and computes bit for bit what it computes from its own; a
-parameter that never gets a gradient keeps zero state and is never stepped, as before. The offloading
+parameter that never gets a gradient keeps zero state and is never stepped, as before. A parameter
+with no elements on this rank (a Megatron-FSDP shard that lies wholly on other ranks) is left without
+state, as Megatron's own ``_init_optimizer_states_with_dummy_values`` leaves it: it never gets a
+gradient there, and a step of 0 of its own would be saved as its step for every rank
+(``patches.upstream_fixes.fsdp_dtensor_checkpoint`` gives such parameters their peers' state). The offloading
 optimizer's host-stepped parameters get their state on the host, where it would have moved at the first
 step. Memory: the same tensors the first step allocates, earlier (before any activation), so the peak
 is unchanged.
@@ -61,6 +65,11 @@ def _host_params(optimizer) -> set:
     return set(offloaded()) if offloaded is not None else set()
 
 
+def _no_local_elements(p) -> bool:
+    local = getattr(p, "_local_tensor", p)
+    return p.numel() == 0 or local.numel() == 0
+
+
 def initialise_state(optimizer: torch.optim.Optimizer) -> int:
     """Give every parameter of a torch Adam/AdamW the state its first step would create; returns how many got it."""
     from torch.optim.optimizer import _get_scalar_dtype
@@ -71,6 +80,8 @@ def initialise_state(optimizer: torch.optim.Optimizer) -> int:
         for p in group["params"]:
             state = optimizer.state[p]
             if len(state) != 0:  # loaded or already stepped: torch's lazy init would leave it alone too
+                continue
+            if _no_local_elements(p):  # nothing to hold; left to the paths that handle stateless shards
                 continue
             device = torch.device("cpu") if p in on_host else p.device
             if group.get("capturable") or group.get("fused"):
