@@ -6,6 +6,9 @@ about a copy of the arguments at one rank without a distributed optimizer, where
 every parameter once at 18 bytes each. A checkpoint stores each parameter once in its
 training dtype, plus, unless ``--no-save-optim``, the fp32 main copy (mixed precision only)
 and the optimizer's moments (Adam two, SGD one).
+
+When the estimator raises (arguments it cannot count), :class:`EstimateFailed` carries its error, so
+the caller says the check did not run and why instead of passing in silence.
 """
 from __future__ import annotations
 
@@ -16,8 +19,17 @@ import io
 _MEGATRON_BYTES_PER_PARAM = 18  # the estimator's figure without a distributed optimizer
 
 
-def parameter_count(args) -> int | None:
-    """Total parameters of the model the arguments describe; None when the estimator cannot tell."""
+class EstimateFailed(Exception):
+    """megatron-core's estimator raised on these arguments; the text is its error, on one line."""
+
+
+def one_line(exc: BaseException) -> str:
+    text = " ".join(str(exc).split())
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+def parameter_count(args) -> int:
+    """Total parameters of the model the arguments describe (:class:`EstimateFailed` when the estimator raises)."""
     from megatron.training.theoretical_memory_usage import compute_weight_and_optimizer_memory
 
     one = copy.copy(args)
@@ -28,15 +40,13 @@ def parameter_count(args) -> int | None:
     try:
         with contextlib.redirect_stdout(io.StringIO()):
             total = compute_weight_and_optimizer_memory(one, verbose=False)
-    except Exception:  # an architecture the estimator does not know: no estimate, no check
-        return None
+    except Exception as exc:  # arguments the estimator cannot count: the caller says so
+        raise EstimateFailed(one_line(exc)) from exc
     return int(total / _MEGATRON_BYTES_PER_PARAM)
 
 
-def checkpoint_bytes(args) -> int | None:
+def checkpoint_bytes(args) -> int:
     params = parameter_count(args)
-    if params is None:
-        return None
     weight = 2 if (getattr(args, "bf16", False) or getattr(args, "fp16", False)) else 4
     per_param = weight
     if not getattr(args, "no_save_optim", False):

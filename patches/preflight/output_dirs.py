@@ -7,13 +7,15 @@ after a whole save interval. No upstream function is changed: at validation ``--
 writable directories (:func:`adaptor.preflight.output_dirs.check_writable_dir`); once the padded
 vocabulary is known (``megatron.training.global_vars.set_global_variables``, wrapped), ``--save``'s
 filesystem must have room for one checkpoint (:mod:`adaptor.preflight.checkpoint_size`), since a new
-one completes before the old is pruned. ``--skip-save-space-check`` skips that.
+one completes before the old is pruned. ``--skip-save-space-check`` skips that. Where megatron-core's
+estimator cannot count these arguments, one line on rank 0 says the check did not run, and why.
 """
 from __future__ import annotations
 
 from adaptor.errors import fail
 from adaptor.features import ArgumentError, Feature
-from adaptor.preflight.checkpoint_size import checkpoint_bytes
+from adaptor.log import notice
+from adaptor.preflight.checkpoint_size import EstimateFailed, checkpoint_bytes
 from adaptor.preflight.output_dirs import check_free_space, check_output_dirs
 from adaptor.wrapping import argument
 
@@ -22,8 +24,11 @@ OWNER = __name__
 def check_save_space(args) -> None:
     if not getattr(args, "save", None) or getattr(args, "skip_save_space_check", False):
         return
-    need = checkpoint_bytes(args)
-    if need is None:
+    try:
+        need = checkpoint_bytes(args)
+    except EstimateFailed as exc:
+        notice(f"warning: the free-space check of --save did not run: megatron-core's parameter estimator "
+               f"failed on these arguments ({exc})")
         return
     check_free_space(args.save, "--save", need, "one checkpoint of this model", "--skip-save-space-check")
 

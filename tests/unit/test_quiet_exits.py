@@ -1,0 +1,40 @@
+"""A save-side safety check that cannot run says so, and a save whose fsync fails fails."""
+from __future__ import annotations
+
+import os
+import sys
+
+import pytest
+
+
+def megatron_args(monkeypatch, tmp_path, *extra):
+    """Megatron's own parser over a tiny MoE command line, with what validate_args and the tokenizer fill in."""
+    from megatron.training.arguments import parse_args
+
+    monkeypatch.setattr(sys, "argv", ["pretrain_gpt.py", "--num-layers", "2", "--hidden-size", "64",
+                                      "--num-attention-heads", "4", "--ffn-hidden-size", "128",
+                                      "--num-experts", "4", "--moe-ffn-hidden-size", "32", "--save", str(tmp_path),
+                                      "--save-interval", "1", *extra])
+    args = parse_args()
+    args.kv_channels, args.num_query_groups, args.padded_vocab_size = 16, 4, 128
+    args.world_size = args.data_parallel_size = 1
+    return args
+
+
+def test_a_free_space_estimate_that_fails_says_the_check_did_not_run(monkeypatch, tmp_path, capsys):
+    """--moe-layer-freq names three layers of a two-layer model: megatron-core's estimator asserts on it."""
+    from patches.preflight.output_dirs import check_save_space
+
+    monkeypatch.setenv("RANK", "0")
+    check_save_space(megatron_args(monkeypatch, tmp_path, "--moe-layer-freq", "[1,1,1]"))
+    lines = [line for line in capsys.readouterr().out.splitlines() if "free-space check" in line]
+    assert lines == ["[megatron-adaptor] warning: the free-space check of --save did not run: megatron-core's "
+                     "parameter estimator failed on these arguments (AssertionError: Invalid length of "
+                     "moe_layer_pattern: 3, expected 2, current moe layer pattern: [1, 1, 1])"], lines
+
+
+def test_a_free_space_estimate_that_works_checks_quietly(monkeypatch, tmp_path, capsys):
+    from patches.preflight.output_dirs import check_save_space
+
+    check_save_space(megatron_args(monkeypatch, tmp_path, "--moe-layer-freq", "[1,1]"))
+    assert "free-space check" not in capsys.readouterr().out
