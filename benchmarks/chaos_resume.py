@@ -12,6 +12,13 @@ each finished checkpoint left must equal the reference's of the same iteration; 
 must equal the reference's; the final checkpoint (weights, optimizer state, RNG states) must equal
 the reference's bit for bit. The moments and the checks: tests/helpers/chaos_resume.py.
 Prints a table; exits 1 at the first difference.
+
+    python benchmarks/chaos_resume.py --worker-kills 6 --seed 1 --work-dir /tmp/chaos
+
+instead SIGKILLs one *worker* of the real torchrun command line (``--max-restarts 1 --rdzv-backend
+c10d``, cold) ``--worker-kills`` times on one launcher of two workers and as many times on two
+launchers of one worker (DP=2 + distributed optimizer, safetensors), at moments and victims drawn
+from the seed; torchrun alone must bring each run back to the reference's losses and final checkpoint.
 """
 from __future__ import annotations
 
@@ -26,7 +33,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
-from helpers.chaos_resume import LAYOUTS, MOMENTS, ChaosError, reference_run, run_trial  # noqa: E402
+from helpers.chaos_resume import (LAYOUTS, MOMENTS, WORKER_MOMENTS, ChaosError, reference_run,  # noqa: E402
+                                  run_trial, run_worker_kill)
 
 
 def cpu_model() -> str:
@@ -46,6 +54,8 @@ def main() -> int:
     parser.add_argument("--kills", type=int, default=10, help="kills per layout and format")
     parser.add_argument("--kills-per-trial", type=int, default=2, help="kills before a trial's run is let finish")
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--worker-kills", type=int, default=0,
+                        help="kill one worker under torchrun --max-restarts this many times per launcher count instead")
     parser.add_argument("--work-dir", type=Path, default=Path("/tmp/chaos_resume"))
     opts = parser.parse_args()
     opts.work_dir.mkdir(parents=True, exist_ok=True)
@@ -55,6 +65,8 @@ def main() -> int:
     print(f"chaos resume campaign: {date.today()}, {cpu_model()}, {len(__import__('os').sched_getaffinity(0))} cores, "
           f"torch {torch.__version__}; seed {opts.seed}; command: python benchmarks/chaos_resume.py "
           + " ".join(sys.argv[1:]), flush=True)
+    if opts.worker_kills:
+        return worker_kills(opts, started)
     rows = []
     for fmt in opts.formats:
         for layout in opts.layouts:
@@ -90,6 +102,28 @@ def main() -> int:
     total = sum(r[2] for r in rows)
     print(f"\n{total} kills over {len(rows)} layout/format pairs, every resumed run bit-exact; "
           f"{(time.monotonic() - started) / 60:.1f} min")
+    return 0
+
+
+def worker_kills(opts, started: float) -> int:
+    rng = random.Random(f"{opts.seed}-worker-kills")
+    ref = reference_run("dp2_distopt", "safetensors", opts.work_dir)
+    print("| launchers | kill | moment | iteration | delay (ms) | victim | resumed from | bit-exact | seconds |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    exact = collections.Counter()
+    for nodes in (1, 2):
+        for n in range(opts.worker_kills):
+            moment = WORKER_MOMENTS[n % len(WORKER_MOMENTS)]
+            try:
+                k = run_worker_kill(ref, opts.work_dir, rng, moment, nodes=nodes)
+            except ChaosError as exc:
+                print(f"FAILED: {exc}", flush=True)
+                return 1
+            exact[nodes] += 1
+            print(f"| {nodes} | {n + 1} | {k.moment} | {k.iteration} | {k.delay_s * 1000:.0f} | {k.victim} | "
+                  f"{k.resumed_from} | yes | {k.seconds:.0f} |", flush=True)
+    print(f"\none launcher: {exact[1]}/{opts.worker_kills} bit-exact; two launchers: {exact[2]}/{opts.worker_kills} "
+          f"bit-exact; {(time.monotonic() - started) / 60:.1f} min")
     return 0
 
 

@@ -399,3 +399,157 @@ def run_trial(ref: Reference, workdir: Path, rng: random.Random, kills: int, mom
     trial.tensors_compared = count
     trial.seconds = time.monotonic() - t0
     return trial
+
+
+# ------------------------------------------------------------------------------ one worker killed, torchrun restarts it
+# The launcher lives on: torchrun (``--max-restarts``, c10d rendezvous on 127.0.0.1) sees one worker die, stops the
+# others and starts the whole group again, which resumes from the latest checkpoint. Cold, through torchrun's own
+# command line, as users launch it; one node with NPROC workers, or ``nodes`` launchers with one worker each.
+WORKER_MOMENTS = ("between_steps", "in_step", "sync_save", "async_save")
+
+
+@dataclass
+class WorkerKill:
+    moment: str
+    iteration: int
+    delay_s: float
+    victim: str  # "rank of node N" / "local rank N"
+    resumed_from: int = 0  # the iteration the restarted attempt loaded
+    seconds: float = 0.0
+
+
+class ElasticLaunch:
+    """``nodes`` torchrun launchers of one c10d rendezvous on this host (NPROC workers in all), output merged."""
+
+    def __init__(self, args: list[str], nodes: int = 1, restarts: int = 1, rendezvous: str = "c10d"):
+        import sys
+
+        from helpers.processes import free_port
+
+        self.tag = uuid.uuid4().hex
+        port = free_port()
+        self.procs = []
+        self.lines: list[str] = []
+        self._queue: queue.Queue = queue.Queue()
+        for node in range(nodes):
+            where = (["--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}"] if rendezvous == "c10d"
+                     else ["--master-addr", "127.0.0.1", "--master-port", str(port), "--node-rank", str(node)])
+            cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", str(nodes),
+                   "--nproc-per-node", str(NPROC // nodes), "--max-restarts", str(restarts), *where,
+                   str(ROOT / "pretrain_gpt.py"), *args]
+            proc = subprocess.Popen(cmd, cwd=ROOT, env=base_env({"CHAOS_LAUNCH": self.tag}), stdin=subprocess.DEVNULL,
+                                    stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+            self.procs.append(proc)
+            threading.Thread(target=self._pump, args=(proc,), daemon=True).start()
+        self._open = nodes
+
+    def _pump(self, proc) -> None:
+        for line in proc.stdout:
+            self._queue.put(line)
+        self._queue.put(None)
+
+    def wait_for(self, regex: re.Pattern, timeout: float) -> str | None:
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                line = self._queue.get(timeout=max(0.0, deadline - time.monotonic()))
+            except queue.Empty:
+                self.kill()
+                raise ChaosError(f"no line matching {regex.pattern!r} within {timeout} s:\n{tail(self.output)}")
+            if line is None:
+                self._open -= 1
+                if self._open == 0:
+                    return None
+                continue
+            self.lines.append(line)
+            if regex.search(line):
+                return line
+
+    def worker(self, node: int, local_rank: int):
+        """The worker process torchrun ``node`` runs as ``local_rank`` now."""
+        import psutil
+
+        for child in psutil.Process(self.procs[node].pid).children():
+            try:
+                if child.environ().get("LOCAL_RANK") == str(local_rank):
+                    return child
+            except (psutil.NoSuchProcess, psutil.AccessDenied):
+                pass
+        raise ChaosError(f"launcher {node} runs no worker of local rank {local_rank}:\n{tail(self.output)}")
+
+    def finish(self, timeout: float) -> list[int]:
+        deadline = time.monotonic() + timeout
+        try:
+            codes = [p.wait(timeout=max(1.0, deadline - time.monotonic())) for p in self.procs]
+        except subprocess.TimeoutExpired:
+            self.kill()
+            raise ChaosError(f"the run did not end within {timeout} s:\n{tail(self.output)}") from None
+        while self._open:
+            line = self._queue.get(timeout=60)
+            if line is None:
+                self._open -= 1
+            else:
+                self.lines.append(line)
+        return codes
+
+    def kill(self) -> None:
+        import psutil
+
+        for process in psutil.process_iter():
+            try:
+                if process.environ().get("CHAOS_LAUNCH") == self.tag:
+                    process.kill()
+            except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+                pass
+        for p in self.procs:
+            p.wait(timeout=60)
+
+    @property
+    def output(self) -> str:
+        return "".join(self.lines)
+
+
+_LOADED = re.compile(r"successfully loaded checkpoint from .* at iteration\s+(\d+)")
+
+
+def run_worker_kill(ref: Reference, workdir: Path, rng: random.Random, moment: str, nodes: int = 1,
+                    victim: int | None = None, iteration: int | None = None, timeout: float = 600) -> WorkerKill:
+    """One worker SIGKILLed at ``moment`` of a run torchrun may restart once; the run must come back by
+    itself from the latest checkpoint and end on the reference's losses and final checkpoint, bit for bit."""
+    save = workdir / f"worker-kill-{nodes}-{moment}"
+    shutil.rmtree(save, ignore_errors=True)
+    it, delay = plan_kill(rng, moment, 0, ref)
+    it = it if iteration is None else iteration
+    victim = rng.randrange(NPROC) if victim is None else victim  # the node (two launchers) or local rank
+    node, local_rank = (victim, 0) if nodes > 1 else (0, victim)
+    who = f"the worker of node {node}" if nodes > 1 else f"local rank {local_rank}"
+    where = f"{ref.layout} {ref.fmt} {nodes} launcher(s): {who} killed ({moment} at iteration {it}, +{delay * 1000:.0f} ms)"
+    # A bounded process-group timeout: an attempt that cannot form its groups ends in a line, not a hang.
+    extra = ["--load", str(save), "--distributed-timeout-seconds", "90"] + (["--async-save"] if moment == "async_save" else [])
+    t0 = time.monotonic()
+    launch = ElasticLaunch(train_args(ref.layout, save, ref.fmt, *extra), nodes=nodes)
+    trigger = (re.compile(rf"iteration\s+{it}/\s*{ITERS} ") if moment in ("between_steps", "in_step")
+               else re.compile(rf"saving checkpoint at iteration\s+{it} "))
+    if launch.wait_for(trigger, timeout) is None:
+        raise ChaosError(f"{where}: the run ended before the moment:\n{tail(launch.output)}")
+    time.sleep(delay)
+    launch.worker(node, local_rank).kill()
+    codes = launch.finish(timeout)
+    out = launch.output
+    if any(codes):
+        raise ChaosError(f"{where}: torchrun exited {codes} instead of restarting the run:\n{tail(out)}")
+    if out.count("> initializing torch distributed") < 2:
+        raise ChaosError(f"{where}: torchrun did not restart the run:\n{tail(out)}")
+    loaded = [int(i) for i in _LOADED.findall(out)] or [0]
+    if loaded[-1] != max((i for i in range(INTERVAL, it + 1, INTERVAL)), default=0) and moment == "between_steps":
+        raise ChaosError(f"{where}: resumed from iteration {loaded[-1]}, not the latest checkpoint:\n{tail(out)}")
+    checker = Checker(ref)
+    checker.losses(launch, where)
+    checker.checkpoints(save, where)
+    got = {int(i) for i, _ in LOSS_LINE.findall(out)}
+    if got != set(range(1, ITERS + 1)):
+        raise ChaosError(f"{where}: logged iterations {sorted(got)}:\n{tail(out)}")
+    diffs, _ = checkpoint_differences(ref.save / f"iter_{ITERS:07d}", save / f"iter_{ITERS:07d}")
+    if diffs:
+        raise ChaosError(f"{where}: the final checkpoint differs from the uninterrupted run's:\n" + "\n".join(diffs))
+    return WorkerKill(moment, it, delay, who, loaded[-1], time.monotonic() - t0)
