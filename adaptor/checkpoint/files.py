@@ -30,15 +30,18 @@ from adaptor.checkpoint.errors import CheckpointError
 
 
 def fsync_dir(path) -> None:
-    """Make a rename or a new entry in ``path`` durable (no-op where directories cannot be opened)."""
+    """Make a rename or a new entry in ``path`` durable (no-op where directories cannot be opened).
+
+    A failed fsync raises :class:`CheckpointError`: the entry may not survive a crash, so the save fails
+    and the tracker keeps naming the previous checkpoint."""
     try:
         fd = os.open(path, os.O_RDONLY)
     except OSError:
         return
     try:
         os.fsync(fd)
-    except OSError:
-        pass
+    except OSError as exc:
+        raise CheckpointError(f"cannot make {path} durable: fsync failed ({exc.strerror or exc})") from exc
     finally:
         os.close(fd)
 

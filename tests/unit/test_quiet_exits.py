@@ -38,3 +38,50 @@ def test_a_free_space_estimate_that_works_checks_quietly(monkeypatch, tmp_path, 
 
     check_save_space(megatron_args(monkeypatch, tmp_path, "--moe-layer-freq", "[1,1]"))
     assert "free-space check" not in capsys.readouterr().out
+
+
+def test_a_failed_directory_fsync_fails(tmp_path):
+    """A FIFO opens like a directory entry but rejects fsync (EINVAL): a real object whose fsync fails."""
+    from adaptor.checkpoint import files
+    from adaptor.checkpoint.errors import CheckpointError
+
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    writer = os.open(fifo, os.O_RDWR)  # a FIFO with a writer opens for reading without blocking
+    try:
+        with pytest.raises(CheckpointError, match=r"cannot make .*fifo durable: fsync failed \(Invalid argument\)"):
+            files.fsync_dir(fifo)
+    finally:
+        os.close(writer)
+
+
+def test_a_save_whose_fsync_fails_keeps_the_previous_checkpoint(tmp_path, monkeypatch):
+    """The staging directory's fsync fails (EIO, as a failing disk returns it): the new iteration is not
+    committed, and the tracker and the previous iteration are as they were."""
+    import errno
+    import stat
+
+    from adaptor.checkpoint import files
+    from adaptor.checkpoint.errors import CheckpointError
+
+    previous = tmp_path / "iter_0000001"
+    previous.mkdir()
+    (previous / "rank_00000.safetensors").write_bytes(b"old")
+    (tmp_path / files.TRACKER).write_text("1")
+    new = tmp_path / "iter_0000002"
+    staging = files.staging_dir(new)
+    staging.mkdir()
+    (staging / "rank_00000.safetensors").write_bytes(b"new")
+    real_fsync = os.fsync
+
+    def fsync(fd):
+        if stat.S_ISDIR(os.fstat(fd).st_mode):
+            raise OSError(errno.EIO, os.strerror(errno.EIO))
+        real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    with pytest.raises(CheckpointError, match="fsync failed"):
+        files.commit(new)
+    assert not new.exists()
+    assert (tmp_path / files.TRACKER).read_text() == "1"
+    assert (previous / "rank_00000.safetensors").read_bytes() == b"old"
