@@ -89,3 +89,14 @@ def test_restarts_over_static_nodes_are_refused_and_the_rest_allowed():
     assert restart_refusal(env, launcher=("static", 1)) is None  # one agent restarts all its workers
     assert restart_refusal(env, launcher=("c10d", 2)) is None
     assert restart_refusal({"TORCHELASTIC_MAX_RESTARTS": "0"}, launcher=("static", 2)) is None
+
+
+def test_a_refused_connection_is_a_dead_peer_not_a_timeout():
+    from patches.diagnostics.collective_timeouts import is_lost_peer
+
+    # gloo's words when a restarted rank dialled the killed attempt's address (from a real run's output)
+    refused = RuntimeError("Gloo connectFullMesh failed with [/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:152] "
+                           "timed out connecting: SO_ERROR: Connection refused, remote=[127.0.0.1]:21921$1")
+    stalled = RuntimeError("[../third_party/gloo/gloo/transport/tcp/unbound_buffer.cc:81] Timed out waiting 10000ms "
+                           "for recv operation to complete")
+    assert is_lost_peer(refused) and not is_lost_peer(stalled)
