@@ -13,7 +13,8 @@ Enabled with ``--use-torch-fsdp2`` (see :mod:`patches.fsdp2.torch_fsdp2`). Upstr
   ``optimizer.load_state_dict`` is never called, so the Adam step count the checkpoint keeps
   (``common_step``, saved once for all parameters) was never restored, and the first step after a
   resume failed with ``KeyError: 'step'``. We take ``common_step`` from the state dict
-  ``_load_base_checkpoint`` returns and give each parameter's state its copy after ``load_checkpoint``.
+  ``_load_base_checkpoint`` returns and give each parameter's state its copy after ``load_checkpoint``
+  (in place of the 0 that ``patches.checkpoint.optimizer_state_from_start`` created with the state).
   Under ``--fp16`` the same holds for the loss scaler (scale, growth and hysteresis trackers) that
   :class:`adaptor.fsdp2.loss_scaling.LossScaledFP32Optimizer` saves under ``grad_scaler``: it is
   restored from that state dict too, so a resume continues with the scale it stopped at.
@@ -99,8 +100,10 @@ def _restore_loaded_state(wrapped, instance, call_args, kwargs):
             if step is None or inner is None:
                 continue
             for state in inner.state.values():
-                if state and "step" not in state:
-                    state["step"] = torch.as_tensor(step, dtype=torch.float32).detach().clone()
+                if state:  # a step already there is the pre-load one (the state exists from the start)
+                    before = state.get("step")
+                    like = before if isinstance(before, torch.Tensor) else torch.tensor(0.0)
+                    state["step"] = torch.as_tensor(step, dtype=like.dtype, device=like.device).detach().clone()
     _loaded.clear()
     return result
 
