@@ -920,8 +920,9 @@ MEGATRON_FLAGS = {
     "special_tokens": HONOURED,  # added to the tokenizer (tokenizer.json reader included): vocabulary grows
     "tiktoken_pattern": HONOURED,  # TikTokenizer needs the tiktoken package; Megatron says so without it
     "tokenizer_sentencepiece_legacy": HONOURED,  # sentencepiece tokenizers (package optional, checked by Megatron)
-    "tokenizer_hf_no_use_fast": NotApplied(
-        "a tokenizer.json is read by the tokenizers library, the fast tokenizer, on every backend"),
+    "tokenizer_hf_no_use_fast": Refused(
+        "it asks for transformers' slow tokenizer, which can split text into other ids than the "
+        "tokenizer.json read here; drop it"),
     "tokenizer_hf_no_include_special_tokens": HONOURED,  # the tokenizer.json reader takes it too
     "trust_remote_code": HONOURED,  # passed to transformers when it builds the tokenizer
     "chat_template": Refused(
