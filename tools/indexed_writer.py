@@ -99,8 +99,8 @@ def _fsync_dir(directory: str) -> None:
         return
     try:
         os.fsync(fd)
-    except OSError:
-        pass
+    except OSError as exc:  # the new .bin/.idx names may not survive a crash: the write fails
+        raise OSError(exc.errno, f"cannot make {directory} durable: fsync failed ({exc.strerror or exc})") from exc
     finally:
         os.close(fd)
 

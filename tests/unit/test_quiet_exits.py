@@ -85,3 +85,20 @@ def test_a_save_whose_fsync_fails_keeps_the_previous_checkpoint(tmp_path, monkey
     assert not new.exists()
     assert (tmp_path / files.TRACKER).read_text() == "1"
     assert (previous / "rank_00000.safetensors").read_bytes() == b"old"
+
+
+def test_the_dataset_writer_fails_on_a_failed_directory_fsync(tmp_path):
+    """tools/indexed_writer.py's torch-free twin of fsync_dir, on the same FIFO."""
+    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "tools"))
+    try:
+        import indexed_writer
+    finally:
+        sys.path.pop(0)
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    writer = os.open(fifo, os.O_RDWR)
+    try:
+        with pytest.raises(OSError, match=r"cannot make .*fifo durable: fsync failed \(Invalid argument\)"):
+            indexed_writer._fsync_dir(str(fifo))
+    finally:
+        os.close(writer)
