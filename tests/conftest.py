@@ -71,7 +71,7 @@ def pytest_collection_finish(session):
 
 def pytest_terminal_summary(terminalreporter):
     from helpers.prefetch import PREFETCH
-    from helpers.warm_launcher import STARTS, STATS
+    from helpers.warm_launcher import STARTS, STATS, user_path_summary
 
     if PREFETCH.futures:
         terminalreporter.write_line(PREFETCH.summary())
@@ -79,6 +79,9 @@ def pytest_terminal_summary(terminalreporter):
         terminalreporter.write_line("warm launcher: " + ", ".join(f"{v} {k}" for k, v in STATS.items()))
     for what, count in sorted(STARTS.items(), key=lambda kv: -kv[1]):
         terminalreporter.write_line(f"  zygote started {count}x for {what}")
+    if any(STATS.values()):
+        for line in user_path_summary():
+            terminalreporter.write_line(line)
 
 
 def pytest_sessionfinish(session):

@@ -80,6 +80,7 @@ class Run:
     first_failure: tuple[int, int] | None = None
     warm: bool = False
     threads_at_fork: int | None = None  # the zygote's thread count when it forked this run (warm only)
+    user_path: bool = False  # cold, or warm in the user's import order (helpers/warm_launcher.py)
     wall_s: float = 0.0
     command: list[str] = field(default_factory=list)
 
@@ -146,7 +147,24 @@ def record(launched: Launched, stdout: str, stderr: str) -> Run:
     run.exitcodes, run.first_failure = launched.exitcodes, launched.first_failure
     run.warm, run.wall_s, run.command = launched.warm, launched.wall_s or 0.0, launched.command
     run.threads_at_fork = launched.threads_at_fork
+    run.user_path = not launched.warm or launched.user_order
+    if launched.user_order:
+        check_import_hook_route(output)
     return run
+
+
+# The start banner's count of patches still waiting for their module: "(40 more when their module is
+# first imported)" in a process that ran ``import adaptor`` before Megatron.
+_PATCHES_LINE = re.compile(r"\[megatron-adaptor\] \d+ patches applied( \(\d+ more when their module is first imported\))?:")
+
+
+def check_import_hook_route(output: str) -> None:
+    """A launch in the user's import order whose banner shows every patch applied at once had Megatron
+    imported before ``import adaptor``: it would prove nothing about the import hooks, so it fails."""
+    for match in _PATCHES_LINE.finditer(output):
+        if not match.group(1):
+            raise AssertionError("a launch in the user's import order applied every patch at import adaptor: "
+                                 f"Megatron was imported first\n{tail(output)}")
 
 
 def finish(launched: Launched, timeout: float) -> Run:

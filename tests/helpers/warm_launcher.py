@@ -180,7 +180,7 @@ class _Zygotes:
 
 ZYGOTES = _Zygotes()
 #: What the session's launches cost, printed at its end (conftest.py): a new zygote is ~10 s of imports.
-STATS = {"zygotes started": 0, "warm launches": 0, "cold launches": 0}
+STATS = {"zygotes started": 0, "warm launches": 0, "warm launches in the user's order": 0, "cold launches": 0}
 #: How often a zygote was started for each set of import-time variables (a set started twice was evicted).
 STARTS: dict[str, int] = {}
 
@@ -191,6 +191,7 @@ class Launched:
     def __init__(self, command: list[str], warm: bool):
         self.command = command
         self.warm = warm
+        self.user_order = False  # warm, from the zygote that preloads no Megatron
         self.returncode: int | None = None
         self.exitcodes: list[int] | None = None
         self.first_failure: tuple[int, int] | None = None
@@ -312,14 +313,65 @@ def command_line(script: str, args, nproc: int, launcher: str, port: int) -> lis
     return [sys.executable, str(script), *map(str, args)]
 
 
+#: Launches on the user's path (cold, or warm in the user's import order) and in all, per test module.
+USER_PATH: dict[str, list[int]] = {}
+
+
+def _calling_module() -> str | None:
+    """The test module whose test (or fixture) makes this launch from the main thread; None from the
+    prefetching threads, which run fixtures on behalf of tests that have not started."""
+    current = os.environ.get("PYTEST_CURRENT_TEST", "")
+    if not current or threading.current_thread() is not threading.main_thread():
+        return None
+    return current.split("::", 1)[0]
+
+
+def _first_of_module(module: str | None) -> bool:
+    return module is not None and module.startswith("tests/e2e/") and module not in USER_PATH
+
+
+def _count_user_path(module: str | None, on_user_path: bool) -> None:
+    if module is None:
+        return
+    counts = USER_PATH.setdefault(module, [0, 0])
+    counts[0] += on_user_path
+    counts[1] += 1
+
+
+def user_path_summary() -> list[str]:
+    """The session's share of launches on the user's path, and the e2e modules with none on it."""
+    launches = STATS["warm launches"] + STATS["cold launches"]
+    on_path = STATS["cold launches"] + STATS["warm launches in the user's order"]
+    e2e = {m: c for m, c in USER_PATH.items() if m.startswith("tests/e2e/")}
+    without = sorted(m for m, (user, _) in e2e.items() if not user)
+    lines = [f"user's path (import adaptor first, patches through import hooks): {on_path} of {launches} "
+             f"launches ({STATS['cold launches']} cold, {STATS["warm launches in the user's order"]} warm in "
+             f"the user's order); {len(e2e) - len(without)} of {len(e2e)} e2e modules that launch have one"]
+    lines += [f"  no launch on the user's path: {m}" for m in without]
+    return lines
+
+
 def start(script, args=(), *, nproc: int = 1, env: dict | None = None, launcher: str = "torchrun",
           cwd=ROOT, warm: bool = True, merge_stderr: bool = False, code: str | None = None) -> Launched:
     """Launch ``script`` (a path, or ``"-c"`` with ``code``) with ``args`` on ``nproc`` ranks.
 
     ``env`` is the whole environment (default: :func:`base_env`); a plain-python launch gets no launcher
     variables unless ``env`` sets them, as a user's shell has none.
+
+    The first launch of each e2e test module goes the user's way: from the zygote that preloads no
+    Megatron (``import adaptor`` first, its patches waiting on import hooks), or cold where the run's
+    import-time variables are not the base ones; so every e2e capability keeps a proof on that path.
     """
+    from helpers.zygote import ORDER_VARIABLE, import_time_variables
+
     env = base_env() if env is None else dict(env)
+    module = _calling_module()
+    if warm and not cold_only() and _first_of_module(module) and ORDER_VARIABLE not in env:
+        if import_time_variables(env) == import_time_variables(base_env()):
+            env[ORDER_VARIABLE] = "user"
+        else:
+            warm = False
+    user_order = env.get(ORDER_VARIABLE) == "user"
     port = free_port()
     script = str(script)
     cmd = command_line(script, args, nproc, launcher, port) if script != "-c" else [sys.executable, "-c", code, *args]
@@ -327,9 +379,13 @@ def start(script, args=(), *, nproc: int = 1, env: dict | None = None, launcher:
     if warm and not cold_only():
         conn = ZYGOTES.for_env(env).connect()
     if conn is None:
+        _count_user_path(module, True)
         return _start_cold(cmd, env, cwd, merge_stderr)
     STATS["warm launches"] += 1
+    STATS["warm launches in the user's order"] += user_order
+    _count_user_path(module, user_order)
     launched = Launched(cmd, warm=True)
+    launched.user_order = user_order
     out_r, out_w = os.pipe()
     if merge_stderr:
         err_r, err_w = None, os.dup(out_w)

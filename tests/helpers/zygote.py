@@ -67,6 +67,21 @@ PRELOAD = (
     "torch._inductor.codegen.wrapper_fxir", "torch._inductor.runtime.caching",
 )
 
+#: ``user`` in a zygote's environment: it preloads none of Megatron (what a user's fresh process has
+#: when its first statement, ``import adaptor``, runs: nothing), so in each rank ``import adaptor``
+#: comes before Megatron's modules and the patches of modules not imported yet wait for them through
+#: the patch manager's import hooks, as they do on the user's path. The default zygote preloads
+#: Megatron, and every patch finds its module already there.
+ORDER_VARIABLE = "ADAPTOR_TEST_IMPORT_ORDER"
+
+
+def preload_for(env: dict) -> tuple[str, ...]:
+    """The modules a zygote with ``env`` imports before its first fork."""
+    if env.get(ORDER_VARIABLE) == "user":
+        return tuple(name for name in PRELOAD if name.split(".")[0] != "megatron")
+    return PRELOAD
+
+
 # Variables read while the modules above are imported: a request that sets any of them differently
 # from this process's environment cannot be served warm.
 IMPORT_TIME_PREFIXES = ("PYTHON", "TORCH", "PYTORCH", "OMP_", "MKL_", "KMP_", "CUDA", "NVTE_", "LD_", "HF_",
@@ -84,7 +99,8 @@ STOP_GRACE = 10.0
 
 def import_time_variables(env: dict) -> dict:
     """The variables of ``env`` that the imports here may read."""
-    return {k: v for k, v in env.items() if k.startswith(IMPORT_TIME_PREFIXES) and k not in IMPORT_TIME_EXCEPT}
+    return {k: v for k, v in env.items()
+            if (k.startswith(IMPORT_TIME_PREFIXES) and k not in IMPORT_TIME_EXCEPT) or k == ORDER_VARIABLE}
 
 
 def import_time_mismatch_between(env: dict, other: dict) -> list[str]:
@@ -303,8 +319,12 @@ def main() -> None:
     sys.path[0] = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     import importlib
 
-    for name in PRELOAD:
+    for name in preload_for(os.environ):
         importlib.import_module(name)
+    if os.environ.get(ORDER_VARIABLE) == "user":  # the user's order holds only if nothing pulled Megatron in
+        early = sorted(m for m in sys.modules if m.split(".")[0] in ("megatron", "adaptor", "patches"))
+        if early:
+            raise SystemExit(f"zygote in the user's import order preloaded {', '.join(early[:3])}")
     warm_machine_facts()
     record_import_effects()
     # What the imports made stays for the life of every rank: out of the cyclic collector's reach, a
