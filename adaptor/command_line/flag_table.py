@@ -920,9 +920,7 @@ MEGATRON_FLAGS = {
     "special_tokens": HONOURED,  # added to the tokenizer (tokenizer.json reader included): vocabulary grows
     "tiktoken_pattern": HONOURED,  # TikTokenizer needs the tiktoken package; Megatron says so without it
     "tokenizer_sentencepiece_legacy": HONOURED,  # sentencepiece tokenizers (package optional, checked by Megatron)
-    "tokenizer_hf_no_use_fast": Refused(
-        "it asks for transformers' slow tokenizer, which can split text into other ids than the "
-        "tokenizer.json read here; drop it"),
+    "tokenizer_hf_no_use_fast": HONOURED,  # the tokenizer comes from transformers, as upstream builds it
     "tokenizer_hf_no_include_special_tokens": HONOURED,  # the tokenizer.json reader takes it too
     "trust_remote_code": HONOURED,  # passed to transformers when it builds the tokenizer
     "chat_template": Refused(

@@ -32,6 +32,7 @@ class ArgumentError(ValueError):
 
 RENAMED = {
     "--tokenizer-name-or-path": "--tokenizer-model",
+    "--tokenizer-not-use-fast": "--tokenizer-hf-no-use-fast",
     "--multi-head-latent-attention": "--multi-latent-attention",
     "--qk-rope-head-dim": "--qk-pos-emb-head-dim",
     "--qk-nope-head-dim": "--qk-head-dim",
@@ -110,7 +111,6 @@ NOT_APPLIED = {
     "--mg-save-dir": (1, "the cache of --enable-hf2mg-convert; Hugging Face weights load straight into the model"),
     "--norm-topk-prob": (0, "Megatron already renormalises the top-k weights (softmax over the top-k, sigmoid "
                             "scores divided by their sum)"),
-    "--tokenizer-not-use-fast": (0, "tokenizer.json is read by the tokenizers library, the fast tokenizer"),
     "--pad-to-multiple-of": (1, "the length unit of --no-pad-to-seq-lengths batches (shapes only): cut batches here "
                                 "are padded to a multiple of 8 (times TP with sequence parallelism), packed ones to "
                                 "what context and sequence parallelism split evenly"),

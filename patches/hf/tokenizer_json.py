@@ -26,7 +26,10 @@ OWNER = __name__
 
 
 def _restore_model(wrapped, instance, call_args, kwargs):
-    if getattr(instance, "library", None) == "huggingface" and not kwargs.get("vocab_file"):
+    # --tokenizer-hf-no-use-fast (use_fast=False) asks transformers itself for the tokenizer: upstream's
+    # wrapper builds it, whatever transformers makes of the request (its 5.x releases build the fast one)
+    if getattr(instance, "library", None) == "huggingface" and not kwargs.get("vocab_file") \
+            and kwargs.get("use_fast", True) is not False:
         if find_tokenizer_json(instance.path) is not None:
             reason = unreproducible(instance.path)
             if reason is None:
@@ -59,6 +62,12 @@ class TokenizerJsonSupport(Feature):
             raise ArgumentError("--tokenizer-type HuggingFaceTokenizer needs --tokenizer-model "
                                 "(a tokenizer.json file or a directory holding one)")
         if args.vocab_file:
+            return
+        if getattr(args, "tokenizer_hf_no_use_fast", False):
+            if not _transformers_available():
+                raise ArgumentError("--tokenizer-hf-no-use-fast asks transformers for its tokenizer, and transformers "
+                                    "is not installed (pip install transformers, or drop the flag to read "
+                                    f"{TOKENIZER_FILE} without it)")
             return
         if find_tokenizer_json(path) is not None:
             reason = unreproducible(path)

@@ -186,7 +186,7 @@ def megatron_globals_restored():
 SCRIPTS = {
     "qwen3_moe_30b_a3b": ("qwen3-moe", 16, [
         "--pad-to-multiple-of is not applied here",
-        "--cp-attention-mask-type general: ", "--tokenizer-not-use-fast is not applied here",
+        "--cp-attention-mask-type general: ", "--tokenizer-not-use-fast -> --tokenizer-hf-no-use-fast",
         "--no-shared-storage is not applied here", "--moe-token-dispatcher-type alltoall_seq -> "
         "--moe-token-dispatcher-type alltoall", "--first-k-dense-replace -1: --moe-layer-freq [1,1,1,1]"]),
     "llama31_8b": ("llama2", 8, [
