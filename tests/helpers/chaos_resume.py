@@ -484,6 +484,8 @@ class ElasticLaunch:
         except subprocess.TimeoutExpired:
             self.kill()
             raise ChaosError(f"the run did not end within {timeout} s:\n{tail(self.output)}") from None
+        # A process the killed worker left (an --async-save writer, orphaned) holds the pipes open: end it.
+        self.kill()
         while self._open:
             line = self._queue.get(timeout=60)
             if line is None:
