@@ -29,7 +29,7 @@ def style_dirs(tmp_path_factory):
     return {style: make_style(style, root / style) for style in STYLES + REFUSED}
 
 
-def megatron_build(path, include_special_tokens: bool = True):
+def megatron_build(path, include_special_tokens: bool = True, extra=()):
     """Megatron's build_tokenizer from the user's flags."""
     from megatron.core.tokenizers.utils.build_tokenizer import build_tokenizer
     from megatron.training.arguments import _add_tokenizer_args
@@ -37,7 +37,8 @@ def megatron_build(path, include_special_tokens: bool = True):
     parser = argparse.ArgumentParser()
     _add_tokenizer_args(parser)
     flags = ["--tokenizer-type", "HuggingFaceTokenizer", "--tokenizer-model", str(path)]
-    args = parser.parse_args(flags + ([] if include_special_tokens else ["--tokenizer-hf-no-include-special-tokens"]))
+    args = parser.parse_args(flags + ([] if include_special_tokens else ["--tokenizer-hf-no-include-special-tokens"])
+                             + list(extra))
     args.rank, args.tensor_model_parallel_size, args.make_vocab_size_divisible_by = 0, 1, 128
     return build_tokenizer(args)
 
@@ -84,7 +85,7 @@ def test_style_gives_upstream_ids(cpu_training_process, style_dirs, style, inclu
         {k: upstream[k] for k in ("eod", "bos", "pad", "unk", "vocab_size")}
 
 
-def test_issue_example_llama2_shape(cpu_training_process, style_dirs):
+def test_leading_space_llama2_shape(cpu_training_process, style_dirs):
     """A leading space under Metaspace with legacy false: the ids of upstream, not of the file as written."""
     from tokenizers import Tokenizer
 
@@ -104,6 +105,27 @@ def test_unreproduced_style_goes_to_upstream(cpu_training_process, style_dirs, s
     assert type(ours._tokenizer).__name__ == "HuggingFaceTokenizer"
     upstream = upstream_wrapper(style_dirs[style])
     assert [ours.tokenize(t) for t in TEXTS] == [upstream.text_to_ids(t) for t in TEXTS]
+
+
+def test_no_use_fast_asks_transformers(cpu_training_process, style_dirs):
+    """--tokenizer-hf-no-use-fast is upstream's request to transformers: its wrapper builds the tokenizer
+    even where tokenizer.json alone would give the same ids, and validation needs transformers for it."""
+    from adaptor.errors import ArgumentError
+    from patches.hf.tokenizer_json import TokenizerJsonSupport
+
+    ours = megatron_build(style_dirs["mistral"], extra=["--tokenizer-hf-no-use-fast"])
+    assert type(ours._tokenizer).__name__ == "HuggingFaceTokenizer"
+    assert type(megatron_build(style_dirs["mistral"])._tokenizer).__name__ == "TokenizerJson"
+    args = argparse.Namespace(tokenizer_type="HuggingFaceTokenizer", tokenizer_model=str(style_dirs["mistral"]),
+                              vocab_file=None, tokenizer_hf_no_use_fast=True)
+    TokenizerJsonSupport().validate(args, None)
+    saved = sys.modules.get("transformers")
+    sys.modules["transformers"] = None  # as on an image without it
+    try:
+        with pytest.raises(ArgumentError, match="--tokenizer-hf-no-use-fast asks transformers"):
+            TokenizerJsonSupport().validate(args, None)
+    finally:
+        sys.modules["transformers"] = saved
 
 
 @pytest.mark.parametrize("style", REFUSED)
