@@ -142,12 +142,21 @@ def _hides_every_device(variable: str) -> bool:
     return first == "" or first.startswith("-")
 
 
+def _visible_gpu_count() -> int:
+    """What ``torch.cuda.device_count()`` answers before CUDA starts (NVML's count where NVML loads, the
+    runtime's otherwise), read below that function: in a process already set up for the cpu or npu
+    backend, the device patches answer it for the backend's own device."""
+    nvml = getattr(torch.cuda, "_device_count_nvml", None)
+    count = nvml() if nvml is not None else -1  # -1: NVML cannot be loaded or initialised
+    return count if count >= 0 else torch._C._cuda_getDeviceCount()
+
+
 def _nvidia_gpus_present() -> str:
     """What shows that NVIDIA GPUs are here without the CUDA runtime, or ``""`` (see the module docstring)."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # NVML missing or failing is the CPU machine's normal case
         try:
-            count = torch.cuda.device_count()
+            count = _visible_gpu_count()
         except Exception:
             count = 0
     if count > 0:
