@@ -14,7 +14,8 @@ Enabled with ``--use-torch-fsdp2`` (see :mod:`patches.fsdp2.torch_fsdp2`). Upstr
   (``common_step``, saved once for all parameters) was never restored, and the first step after a
   resume failed with ``KeyError: 'step'``. We take ``common_step`` from the state dict
   ``_load_base_checkpoint`` returns and give each parameter's state its copy after ``load_checkpoint``
-  (in place of the 0 that ``patches.checkpoint.optimizer_state_from_start`` created with the state).
+  (in place of the 0 that ``patches.checkpoint.optimizer_state_from_start`` created with the state),
+  only where the optimizer's state was loaded: ``--finetune`` and ``--no-load-optim`` keep that 0.
   Under ``--fp16`` the same holds for the loss scaler (scale, growth and hysteresis trackers) that
   :class:`adaptor.fsdp2.loss_scaling.LossScaledFP32Optimizer` saves under ``grad_scaler``: it is
   restored from that state dict too, so a resume continues with the scale it stopped at.
@@ -87,11 +88,20 @@ def _remember_loaded_state(wrapped, instance, call_args, kwargs):
     return result
 
 
+def _optimizer_state_was_loaded() -> bool:
+    """Whether ``load_checkpoint`` loaded the optimizer's state, under Megatron's own condition: not with
+    ``--finetune`` or ``--no-load-optim``, where the state keeps what the optimizer was built with."""
+    from megatron.training import get_args
+
+    args = get_args()
+    return not (args.finetune or args.no_load_optim)
+
+
 def _restore_loaded_state(wrapped, instance, call_args, kwargs):
     _loaded.clear()
     result = wrapped(*call_args, **kwargs)
     optimizer = call_args[1] if len(call_args) > 1 else kwargs.get("optimizer")
-    if optimizer is not None and _loaded:
+    if optimizer is not None and _loaded and _optimizer_state_was_loaded():
         chain = getattr(optimizer, "chained_optimizers", [optimizer])
         for megatron_optimizer, (step, scaler_state) in zip(chain, _loaded):
             if scaler_state is not None and hasattr(megatron_optimizer, "load_grad_scaler"):
