@@ -250,6 +250,7 @@ def _rank_job(request: dict, fds: list[int], rank: int) -> dict:
     os.dup2(null, 0)
     os.close(null)
     env = dict(request["env"])
+    env.pop(ORDER_VARIABLE, None)  # it chose this zygote; the rank's environment is the user's
     if request["launcher"] == "torchrun":
         nproc = request["nproc"]
         env.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(nproc), LOCAL_WORLD_SIZE=str(nproc),
